@@ -1,0 +1,24 @@
+"""Shared fixtures: seeded torch, a pretrained tiny CLIP (built once per session, no download)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_weights(tmp_path_factory):
+    """The tiny CLIP pretrained contrastively on synthetic data, as a local weights file."""
+    from vacsr.model.pretrain import pretrain_clip
+
+    path = tmp_path_factory.mktemp("weights") / "tiny-clip.pt"
+    return pretrain_clip(path, progress=False)

@@ -1,0 +1,83 @@
+"""Ray evaluation pool: sharded scoring on actors equals local scoring, weights update in place."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vacsr.eval.evaluate import evaluate_retrieval
+from vacsr.eval.scorer import ChunkedScorer
+from vacsr.eval.two_stage import two_stage_score
+from vacsr.model.adapter import VariationalSimilarityAdapter
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _features(n, dim, seed):
+    return F.normalize(torch.randn(n, dim, generator=torch.Generator().manual_seed(seed)), dim=1)
+
+
+def _adapter(seed):
+    torch.manual_seed(seed)
+    head = VariationalSimilarityAdapter(embed_dim=16, hidden_dim=24, latent_dim=4,
+                                        decoder_hidden_dim=8).eval()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.mul_(3.0)
+    return head
+
+
+def _assert_same(a, b):
+    assert torch.equal(a.indices, b.indices)
+    torch.testing.assert_close(a.scores, b.scores, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a.sigma, b.sigma, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+def test_pool_equals_local_scorer_and_follows_weight_updates(ray_local):
+    from vacsr.distributed import EvalPool
+
+    images = _features(30, 16, 0)
+    captions = F.normalize(images.repeat_interleave(5, 0) + 0.4 * _features(150, 16, 1), dim=1)
+    caption_to_image = torch.arange(30).repeat_interleave(5)
+    groups = dict(query_groups=torch.arange(30) // 6, item_groups=caption_to_image // 6)
+    head = _adapter(0)
+    pool = EvalPool(head, captions, num_actors=2, num_cpus_per_actor=1)
+    try:
+        assert [d["num_items"] for d in pool.describe()] == [150, 150]
+        remote = pool.score(images, captions, k=7, k_items=5, **groups)
+        local = ChunkedScorer(head, device="cpu").score(images, captions, k=7, k_items=5, **groups)
+        for name in ("query_topk", "item_topk", "query_topk_grouped", "item_topk_grouped"):
+            _assert_same(getattr(remote, name), getattr(local, name))
+        assert remote.stats["actors"] == 2
+
+        new_head = _adapter(1)  # a later epoch: only the weights travel
+        pool.update_head(new_head)
+        kwargs = dict(num_folds=5, device="cpu")
+        remote_metrics = evaluate_retrieval(images, captions, new_head, caption_to_image,
+                                            scorer=pool, **kwargs)
+        local_metrics = evaluate_retrieval(images, captions, new_head, caption_to_image, **kwargs)
+        assert remote_metrics.keys() == local_metrics.keys()
+        for key in local_metrics:
+            if key != "eval_seconds":
+                assert remote_metrics[key] == pytest.approx(local_metrics[key], nan_ok=True), key
+        old_metrics = evaluate_retrieval(images, captions, head, caption_to_image, **kwargs)
+        assert remote_metrics["sigma_top1_i2t_mean"] != pytest.approx(old_metrics["sigma_top1_i2t_mean"])
+
+        staged = two_stage_score(pool, images, captions, k=5, k_prime=20)
+        staged_local = two_stage_score(ChunkedScorer(new_head, device="cpu"), images, captions,
+                                       k=5, k_prime=20)
+        _assert_same(staged.query_topk, staged_local.query_topk)
+    finally:
+        pool.shutdown()

@@ -1,0 +1,218 @@
+"""MLflow tracking against a real SQLite store in a tmp folder (no server, no network)."""
+from __future__ import annotations
+
+import http.server
+import json
+import pickle
+import shutil
+import threading
+
+import pytest
+
+with pytest.MonkeyPatch.context() as _env:  # no telemetry thread calling out from the tests
+    _env.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    mlflow = pytest.importorskip("mlflow")
+from mlflow import MlflowClient  # noqa: E402
+
+from vacsr.config import flatten, load_config, to_dict  # noqa: E402
+from vacsr.errors import ConfigError  # noqa: E402
+from vacsr.tracking import (  # noqa: E402
+    RUN_STATE_FILE, MlflowTracker, TrackingCallback, check_tracking_uri, metric_name,
+    resolve_tracking_uri,
+)
+
+
+@pytest.fixture(scope="module")
+def template_db(tmp_path_factory):
+    """An empty, migrated MLflow database: creating one takes ~10 s, copying it is instant."""
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def tracking_uri(template_db, tmp_path, monkeypatch):
+    """A fresh store per test, set as env and fluent URI; both restored afterwards."""
+    folder = tmp_path / "tracking"
+    folder.mkdir()
+    shutil.copy(template_db, folder / "mlflow.db")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    mlflow.set_tracking_uri(None)  # also unsets the env var; monkeypatch then restores it
+
+
+def _steps(client, run_id, key):
+    return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+
+
+def test_training_run_logs_params_epochs_and_artifacts(tracking_uri, tmp_path):
+    from vacsr.train.loop import Trainer
+
+    cfg = load_config(overrides=[f"train.output_dir={tmp_path / 'run'}", "train.epochs=2",
+                                 "train.batch_size=16", "train.progress=false", "data.num_train=16",
+                                 "data.num_test=8", "adapter.hidden_dim=16"])
+    driver_side = TrackingCallback.start(cfg, experiment="vacsr-test", metric="test/rsum")
+    worker_side = pickle.loads(pickle.dumps(driver_side))  # as Ray ships it to a worker
+    result = Trainer(cfg).fit(callbacks=(worker_side,))
+    driver_side.finish(result, cfg.train.output_dir)
+
+    runs = mlflow.search_runs(experiment_names=["vacsr-test"])
+    assert len(runs) == 1
+    run = runs.iloc[0]
+    assert run["status"] == "FINISHED" and run["run_id"] == driver_side.run_id
+    params = {c[len("params."):]: run[c] for c in runs.columns if c.startswith("params.")}
+    assert params == {k: str(v) for k, v in flatten(cfg).items()}
+    # Artifacts live next to the database, not under the working directory.
+    assert run["artifact_uri"].startswith((tmp_path / "tracking" / "mlartifacts").as_uri())
+
+    client = MlflowClient()
+    history = result.history
+    assert [h["epoch"] for h in history] == [1, 2]
+    for key in ("train/loss", "train/kl", "test/rsum", "test/i2t_r1"):
+        steps, values = zip(*_steps(client, run["run_id"], key))
+        assert steps == (1, 2), key
+        assert values == pytest.approx([h[key] for h in history]), key
+    best = max(h["test/rsum"] for h in history)
+    assert run["metrics.best_test/rsum"] == pytest.approx(best)
+
+    top = {a.path for a in client.list_artifacts(run["run_id"])}
+    assert {"config.yaml", "metrics.json", "plots"} <= top
+    assert [a.path for a in client.list_artifacts(run["run_id"], "plots")] == [
+        "plots/training_curves.png"]
+    local = client.download_artifacts(run["run_id"], "", str(tmp_path / "download"))
+    assert json.loads((tmp_path / "download" / "metrics.json").read_text())["history"] == \
+        json.loads((tmp_path / "run" / "metrics.json").read_text())["history"]
+    assert to_dict(load_config(f"{local}/config.yaml")) == to_dict(cfg)
+    png = (tmp_path / "download" / "plots" / "training_curves.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 5000
+
+
+def test_parent_and_child_runs_found_by_parent_tag(tracking_uri):
+    with MlflowTracker() as sweep:
+        sweep_id = sweep.start("sweep-retrieval", "sweep")
+        dataset_ids = []
+        for dataset in ("coco", "f30k"):
+            with MlflowTracker() as child:
+                dataset_ids.append(child.start("sweep-retrieval", dataset,
+                                               parent_run_id=sweep_id))
+        with pytest.raises(ZeroDivisionError), MlflowTracker() as trial:
+            trial_id = trial.start("sweep-retrieval", "trial-0", parent_run_id=dataset_ids[0])
+            1 / 0
+
+    def children(parent):
+        found = mlflow.search_runs(experiment_names=["sweep-retrieval"],
+                                   filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+        return dict(zip(found["run_id"], found["status"]))
+
+    assert children(sweep_id) == {dataset_ids[0]: "FINISHED", dataset_ids[1]: "FINISHED"}
+    assert children(dataset_ids[0]) == {trial_id: "FAILED"}
+    assert MlflowClient().get_run(sweep_id).info.status == "FINISHED"
+
+
+def test_sync_history_after_resume_neither_loses_nor_repeats_an_epoch(tracking_uri):
+    history = [{"epoch": e, "train/loss": 1.0 / e, "test/rsum": 10.0 * e, "note": "x"}
+               for e in (1, 2, 3, 4)]
+    first = MlflowTracker()
+    run_id = first.start("resume", "run")
+    for entry in history[:2]:
+        first.log_epoch(entry["epoch"], entry)
+    # Crash after epoch 3's checkpoint, with only part of its metrics logged.
+    first.log_epoch(3, {"train/loss": history[2]["train/loss"]})
+    del first
+
+    resumed = MlflowTracker()
+    resumed.resume(run_id)
+    assert resumed.sync_history(history[:3]) == [3]  # only the missing test/rsum of epoch 3
+    assert resumed.log_epoch(4, history[3]) == 2
+    assert resumed.sync_history(history) == []  # everything is there: nothing logged twice
+    assert resumed.log_epoch(3, history[2]) == 0
+    resumed.finish()
+
+    client = MlflowClient()
+    for key in ("train/loss", "test/rsum"):
+        assert _steps(client, run_id, key) == [(h["epoch"], h[key]) for h in history], key
+    assert set(client.get_run(run_id).data.metrics) == {"train/loss", "test/rsum"}
+
+
+def test_metric_names_are_sanitised_and_non_numbers_dropped(tracking_uri):
+    with MlflowTracker() as tracker:
+        run_id = tracker.start("names", "run")
+        tracker.log_epoch(1, {"val/R@1 (%)": 50, "/../odd//key/": 1.5, "flag": True, "s": "x"})
+    metrics = MlflowClient().get_run(run_id).data.metrics
+    assert metrics == {"val/R_1 ___": 50.0, "__/odd/key": 1.5}
+    assert metric_name("a:b") == "a_b"
+
+
+def test_tracking_uri_from_env_and_relative_paths_become_absolute(tracking_uri, tmp_path,
+                                                                   monkeypatch):
+    assert resolve_tracking_uri() == tracking_uri
+    with MlflowTracker() as tracker:  # no URI given: the env var's store is used
+        run_id = tracker.start("env", "run")
+    assert MlflowClient(tracking_uri=tracking_uri).get_run(run_id).info.status == "FINISHED"
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///rel/mlflow.db")
+    assert resolve_tracking_uri() == f"sqlite:///{tmp_path}/rel/mlflow.db"
+    assert resolve_tracking_uri("store") == f"sqlite:///{tmp_path}/store/mlflow.db"
+    assert resolve_tracking_uri("file:./mlruns") == (tmp_path / "mlruns").as_uri()
+    assert resolve_tracking_uri("http://host:5000") == "http://host:5000"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert resolve_tracking_uri(default_dir="out") == f"sqlite:///{tmp_path}/out/mlflow.db"
+
+
+def test_resumed_training_continues_the_same_run(tracking_uri, tmp_path):
+    cfg = load_config(overrides=[f"train.output_dir={tmp_path / 'run'}"])
+    first = TrackingCallback.start(cfg, experiment="resume-cb")
+    first(0, {"epoch": 1, "train/loss": 2.0}, tmp_path / "run" / "last.ckpt")
+    assert json.loads((tmp_path / "run" / RUN_STATE_FILE).read_text())["run_id"] == first.run_id
+
+    again = TrackingCallback.start(cfg, experiment="resume-cb")
+    assert again.run_id == first.run_id
+    changed = TrackingCallback.start(load_config(overrides=[
+        f"train.output_dir={tmp_path / 'run'}", "loss.beta=2.0"]), experiment="resume-cb")
+    run = MlflowClient().get_run(first.run_id)
+    assert changed.run_id == first.run_id and run.data.params["loss.beta"] == "1.0"
+    assert run.data.tags["vacsr.params_changed_on_resume"] == "loss.beta"
+    fresh = TrackingCallback.start(load_config(overrides=[
+        f"train.output_dir={tmp_path / 'run'}", "train.resume=false"]), experiment="resume-cb")
+    assert fresh.run_id != first.run_id
+
+
+def test_unreachable_tracking_uris_raise_config_error_naming_them(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, so no folder can be made under it")
+    not_a_db = tmp_path / "junk.db"
+    not_a_db.write_bytes(b"not sqlite " * 100)
+    for uri in ("http://127.0.0.1:9", f"sqlite:///{blocker}/sub/mlflow.db",
+                f"sqlite:///{not_a_db}", "ftp://example.invalid/x"):
+        with pytest.raises(ConfigError) as info:
+            check_tracking_uri(uri, timeout_s=1.0)
+        assert uri in str(info.value) and "\n" not in str(info.value)
+
+    good = tmp_path / "new" / "folder" / "mlflow.db"
+    check_tracking_uri(f"sqlite:///{good}")  # creates the folder SQLite needs
+    assert good.parent.is_dir() and not good.exists()
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_answering_server_passes_the_check():
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:  # user:password in the URI must not break the health request
+        check_tracking_uri(f"http://user:pw@127.0.0.1:{server.server_address[1]}/", timeout_s=2.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

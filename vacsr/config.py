@@ -1,0 +1,335 @@
+"""Typed configuration: dataclasses hold every default, YAML and `key.sub=value` only override.
+
+Defaults follow the paper (appendix C.2, E.1-E.3) and DESIGN.md sections 2-3. Unknown keys and
+invalid values raise one ConfigError naming the key before anything runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vacsr.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    """Backbone: an open_clip model and which of its parts train."""
+
+    name: str = "vacsr-tiny"  # any open_clip model name (registered configs included)
+    pretrained: str | None = None  # open_clip tag or a local weights file; None = random init
+    use_gpo: bool = True  # retrieval: token outputs + GPO; False = pooled CLIP features
+    trainable_image_blocks: int = -1  # first N blocks of the image tower train; -1 = all
+    trainable_text_blocks: int = -1  # first N blocks of the text tower train; -1 = all
+    train_projections: bool = True  # final LayerNorms and projections of both towers
+    train_embeddings: bool = False  # patch/token/positional embeddings (full fine-tune only)
+
+
+@dataclass
+class AdapterConfig:
+    """The variational similarity adapter (paper section 3.1) or the sigmoid baseline."""
+
+    kind: str = "vacsr"  # "vacsr" | "sigmoid_baseline" ("w/o all components" of Table 6)
+    hidden_dim: int = 512  # encoder hidden width H
+    latent_dim: int = 32  # latent dimension L per component
+    num_components: int = 2  # K, Gaussian mixture components (K = 1 is "w/o GMM")
+    decoder_hidden_dim: int = 64  # 0 = linear decoder L -> 1
+    bounded_sigma: bool = True  # sigma_hat = sigmoid(.) (True) or exp(.) ("w/o sigmoid")
+
+
+@dataclass
+class LossConfig:
+    """Weights and switches of L = alpha L_KL + beta (L_recon + gamma (L_sigma^P + L_sigma^N))."""
+
+    alpha_kl: float = 0.0005
+    beta: float = 1.0
+    gamma: float = 1.0
+    num_hard_negatives: int = 1  # N_h per query, both directions
+    straight_through: bool = True  # appendix B.1: dL/dm = -(y - p)
+    neg_sigma_target: str = "label"  # "label" (y = 0) | "positive" (literal reading of E.1)
+    use_kl: bool = True
+    use_sigma_loss: bool = True
+
+
+@dataclass
+class OptimConfig:
+    """AdamP with parameter groups and a per-epoch schedule."""
+
+    lr: float = 5e-4
+    weight_decay: float = 1e-4
+    backbone_lr_mult: float = 0.1  # backbone groups train at lr * this
+    schedule: str = "step"  # "step" | "cosine" | "constant"
+    decay_epochs: list[int] = field(default_factory=lambda: [15])
+    decay_factor: float = 0.1
+    warmup_epochs: int = 0
+    grad_clip: float = 2.0  # 0 disables clipping
+
+
+@dataclass
+class DataConfig:
+    """Which dataset, where it lives, and how it is sampled."""
+
+    task: str = "retrieval"  # "retrieval" | "classification"
+    dataset: str = "synthetic"
+    root: str | None = None  # dataset root folder; None = generated synthetic data
+    image_size: int = 32  # only for synthetic data; real data uses the model's preprocessing
+    num_train: int = 512  # synthetic: train images
+    num_test: int = 100  # synthetic: test images
+    captions_per_image: int = 5
+    num_workers: int = 0
+    shots: int = 16  # few-shot classification: K shots per class
+    subsample_classes: str = "base"  # "all" | "base" | "novel"
+    noise_ratio: float = 0.0  # noisy correspondence ratio for retrieval training
+    noise_file: str | None = None  # saved noise index (written on first use, then reused)
+    cache_dir: str | None = None  # feature cache folder (adapter-only runs); None = no cache
+    augment: bool = True  # open_clip's training augmentation; False = evaluation preprocessing
+
+
+@dataclass
+class TrainConfig:
+    """The training run itself."""
+
+    epochs: int = 25
+    batch_size: int = 128
+    seed: int = 1
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    amp: bool = True  # bf16 autocast on CUDA; CPU always runs fp32
+    output_dir: str = "runs/vacsr"
+    resume: bool = True  # continue from output_dir/last.ckpt when it exists
+    eval_every: int = 1  # epochs between evaluations (last epoch always evaluated)
+    progress: bool = True
+    ray: bool = False  # run through Ray Train (TorchTrainer) instead of in this process
+    workers: int = 1  # Ray Train workers; the global batch is split evenly between them
+    gpus_per_worker: float = 0.0  # 0 = CPU workers with gloo; > 0 = GPU workers with NCCL
+    cpus_per_worker: float = 1.0
+    max_failures: int = 2  # worker failures Ray Train recovers from (restarts from checkpoint)
+    storage_path: str | None = None  # Ray Train storage (folder, s3://, gs://); None = output_dir
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow tracking (vacsr/tracking.py); rank 0 logs."""
+
+    enabled: bool = False
+    uri: str | None = None  # None = $MLFLOW_TRACKING_URI, else sqlite:///<abs>/mlflow.db
+    experiment: str = "vacsr-train"
+    run_name: str | None = None
+    parent_run_id: str | None = None
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
+
+
+# ---------------------------------------------------------------- building and overriding
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Convert a YAML value to the annotated type, or raise ConfigError naming `key`."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads "1e-3" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if annotation is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {annotation!r}")
+
+
+def _section_types(section: str) -> dict[str, Any]:
+    cls = typing.get_type_hints(Config)[section]
+    return typing.get_type_hints(cls)
+
+
+def set_value(config: Config, dotted_key: str, value: Any) -> None:
+    """Set `section.field` on `config`, converting and checking the value's type."""
+    parts = dotted_key.split(".")
+    if len(parts) != 2:
+        raise ConfigError(f"{dotted_key}: expected a key of the form section.field "
+                          f"(sections: {', '.join(SECTIONS)})")
+    section, name = parts
+    if section not in SECTIONS:
+        raise ConfigError(f"{dotted_key}: unknown section {section!r} (known: {', '.join(SECTIONS)})")
+    types = _section_types(section)
+    if name not in types:
+        raise ConfigError(f"{dotted_key}: unknown key {name!r} in section {section!r} "
+                          f"(known: {', '.join(types)})")
+    setattr(getattr(config, section), name, _coerce(value, types[name], dotted_key))
+
+
+def apply_mapping(config: Config, mapping: dict[str, Any], source: str = "config") -> Config:
+    """Apply a nested {section: {field: value}} mapping (as read from YAML)."""
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections, got {type(mapping).__name__}")
+    for section, values in mapping.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"{source}: unknown section {section!r} (known: {', '.join(SECTIONS)})")
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: section {section!r} must be a mapping")
+        for name, value in values.items():
+            set_value(config, f"{section}.{name}", value)
+    return config
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`loss.beta=2.0` -> ("loss.beta", 2.0); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key.sub=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({exc.__class__.__name__})")
+    return key.strip(), value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                base: Config | None = None) -> Config:
+    """Defaults <- YAML file <- `key.sub=value` overrides, then validate."""
+    config = base if base is not None else Config()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: config file not found")
+        try:
+            mapping = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__})")
+        apply_mapping(config, mapping, source=str(path))
+    for text in overrides:
+        set_value(config, *parse_override(text))
+    validate(config)
+    return config
+
+
+def to_dict(config: Config) -> dict[str, dict[str, Any]]:
+    return dataclasses.asdict(config)
+
+
+def flatten(config: Config) -> dict[str, Any]:
+    """{"loss.beta": 1.0, ...}: one entry per config key (used for tracking params)."""
+    return {f"{s}.{k}": v for s, values in to_dict(config).items() for k, v in values.items()}
+
+
+def from_dict(mapping: dict[str, Any]) -> Config:
+    """Nested or flat (dotted) mapping -> validated Config."""
+    config = Config()
+    if all("." in k for k in mapping):
+        for key, value in mapping.items():
+            set_value(config, key, value)
+    else:
+        apply_mapping(config, mapping)
+    validate(config)
+    return config
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML, atomically; `load_config` reads it back unchanged."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------- validation
+def _check(condition: bool, key: str, expected: str, value: Any) -> None:
+    if not condition:
+        raise ConfigError(f"{key}: expected {expected}, got {value!r}")
+
+
+def _one_of(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    _check(value in choices, key, "one of " + ", ".join(choices), value)
+
+
+def validate(config: Config) -> Config:
+    """Raise ConfigError for the first invalid value; return the config unchanged otherwise."""
+    m, a, l, o, d, t = (config.model, config.adapter, config.loss, config.optim, config.data,
+                        config.train)
+    _check(bool(m.name), "model.name", "a model name", m.name)
+    _check(m.trainable_image_blocks >= -1, "model.trainable_image_blocks", "-1 (all) or >= 0",
+           m.trainable_image_blocks)
+    _check(m.trainable_text_blocks >= -1, "model.trainable_text_blocks", "-1 (all) or >= 0",
+           m.trainable_text_blocks)
+    _one_of("adapter.kind", a.kind, ("vacsr", "sigmoid_baseline"))
+    _check(a.hidden_dim >= 1, "adapter.hidden_dim", ">= 1", a.hidden_dim)
+    _check(a.latent_dim >= 1, "adapter.latent_dim", ">= 1", a.latent_dim)
+    _check(a.num_components >= 1, "adapter.num_components", "K >= 1", a.num_components)
+    _check(a.decoder_hidden_dim >= 0, "adapter.decoder_hidden_dim", ">= 0", a.decoder_hidden_dim)
+    for name in ("alpha_kl", "beta", "gamma"):
+        value = getattr(l, name)
+        _check(value >= 0, f"loss.{name}", "a weight >= 0", value)
+    _check(l.num_hard_negatives >= 1, "loss.num_hard_negatives", "N_h >= 1", l.num_hard_negatives)
+    _one_of("loss.neg_sigma_target", l.neg_sigma_target, ("label", "positive"))
+    _check(o.lr > 0, "optim.lr", "> 0", o.lr)
+    _check(o.weight_decay >= 0, "optim.weight_decay", ">= 0", o.weight_decay)
+    _check(o.backbone_lr_mult >= 0, "optim.backbone_lr_mult", ">= 0", o.backbone_lr_mult)
+    _one_of("optim.schedule", o.schedule, ("step", "cosine", "constant"))
+    if o.schedule == "step":
+        _check(len(o.decay_epochs) > 0, "optim.decay_epochs", "a non-empty list of epochs",
+               o.decay_epochs)
+        _check(all(e >= 1 for e in o.decay_epochs), "optim.decay_epochs", "epochs >= 1",
+               o.decay_epochs)
+    _check(0 < o.decay_factor <= 1, "optim.decay_factor", "in (0, 1]", o.decay_factor)
+    _check(o.warmup_epochs >= 0, "optim.warmup_epochs", ">= 0", o.warmup_epochs)
+    _check(o.grad_clip >= 0, "optim.grad_clip", ">= 0 (0 disables)", o.grad_clip)
+    _one_of("data.task", d.task, ("retrieval", "classification"))
+    _check(d.image_size >= 8, "data.image_size", ">= 8", d.image_size)
+    _check(d.num_train >= 1, "data.num_train", ">= 1", d.num_train)
+    _check(d.num_test >= 1, "data.num_test", ">= 1", d.num_test)
+    _check(d.captions_per_image >= 1, "data.captions_per_image", ">= 1", d.captions_per_image)
+    _check(d.num_workers >= 0, "data.num_workers", ">= 0", d.num_workers)
+    _check(d.shots >= 1, "data.shots", ">= 1", d.shots)
+    _one_of("data.subsample_classes", d.subsample_classes, ("all", "base", "novel"))
+    _check(0 <= d.noise_ratio < 1, "data.noise_ratio", "in [0, 1)", d.noise_ratio)
+    _check(t.epochs >= 1, "train.epochs", ">= 1", t.epochs)
+    _check(t.batch_size >= 2, "train.batch_size", ">= 2", t.batch_size)
+    _check(t.eval_every >= 1, "train.eval_every", ">= 1", t.eval_every)
+    _check(t.workers >= 1, "train.workers", ">= 1", t.workers)
+    _check(t.batch_size % t.workers == 0, "train.batch_size",
+           f"a multiple of train.workers ({t.workers})", t.batch_size)
+    _check(t.gpus_per_worker >= 0, "train.gpus_per_worker", ">= 0", t.gpus_per_worker)
+    _check(t.cpus_per_worker > 0, "train.cpus_per_worker", "> 0", t.cpus_per_worker)
+    _check(t.max_failures >= 0, "train.max_failures", ">= 0", t.max_failures)
+    _check(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"), "train.device",
+           "auto, cpu, cuda or cuda:N", t.device)
+    return config

@@ -1,0 +1,100 @@
+"""In-memory descriptions of a dataset split and the torch Datasets that read them.
+
+Loaders of the real on-disk layouts and the synthetic generator both produce these records, so the
+training code sees one interface. An image is a path (read lazily) or an already-built PIL image.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence, Union
+
+import torch
+from PIL import Image
+
+from vacsr.errors import DataError
+
+ImageRef = Union[str, Path, Image.Image]
+
+
+@dataclass
+class RetrievalData:
+    """Images and captions; caption j describes image caption_to_image[j]."""
+
+    images: list[ImageRef]
+    captions: list[str]
+    caption_to_image: list[int]
+    image_ids: list[int] = field(default_factory=list)  # e.g. COCO image ids (for ECCV/CxC)
+    caption_ids: list[int] = field(default_factory=list)  # e.g. COCO caption annotation ids
+
+    def __post_init__(self) -> None:
+        if len(self.captions) != len(self.caption_to_image):
+            raise DataError(f"{len(self.captions)} captions but {len(self.caption_to_image)} "
+                            "caption-to-image indices")
+
+
+@dataclass
+class ClassificationData:
+    """Labelled images; labels are 0..C-1 indices into classnames."""
+
+    images: list[ImageRef]
+    labels: list[int]
+    classnames: list[str]
+    template: str = "a photo of a {}."
+
+    def prompts(self) -> list[str]:
+        return [self.template.format(name.replace("_", " ")) for name in self.classnames]
+
+
+def load_image(ref: ImageRef) -> Image.Image:
+    """Open an image as RGB, or raise DataError naming the file."""
+    if isinstance(ref, Image.Image):
+        return ref.convert("RGB")
+    try:
+        with Image.open(ref) as img:
+            return img.convert("RGB")
+    except FileNotFoundError:
+        raise DataError(f"{ref}: image file not found") from None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{ref}: unreadable image ({exc.__class__.__name__})") from None
+
+
+class ImageDataset(torch.utils.data.Dataset):
+    """Images alone (evaluation and feature caching), transformed to tensors."""
+
+    def __init__(self, images: Sequence[ImageRef], transform: Callable) -> None:
+        self.images, self.transform = images, transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int):
+        return self.transform(load_image(self.images[index])), index
+
+
+class CaptionPairDataset(torch.utils.data.Dataset):
+    """One item per caption: (image tensor, caption text, image index) for retrieval training."""
+
+    def __init__(self, data: RetrievalData, transform: Callable) -> None:
+        self.data, self.transform = data, transform
+
+    def __len__(self) -> int:
+        return len(self.data.captions)
+
+    def __getitem__(self, index: int):
+        image_index = self.data.caption_to_image[index]
+        image = self.transform(load_image(self.data.images[image_index]))
+        return image, self.data.captions[index], image_index
+
+
+class LabelledImageDataset(torch.utils.data.Dataset):
+    """(image tensor, label) for classification training and evaluation."""
+
+    def __init__(self, data: ClassificationData, transform: Callable) -> None:
+        self.data, self.transform = data, transform
+
+    def __len__(self) -> int:
+        return len(self.data.labels)
+
+    def __getitem__(self, index: int):
+        return self.transform(load_image(self.data.images[index])), self.data.labels[index]

@@ -1,0 +1,131 @@
+"""COCO retrieval with Karpathy's split (`dataset_coco.json`), as PCME++, VSE-inf and NCR use it.
+
+Layout under data.root:
+    coco/dataset_coco.json
+    coco/images/<filepath>/<filename>   (e.g. images/val2014/COCO_val2014_000000391895.jpg)
+or, without an images/ folder, coco/<filepath>/<filename>.
+
+Splits (DESIGN.md section 4): train = train + restval (113,287 images), val and test 5,000 images
+each, 5 captions per image (the first five sentences; a few COCO images have six or seven).
+Image ids are COCO image ids (`cocoid`) and caption ids are the caption annotation ids (`sentid`),
+in Karpathy order, 5 consecutive per image: the order and keys of `eccv_caption.Metrics().coco_ids`,
+so ECCV Caption and CxC ground truth can be matched by id.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vacsr.data.base import RetrievalData
+from vacsr.data.files import check_files_exist, read_json, require_dir
+from vacsr.data.noise import default_noise_path, noisy_caption_to_image
+from vacsr.errors import DataError
+
+CAPTIONS_PER_IMAGE = 5
+KARPATHY_FILE = "dataset_coco.json"
+SPLITS = {"train": ("train", "restval"), "val": ("val",), "test": ("test",)}
+KARPATHY_EXPECTED = ("Karpathy's split: {'images': [{'filepath', 'filename', 'cocoid', 'split', "
+                     "'sentences': [{'raw', 'sentid'}, ...]}, ...]}")
+
+
+@dataclass(frozen=True)
+class KarpathyImage:
+    path: str  # <filepath>/<filename>, relative to the image root
+    cocoid: int
+    split: str
+    captions: tuple[str, ...]
+    sentids: tuple[int, ...]
+
+
+def _parse_image(entry, path: Path, index: int) -> KarpathyImage:
+    where = f"{path}: images[{index}]"
+    try:
+        sentences = entry["sentences"][:CAPTIONS_PER_IMAGE]
+        image = KarpathyImage(path=f"{entry['filepath']}/{entry['filename']}",
+                              cocoid=int(entry["cocoid"]), split=str(entry["split"]),
+                              captions=tuple(str(s["raw"]).strip() for s in sentences),
+                              sentids=tuple(int(s["sentid"]) for s in sentences))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise DataError(f"{where}: missing or malformed field ({exc.__class__.__name__}: {exc}); "
+                        f"expected {KARPATHY_EXPECTED}") from None
+    if len(image.captions) < CAPTIONS_PER_IMAGE:
+        raise DataError(f"{where} (cocoid {image.cocoid}) has {len(image.captions)} captions; "
+                        f"expected at least {CAPTIONS_PER_IMAGE}")
+    return image
+
+
+def read_karpathy(path: Path) -> list[KarpathyImage]:
+    """All images of dataset_coco.json in file order (the order Karpathy test ids follow)."""
+    data = read_json(path, KARPATHY_EXPECTED)
+    entries = data.get("images") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise DataError(f"{path}: no non-empty 'images' list; expected {KARPATHY_EXPECTED}")
+    return [_parse_image(entry, path, index) for index, entry in enumerate(entries)]
+
+
+def image_root(dataset_dir: Path) -> Path:
+    images = dataset_dir / "images"
+    return images if images.is_dir() else dataset_dir
+
+
+def to_retrieval(images: list[KarpathyImage], root: Path) -> RetrievalData:
+    """Five consecutive captions per image, with COCO image and caption ids."""
+    captions, caption_to_image, caption_ids = [], [], []
+    for index, image in enumerate(images):
+        captions.extend(image.captions)
+        caption_to_image.extend([index] * len(image.captions))
+        caption_ids.extend(image.sentids)
+    return RetrievalData(images=[str(root / image.path) for image in images], captions=captions,
+                         caption_to_image=caption_to_image,
+                         image_ids=[image.cocoid for image in images], caption_ids=caption_ids)
+
+
+def load_coco(root: str | Path, *, noise_ratio: float = 0.0, seed: int = 0,
+              noise_file: str | Path | None = None,
+              cache_dir: str | Path | None = None) -> dict[str, RetrievalData]:
+    """{"train", "val", "test"} Karpathy splits; train captions noisy when noise_ratio > 0.
+
+    The noise index is read from / written to `noise_file`, by default
+    `<cache_dir or coco folder>/noise_index/coco_noise{r}_seed{s}.npy`.
+    """
+    root = Path(root).expanduser().absolute()  # trials may change the working directory (Ray)
+    dataset_dir = require_dir(root / "coco", f"the COCO layout coco/{KARPATHY_FILE} "
+                              "+ coco/images/<filepath>/<filename>")
+    json_path = dataset_dir / KARPATHY_FILE
+    images = read_karpathy(json_path)
+    known = {name for members in SPLITS.values() for name in members}
+    unknown = sorted({image.split for image in images} - known)
+    if unknown:
+        raise DataError(f"{json_path}: unknown split names {unknown}; expected train, restval, "
+                        "val or test")
+    folder = image_root(dataset_dir)
+    check_files_exist((folder / image.path for image in images), str(json_path))
+    splits = {name: to_retrieval([im for im in images if im.split in members], folder)
+              for name, members in SPLITS.items()}
+    if noise_ratio > 0:
+        path = Path(noise_file) if noise_file else default_noise_path(
+            Path(cache_dir) if cache_dir else dataset_dir, "coco", noise_ratio, seed)
+        train = splits["train"]
+        train.caption_to_image = noisy_caption_to_image(train.caption_to_image, noise_ratio, seed,
+                                                        path).tolist()
+    return splits
+
+
+def coco_1k_folds(num_images: int, num_folds: int = 5,
+                  captions_per_image: int = CAPTIONS_PER_IMAGE) -> list[tuple[range, range]]:
+    """COCO 1K: (image indices, caption indices) of each of 5 consecutive folds of the 5K test set
+    (images 0-999 with captions 0-4999, ...), the folds eccv_caption's coco_1k_recalls uses."""
+    if num_images % num_folds:
+        raise DataError(f"{num_images} test images do not split into {num_folds} equal folds")
+    size = num_images // num_folds
+    return [(range(f * size, (f + 1) * size),
+             range(f * size * captions_per_image, (f + 1) * size * captions_per_image))
+            for f in range(num_folds)]
+
+
+def fold_arrays(num_images: int, num_folds: int = 5) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`coco_1k_folds` as index arrays, ready for fancy indexing of feature matrices."""
+    return [(np.fromiter(i, dtype=np.int64), np.fromiter(c, dtype=np.int64))
+            for i, c in coco_1k_folds(num_images, num_folds)]

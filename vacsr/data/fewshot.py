@@ -1,0 +1,206 @@
+"""Few-shot sampling and the base/novel class split of the CoOp / CoCoOp / MaPLe protocol.
+
+Reproduces Dassl's `generate_fewshot_dataset` and CoOp's `OxfordPets.subsample_classes` exactly
+(DESIGN.md section 4): with the run seed, items are grouped by label in order of first occurrence,
+`random.sample(items, K)` is drawn per class (all items if fewer), train first and then val with
+min(K, 4) shots from the same generator. `random.Random(seed)` yields the same stream as
+`random.seed(seed)` followed by module-level calls, without touching global state.
+
+The sample is cached as `split_fewshot/shot_{K}-seed_{S}.pkl` in the dataset folder with paths
+relative to that folder, so the cache survives moving the data. Caches written by CoOp-family code
+(pickled `dassl` Datum objects with absolute paths) are read too, without importing dassl.
+"""
+from __future__ import annotations
+
+import math
+import pickle
+import random
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Sequence
+
+from vacsr.data.files import atomic_pickle
+from vacsr.errors import DataError
+
+CACHE_FORMAT = "vacsr-fewshot/1"
+VAL_MAX_SHOTS = 4
+
+
+@dataclass(frozen=True)
+class Item:
+    """One labelled image; `path` is relative to the dataset folder, '/'-separated."""
+
+    path: str
+    label: int
+    classname: str
+
+
+def group_by_label(items: Sequence[Item]) -> dict[int, list[Item]]:
+    """Label -> items, labels in order of first occurrence (as Dassl's defaultdict iterates)."""
+    groups: dict[int, list[Item]] = defaultdict(list)
+    for item in items:
+        groups[item.label].append(item)
+    return groups
+
+
+def sample_few_shot(items: Sequence[Item], shots: int, rng: random.Random) -> list[Item]:
+    """K items per class drawn with `rng.sample`; classes with fewer items keep them all."""
+    output: list[Item] = []
+    for group in group_by_label(items).values():
+        output.extend(rng.sample(group, shots) if len(group) >= shots else group)
+    return output
+
+
+def sample_train_val(train: Sequence[Item], val: Sequence[Item], shots: int,
+                     seed: int) -> tuple[list[Item], list[Item]]:
+    """The protocol's draw: train with K shots, then val with min(K, 4), one seeded stream."""
+    rng = random.Random(seed)
+    few_train = sample_few_shot(train, shots, rng)
+    few_val = sample_few_shot(val, min(shots, VAL_MAX_SHOTS), rng)
+    return few_train, few_val
+
+
+def val_from_remaining_train(train: Sequence[Item], few_train: Sequence[Item], shots: int,
+                             seed: int) -> list[Item]:
+    """Few-shot val for datasets without a val split (ImageNet).
+
+    CoOp evaluates ImageNet's "val" on the test set; DESIGN.md forbids selecting on test, so val is
+    min(K, 4) per class from the train images not in the few-shot train set. A fresh generator
+    seeded with the run seed makes it independent of who wrote the cached train sample.
+    """
+    chosen = {item.path for item in few_train}
+    remaining = [item for item in train if item.path not in chosen]
+    return sample_few_shot(remaining, min(shots, VAL_MAX_SHOTS), random.Random(seed))
+
+
+def fewshot_path(dataset_dir: Path, shots: int, seed: int) -> Path:
+    return dataset_dir / "split_fewshot" / f"shot_{shots}-seed_{seed}.pkl"
+
+
+# ---------------------------------------------------------------- cache reading and writing
+class _DatumShim:
+    """Stands in for dassl's Datum when unpickling CoOp caches; keeps the attribute dict."""
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+
+class _CacheUnpickler(pickle.Unpickler):
+    """Refuse every class but dassl's Datum: a cache file must not be able to run code."""
+
+    def find_class(self, module: str, name: str):
+        if module.startswith("dassl") and name == "Datum":
+            return _DatumShim
+        raise pickle.UnpicklingError(f"unexpected object {module}.{name}")
+
+
+def _relative_to_dataset(path: str, folder_name: str, source: Path) -> str:
+    """CoOp stores absolute paths: keep what follows the last `<dataset folder>` component."""
+    parts = PurePosixPath(path.replace("\\", "/")).parts
+    for index in range(len(parts) - 1, -1, -1):
+        if parts[index] == folder_name:
+            return "/".join(parts[index + 1:])
+    raise DataError(f"{source}: cached path {path!r} is not inside a {folder_name!r} folder; "
+                    "expected paths under the dataset folder")
+
+
+def _to_items(entries, folder_name: str, source: Path) -> list[Item]:
+    items = []
+    for entry in entries:
+        if isinstance(entry, _DatumShim):
+            state = entry.__dict__
+            entry = (_relative_to_dataset(state.get("_impath", ""), folder_name, source),
+                     state.get("_label"), state.get("_classname"))
+        if not (isinstance(entry, (tuple, list)) and len(entry) == 3 and isinstance(entry[0], str)
+                and isinstance(entry[1], int) and isinstance(entry[2], str)):
+            raise DataError(f"{source}: cache entry {entry!r} is malformed; expected "
+                            "(relative path, integer label, class name)")
+        items.append(Item(entry[0], int(entry[1]), entry[2]))
+    return items
+
+
+def read_fewshot_cache(path: Path, folder_name: str) -> tuple[list[Item], list[Item] | None]:
+    """(train, val) from a vacsr or CoOp-family cache; val is None when the file has none."""
+    try:
+        with open(path, "rb") as handle:
+            data = _CacheUnpickler(handle).load()
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ValueError) as exc:
+        raise DataError(f"{path}: unreadable few-shot cache ({exc}); expected a pickled "
+                        "{'train': [...], 'val': [...]} (delete the file to resample)") from None
+    if not isinstance(data, dict) or "train" not in data:
+        raise DataError(f"{path}: few-shot cache has no 'train' entry; expected a pickled "
+                        "{'train': [...], 'val': [...]} (delete the file to resample)")
+    train = _to_items(data["train"], folder_name, path)
+    val = _to_items(data["val"], folder_name, path) if "val" in data else None
+    return train, val
+
+
+def _check_subset(cached: Sequence[Item], full: Sequence[Item], path: Path, split: str) -> None:
+    """A cache made from another split file would silently change the benchmark: refuse it."""
+    known = {(item.path, item.label) for item in full}
+    for item in cached:
+        if (item.path, item.label) not in known:
+            raise DataError(f"{path}: cached item {item.path!r} (label {item.label}) is not in the "
+                            f"{split} split; expected a cache made from this split (delete it to "
+                            "resample)")
+
+
+def write_fewshot_cache(path: Path, train: Sequence[Item], val: Sequence[Item]) -> None:
+    payload = {"format": CACHE_FORMAT,
+               "train": [(i.path, i.label, i.classname) for i in train],
+               "val": [(i.path, i.label, i.classname) for i in val]}
+    try:
+        atomic_pickle(path, payload)
+    except OSError as exc:
+        # A read-only dataset folder must not stop training: the draw is deterministic anyway.
+        warnings.warn(f"{path}: could not write the few-shot cache ({exc.__class__.__name__}); "
+                      "continuing without it", stacklevel=2)
+
+
+def load_or_sample(dataset_dir: Path, train: Sequence[Item], val: Sequence[Item] | None, *,
+                   shots: int, seed: int) -> tuple[list[Item], list[Item]]:
+    """The cached few-shot (train, val) for (K, seed), drawn and saved on first use.
+
+    `val=None` means the dataset has no val split (ImageNet): val then comes from the remaining
+    train images (see `val_from_remaining_train`).
+    """
+    path = fewshot_path(dataset_dir, shots, seed)
+    if path.is_file():
+        few_train, few_val = read_fewshot_cache(path, dataset_dir.name)
+        _check_subset(few_train, train, path, "train")
+        if few_val is None:  # CoOp's ImageNet caches hold train only
+            few_val = (val_from_remaining_train(train, few_train, shots, seed) if val is None
+                       else sample_train_val(train, val, shots, seed)[1])
+        _check_subset(few_val, train if val is None else val, path, "val")
+        return few_train, few_val
+    if val is None:
+        few_train = sample_few_shot(train, shots, random.Random(seed))
+        few_val = val_from_remaining_train(train, few_train, shots, seed)
+    else:
+        few_train, few_val = sample_train_val(train, val, shots, seed)
+    write_fewshot_cache(path, few_train, few_val)
+    return few_train, few_val
+
+
+# ---------------------------------------------------------------- base / novel
+def subsample_classes(*splits: Sequence[Item], subsample: str) -> tuple[list[Item], ...]:
+    """CoOp's split: sort the labels of the first split, base = first ceil(n/2), novel = rest,
+    each relabelled 0..k-1 in sorted order; every split is filtered with the same classes."""
+    if subsample not in ("all", "base", "novel"):
+        raise ValueError(f"subsample must be all, base or novel, got {subsample!r}")
+    if subsample == "all":
+        return tuple(list(split) for split in splits)
+    labels = sorted({item.label for item in splits[0]})
+    half = math.ceil(len(labels) / 2)
+    selected = labels[:half] if subsample == "base" else labels[half:]
+    relabel = {old: new for new, old in enumerate(selected)}
+    return tuple([Item(i.path, relabel[i.label], i.classname) for i in split if i.label in relabel]
+                 for split in splits)
+
+
+def base_novel_counts(num_classes: int) -> tuple[int, int]:
+    """(base, novel) class counts for a dataset of `num_classes` classes: 37 -> (19, 18)."""
+    base = math.ceil(num_classes / 2)
+    return base, num_classes - base

@@ -1,0 +1,127 @@
+"""ImageNet and its four domain-shift variants, read from the folders CoOp's DATASETS.md describes.
+
+- imagenet/images/{train,val}/<wnid>/*: label = index of the wnid among the sorted train folders;
+  names from imagenet/classnames.txt (`<wnid> <name>` lines, the names CoOp uses).
+- imagenetv2/imagenetv2-matched-frequency-format-val/<0..999>/*: folder i is the i-th line of
+  classnames.txt.
+- imagenet-sketch/images/<wnid>/*: 1000 sorted wnid folders.
+- imagenet-adversarial/imagenet-a/<wnid>/* and imagenet-rendition/imagenet-r/<wnid>/*: the 200
+  sorted wnid folders are the classes. As in CoOp, labels are 0..199 and the class names are those
+  200 (a 200-way classifier); `imagenet_label_ids` maps them to ImageNet-1k indices for callers that
+  evaluate with the 1000-way head instead.
+
+Each variant folder holds its own copy of classnames.txt (CoOp's instructions); when it is absent
+the one in imagenet/ is used.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from vacsr.data.fewshot import Item
+from vacsr.data.files import files_in, read_lines, require_dir, subdirs
+from vacsr.errors import DataError
+
+CLASSNAMES_EXPECTED = "one '<wnid> <class name>' line per ImageNet class"
+
+# config name -> (folder under root, image folder inside it, expected number of classes)
+VARIANTS: dict[str, tuple[str, str, int]] = {
+    "imagenetv2": ("imagenetv2", "imagenetv2-matched-frequency-format-val", 1000),
+    "imagenet_sketch": ("imagenet-sketch", "images", 1000),
+    "imagenet_a": ("imagenet-adversarial", "imagenet-a", 200),
+    "imagenet_r": ("imagenet-rendition", "imagenet-r", 200),
+}
+
+
+def read_classnames(path: Path) -> dict[str, str]:
+    """wnid -> class name, in file order (the order defines ImageNet-1k label indices)."""
+    names: dict[str, str] = {}
+    for number, line in enumerate(read_lines(path, CLASSNAMES_EXPECTED), start=1):
+        wnid, _, name = line.partition(" ")
+        if not name.strip():
+            raise DataError(f"{path}: line {number} {line!r} has no class name; "
+                            f"expected {CLASSNAMES_EXPECTED}")
+        if wnid in names:
+            raise DataError(f"{path}: line {number} repeats wnid {wnid!r}; "
+                            f"expected {CLASSNAMES_EXPECTED}")
+        names[wnid] = name.strip()
+    return names
+
+
+def find_classnames(root: Path, folder: str) -> Path:
+    """The variant's own classnames.txt, else the ImageNet one."""
+    for candidate in (root / folder / "classnames.txt", root / "imagenet" / "classnames.txt"):
+        if candidate.is_file():
+            return candidate
+    raise DataError(f"{root / folder / 'classnames.txt'}: file not found (nor in "
+                    f"{root / 'imagenet'}); expected {CLASSNAMES_EXPECTED}")
+
+
+def _folder_items(split_dir: Path, folders: list[str], names: dict[str, str],
+                  dataset_dir: Path, classnames_path: Path) -> list[Item]:
+    """Every image of every class folder; label = position of the folder in `folders`."""
+    items: list[Item] = []
+    prefix = split_dir.relative_to(dataset_dir).as_posix()
+    for label, folder in enumerate(folders):
+        if folder not in names:
+            raise DataError(f"{split_dir / folder}: class folder not listed in {classnames_path}; "
+                            f"expected {CLASSNAMES_EXPECTED}")
+        for name in files_in(split_dir / folder):
+            items.append(Item(f"{prefix}/{folder}/{name}", label, names[folder]))
+    return items
+
+
+def read_imagenet(root: Path) -> tuple[Path, dict[str, list[Item] | None]]:
+    """(dataset folder, {"train", "val": None, "test"}); ImageNet's official val is the test split.
+
+    There is no val split: the few-shot val is drawn from the remaining train images (fewshot.py).
+    """
+    dataset_dir = require_dir(root / "imagenet", "the ImageNet layout imagenet/images/{train,val}"
+                              "/<wnid>/ with imagenet/classnames.txt")
+    classnames_path = dataset_dir / "classnames.txt"
+    names = read_classnames(classnames_path)
+    splits: dict[str, list[Item] | None] = {"val": None}
+    folders_seen: list[str] | None = None
+    for split, sub in (("train", "train"), ("test", "val")):
+        split_dir = require_dir(dataset_dir / "images" / sub, "one folder per wnid")
+        folders = subdirs(split_dir)
+        if folders_seen is not None and folders != folders_seen:
+            raise DataError(f"{split_dir}: class folders differ from images/train; expected the "
+                            "same wnid folders in train and val")
+        folders_seen = folders
+        splits[split] = _folder_items(split_dir, folders, names, dataset_dir, classnames_path)
+    return dataset_dir, splits
+
+
+def _variant_folders(name: str, image_dir: Path, names: dict[str, str]) -> list[str]:
+    """Class folders in label order: V2 numbers them 0..N-1, the others use sorted wnids."""
+    if name == "imagenetv2":
+        return [str(i) for i in range(len(names))]
+    return subdirs(image_dir)
+
+
+def read_variant(root: Path, name: str) -> tuple[Path, list[Item], list[str], list[int]]:
+    """(dataset folder, test items, class names by label, ImageNet-1k index of each label)."""
+    folder, image_sub, expected = VARIANTS[name]
+    dataset_dir = require_dir(root / folder, f"the {name} layout {folder}/{image_sub}/")
+    image_dir = require_dir(dataset_dir / image_sub, f"{expected} class folders")
+    classnames_path = find_classnames(root, folder)
+    names = read_classnames(classnames_path)
+    folders = _variant_folders(name, image_dir, names)
+    if len(folders) != expected:
+        raise DataError(f"{image_dir}: found {len(folders)} class folders; expected {expected}")
+    wnids = list(names)
+    if name == "imagenetv2":
+        for index in folders:
+            require_dir(image_dir / index, f"class folders 0..{len(names) - 1}")
+        class_wnids = wnids
+        by_folder = {str(i): names[w] for i, w in enumerate(wnids)}
+    else:
+        class_wnids, by_folder = folders, names
+    items = _folder_items(image_dir, folders, by_folder, dataset_dir, classnames_path)
+    index_of = {wnid: i for i, wnid in enumerate(wnids)}
+    return dataset_dir, items, [names[w] for w in class_wnids], [index_of[w] for w in class_wnids]
+
+
+def imagenet_label_ids(root: str | Path, name: str) -> list[int]:
+    """For each class label of a variant, its ImageNet-1k label (identity for V2 and Sketch)."""
+    return read_variant(Path(root), name)[3]

@@ -1,0 +1,36 @@
+"""Global-batch sharding: W workers see exactly the batches one worker would.
+
+The epoch's permutation is drawn from a generator seeded by the caller (the same on every rank);
+global batch s is permutation[s*G:(s+1)*G] and rank r takes its r-th contiguous slice. Gathering
+the ranks' features in rank order rebuilds the single-process batch in the same order, so a
+distributed step computes the same loss as a local one.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+
+class GlobalBatchSampler(Sampler[list[int]]):
+    def __init__(self, num_items: int, *, global_batch: int, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, shuffle: bool = True) -> None:
+        if global_batch % world_size:
+            raise ValueError(f"global batch {global_batch} is not a multiple of {world_size} ranks")
+        self.num_items, self.global_batch = num_items, global_batch
+        self.rank, self.world_size = rank, world_size
+        self.seed, self.shuffle = seed, shuffle
+
+    def __len__(self) -> int:
+        return self.num_items // self.global_batch  # the last partial batch is dropped
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.shuffle:
+            order = torch.randperm(self.num_items, generator=torch.Generator().manual_seed(self.seed))
+        else:
+            order = torch.arange(self.num_items)
+        local = self.global_batch // self.world_size
+        for step in range(len(self)):
+            start = step * self.global_batch + self.rank * local
+            yield order[start:start + local].tolist()

@@ -1,0 +1,168 @@
+"""Ray evaluation actors (DESIGN.md section 5).
+
+Each `EvalWorker` actor holds the item (gallery / class-text) features and the head weights, sent
+once, and runs a `ChunkedScorer` on the query shards it is given. `EvalPool` starts one actor per
+GPU (or a few CPU actors), shards the queries, and merges the shards' top-k lists exactly (the
+ranking keys make the merge independent of the sharding). It has the scorer's `score` /
+`score_pairs` interface, so `vacsr.eval.evaluate.evaluate_retrieval(..., scorer=pool)` and
+`two_stage_score(pool, ...)` run on the actors while the driver only shards and merges.
+"""
+from __future__ import annotations
+
+import copy
+import time
+
+import ray
+import torch
+from torch import nn
+
+from vacsr.eval.scorer import ChunkedScorer, ScoreResult, TopK, merge_topk
+
+
+class EvalWorker:
+    """Actor body: item features + head weights stay resident between calls."""
+
+    def __init__(self, head: nn.Module, items: torch.Tensor, *, memory_budget_bytes: int,
+                 precision: str = "auto", device: str | None = None):
+        self.options = {"memory_budget_bytes": memory_budget_bytes, "precision": precision}
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.items = items
+        self.set_head(head)
+
+    def set_head(self, head: nn.Module) -> None:
+        self.scorer = ChunkedScorer(head, device=self.device, **self.options)
+
+    def set_items(self, items: torch.Tensor) -> None:
+        self.items = items
+
+    def describe(self) -> dict:
+        return {"device": str(self.scorer.device), "dtype": str(self.scorer.dtype),
+                "num_items": int(self.items.shape[0])}
+
+    def score_shard(self, queries: torch.Tensor, query_offset: int, k: int, k_items: int,
+                    return_full: bool = False, query_groups=None, item_groups=None) -> ScoreResult:
+        """Score queries (global rows query_offset..) against the held items; the item-direction
+        top-k holds global query indices so that the driver can merge shards directly."""
+        result = self.scorer.score(queries, self.items, k=k, k_items=k_items, return_full=return_full,
+                                   query_groups=query_groups, item_groups=item_groups)
+        for topk in (result.item_topk, result.item_topk_grouped):
+            if topk is not None:
+                topk.indices = torch.where(topk.indices >= 0, topk.indices + query_offset, -1)
+        return result
+
+    def score_pairs(self, queries: torch.Tensor, query_index: torch.Tensor,
+                    item_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.scorer.score_pairs(queries, self.items, query_index, item_index)
+
+
+EvalActor = ray.remote(EvalWorker)
+
+
+def _cpu_copy(head: nn.Module) -> nn.Module:
+    return copy.deepcopy(head).cpu().eval()
+
+
+class EvalPool:
+    """A small pool of EvalWorker actors: one per GPU, or num_actors CPU actors.
+
+    Needs ray.init() to have been called. update_head() re-sends only the weights (each epoch or
+    trial); the item features are re-sent only when score() receives different ones.
+    """
+
+    def __init__(self, head: nn.Module, items: torch.Tensor, *, num_actors: int | None = None,
+                 num_gpus_per_actor: float | None = None, num_cpus_per_actor: float = 1,
+                 memory_budget_bytes: int = 256 * 2**20, precision: str = "auto"):
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if num_gpus_per_actor is None:
+            num_gpus_per_actor = 1 if gpus else 0
+        if num_actors is None:
+            num_actors = max(1, gpus) if num_gpus_per_actor else 1
+        self.memory_budget_bytes = memory_budget_bytes
+        self.device = torch.device("cpu")  # where two_stage_score runs its cheap cosine stage
+        self._items = items
+        items_ref, head_ref = ray.put(items.detach().cpu()), ray.put(_cpu_copy(head))
+        actor = EvalActor.options(num_cpus=num_cpus_per_actor, num_gpus=num_gpus_per_actor)
+        self.actors = [actor.remote(head_ref, items_ref, memory_budget_bytes=memory_budget_bytes,
+                                    precision=precision) for _ in range(num_actors)]
+
+    # ------------------------------------------------------------ state
+    def update_head(self, head: nn.Module) -> None:
+        ref = ray.put(_cpu_copy(head))
+        ray.get([a.set_head.remote(ref) for a in self.actors])
+
+    def update_items(self, items: torch.Tensor) -> None:
+        ref = ray.put(items.detach().cpu())
+        ray.get([a.set_items.remote(ref) for a in self.actors])
+        self._items = items
+
+    def _sync_items(self, items: torch.Tensor | None) -> None:
+        if items is None or items is self._items:
+            return
+        if items.shape != self._items.shape or not torch.equal(items.cpu(), self._items.cpu()):
+            self.update_items(items)
+
+    def describe(self) -> list[dict]:
+        return ray.get([a.describe.remote() for a in self.actors])
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+
+    # ------------------------------------------------------------ scoring
+    def score(self, queries: torch.Tensor, items: torch.Tensor | None = None, *, k: int = 10,
+              k_items: int | None = None, return_full: bool = False, query_groups=None,
+              item_groups=None) -> ScoreResult:
+        """ChunkedScorer.score over the actors: queries sharded, results merged exactly."""
+        self._sync_items(items)
+        start = time.perf_counter()
+        bounds = _shard_bounds(queries.shape[0], len(self.actors))
+        futures = []
+        for actor, (lo, hi) in zip(self.actors, bounds):
+            groups = None if query_groups is None else torch.as_tensor(query_groups)[lo:hi]
+            futures.append(actor.score_shard.remote(queries[lo:hi].detach().cpu(), lo, k,
+                                                    k_items or k, return_full, groups, item_groups))
+        parts = ray.get(futures)
+        result = _merge_shards(parts, k_items or k)
+        seconds = time.perf_counter() - start
+        pairs = queries.shape[0] * self._items.shape[0]
+        result.stats = {"pairs": pairs, "seconds": seconds, "pairs_per_second": pairs / seconds,
+                        "actors": len(self.actors)}
+        return result
+
+    def score_pairs(self, queries: torch.Tensor, items: torch.Tensor | None,
+                    query_index: torch.Tensor, item_index: torch.Tensor):
+        """ChunkedScorer.score_pairs over the actors (pairs sharded in order)."""
+        self._sync_items(items)
+        queries_ref = ray.put(queries.detach().cpu())
+        bounds = _shard_bounds(len(query_index), len(self.actors))
+        parts = ray.get([actor.score_pairs.remote(queries_ref, query_index[lo:hi], item_index[lo:hi])
+                         for actor, (lo, hi) in zip(self.actors, bounds)])
+        logits = torch.cat([p[0] for p in parts])
+        sigma = None if any(p[1] is None for p in parts) else torch.cat([p[1] for p in parts])
+        return logits, sigma
+
+
+def _shard_bounds(num: int, shards: int) -> list[tuple[int, int]]:
+    """Contiguous, near-equal [lo, hi) ranges; empty shards are dropped."""
+    edges = [round(i * num / shards) for i in range(shards + 1)]
+    return [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
+
+
+def _merge_shards(parts: list[ScoreResult], k_items: int) -> ScoreResult:
+    """Query-direction results concatenate (disjoint rows); item-direction ones merge by keys."""
+    def cat_rows(topks: list[TopK | None]) -> TopK | None:
+        if topks[0] is None:
+            return None
+        sigma = None if topks[0].sigma is None else torch.cat([t.sigma for t in topks])
+        return TopK(indices=torch.cat([t.indices for t in topks]),
+                    scores=torch.cat([t.scores for t in topks]), sigma=sigma)
+
+    grouped = [p.item_topk_grouped for p in parts]
+    return ScoreResult(
+        query_topk=cat_rows([p.query_topk for p in parts]),
+        item_topk=merge_topk([p.item_topk for p in parts], k_items),
+        query_topk_grouped=cat_rows([p.query_topk_grouped for p in parts]),
+        item_topk_grouped=None if grouped[0] is None else merge_topk(grouped, k_items),
+        scores=None if parts[0].scores is None else torch.cat([p.scores for p in parts]),
+        sigma=None if parts[0].sigma is None else torch.cat([p.sigma for p in parts]))

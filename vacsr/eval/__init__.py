@@ -1,0 +1,1 @@
+"""Evaluation: retrieval and classification metrics, the chunked pairwise scorer."""

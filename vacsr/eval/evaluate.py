@@ -1,0 +1,114 @@
+"""Evaluation entry points: features + head -> a flat dict of metrics (DESIGN.md sections 4-5).
+
+These are what the CLI, the trainers and the sweep call. Scoring goes through a scorer object:
+a local `ChunkedScorer` by default, or anything with the same `score(queries, items, ...)` method
+(e.g. `vacsr.distributed.EvalPool`, which scores on Ray actors).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from vacsr.eval import eccv
+from vacsr.eval.metrics import (accuracy_from_predictions, coco_fold_recalls, coco_recalls,
+                                fold_groups)
+from vacsr.eval.scorer import ChunkedScorer, ScoreResult
+from vacsr.eval.two_stage import two_stage_score
+from vacsr.eval.uncertainty import plot_uncertainty, uncertainty_analysis
+
+
+@dataclass
+class RetrievalEvaluation:
+    metrics: dict[str, float]
+    result: ScoreResult
+    uncertainty: dict | None  # per direction: bins, R@1 per bin, Pearson (None without sigma_hat)
+
+
+def evaluate_retrieval(image_feats: torch.Tensor, text_feats: torch.Tensor, head: nn.Module,
+                       caption_to_image, image_ids=None, caption_ids=None, **kwargs) -> dict[str, float]:
+    """Image-text retrieval metrics as a flat dict of floats; see evaluate_retrieval_detailed."""
+    return evaluate_retrieval_detailed(image_feats, text_feats, head, caption_to_image,
+                                       image_ids, caption_ids, **kwargs).metrics
+
+
+def evaluate_retrieval_detailed(image_feats: torch.Tensor, text_feats: torch.Tensor, head: nn.Module,
+                                caption_to_image, image_ids=None, caption_ids=None, *,
+                                ks: Sequence[int] = (1, 5, 10), num_folds: int | None = None,
+                                eccv_metrics: bool | None = None, two_stage_k: int | None = None,
+                                memory_budget_bytes: int = 256 * 2**20, device=None,
+                                scorer=None, uncertainty_plot=None,
+                                num_bins: int = 10) -> RetrievalEvaluation:
+    """image_feats (N_i, d), text_feats (N_c, d), caption_to_image (N_c,) image index per caption.
+
+    - R@K both directions and RSUM over the whole set (COCO 5K when it is COCO test);
+    - num_folds=5: COCO 1K, the mean over 5 folds of N_i / 5 images (coco1k_*);
+    - ECCV Caption (mAP@R, R-P, R@1) and CxC R@K when image_ids / caption_ids (COCO ids) cover the
+      COCO 5K test set: eccv_metrics None = when they do, True = required, False = never;
+    - two_stage_k=k': cosine top-k' candidates re-ranked by the head instead of exact scoring;
+    - uncertainty (Fig. 3) Pearson r per direction when the head has sigma_hat; with
+      uncertainty_plot=path also the PNG.
+    """
+    use_eccv = _want_eccv(eccv_metrics, image_ids, caption_ids)
+    depth_i2t, depth_t2i = max(ks), max(ks)
+    if use_eccv:
+        need = eccv.eccv_depth()
+        depth_i2t, depth_t2i = max(depth_i2t, need["i2t"]), max(depth_t2i, need["t2i"])
+    groups = {}
+    if num_folds:
+        image_groups, caption_groups = fold_groups(caption_to_image, image_feats.shape[0], num_folds)
+        groups = {"query_groups": image_groups, "item_groups": caption_groups}
+    scorer = scorer or ChunkedScorer(head, memory_budget_bytes=memory_budget_bytes, device=device)
+    if two_stage_k:
+        result = two_stage_score(scorer, image_feats, text_feats, k=depth_i2t, k_items=depth_t2i,
+                                 k_prime=max(two_stage_k, depth_i2t, depth_t2i), **groups)
+    else:
+        result = scorer.score(image_feats, text_feats, k=depth_i2t, k_items=depth_t2i, **groups)
+    i2t, t2i = result.query_topk.indices, result.item_topk.indices
+    metrics = coco_recalls(i2t, t2i, caption_to_image, ks)
+    if num_folds:
+        metrics.update(coco_fold_recalls(result.query_topk_grouped.indices,
+                                         result.item_topk_grouped.indices, caption_to_image,
+                                         num_folds, ks))
+    if use_eccv:
+        metrics.update(eccv.eccv_caption_metrics(i2t, t2i, image_ids, caption_ids))
+        metrics.update(eccv.cxc_recalls(i2t, t2i, image_ids, caption_ids, ks))
+    analysis = None
+    if result.query_topk.sigma is not None:
+        analysis = uncertainty_analysis(result, caption_to_image, num_bins)
+        for direction, bins in analysis.items():
+            metrics[f"uncertainty_{direction}_pearson"] = bins["pearson_bins"]
+            metrics[f"sigma_top1_{direction}_mean"] = float(np.nanmean(
+                (result.query_topk if direction == "i2t" else result.item_topk).sigma[:, 0].numpy()))
+        if uncertainty_plot is not None:
+            plot_uncertainty(analysis, uncertainty_plot)
+    metrics["eval_seconds"] = float(result.stats.get("seconds", float("nan")))
+    return RetrievalEvaluation(metrics=metrics, result=result, uncertainty=analysis)
+
+
+def _want_eccv(requested: bool | None, image_ids, caption_ids) -> bool:
+    if requested is False:
+        return False
+    have_ids = image_ids is not None and caption_ids is not None
+    covers = have_ids and eccv.covers_coco_test(image_ids, caption_ids)
+    if requested and not covers:
+        raise ValueError("ECCV Caption / CxC metrics need COCO ids covering the COCO 5K test set")
+    return covers
+
+
+def evaluate_classification(image_feats: torch.Tensor, class_text_feats: torch.Tensor,
+                            head: nn.Module, labels, *, memory_budget_bytes: int = 256 * 2**20,
+                            device=None, scorer=None) -> dict[str, float]:
+    """Micro accuracy (percent) of the head's top-1 class per image (ties to the lower class index),
+    plus the mean sigma_hat of the predicted pair when the head has one."""
+    scorer = scorer or ChunkedScorer(head, memory_budget_bytes=memory_budget_bytes, device=device)
+    result = scorer.score(image_feats, class_text_feats, k=1, k_items=1)
+    predictions = result.query_topk.indices[:, 0]
+    metrics = {"acc": accuracy_from_predictions(predictions, labels),
+               "num_samples": float(len(predictions))}
+    if result.query_topk.sigma is not None:
+        metrics["sigma_top1_mean"] = float(result.query_topk.sigma[:, 0].mean())
+    return metrics

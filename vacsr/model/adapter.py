@@ -1,0 +1,151 @@
+"""The variational similarity adapter (paper section 3.1, DESIGN.md section 2) and the baseline head.
+
+A pair (v_i, t_j) meets through the Hadamard product s_ij = d * (v_i * t_j). The encoder maps s_ij to
+a K-component Gaussian mixture over a latent z; the decoder maps z to a match logit; sigma_hat is the
+pair's bounded uncertainty. The first encoder layer is evaluated in GEMM form,
+W1 s_ij = d * (W1 diag(v_i)) t_j, so the (B, B', d) tensor of similarity vectors never exists.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class AdapterOutput:
+    """Everything the losses and the scorer need for a (B, B') block of pairs."""
+
+    logits: torch.Tensor  # (B, B') m = sum_k alpha_k dec(z_k)
+    sigma_hat: torch.Tensor | None  # (B, B') bounded uncertainty; None for the baseline head
+    mu: torch.Tensor | None = None  # (B, B', K, L)
+    logvar: torch.Tensor | None = None  # (B, B', K, L)
+    mix_weights: torch.Tensor | None = None  # (B, B', K) alpha = softmax(mixture logits)
+
+
+class VariationalSimilarityAdapter(nn.Module):
+    """Encoder s -> (mu_k, logvar_k, alpha_k), decoder z_k -> m_k; see module docstring."""
+
+    def __init__(self, *, embed_dim: int, hidden_dim: int = 512, latent_dim: int = 32,
+                 num_components: int = 2, decoder_hidden_dim: int = 64,
+                 bounded_sigma: bool = True) -> None:
+        super().__init__()
+        self.embed_dim = embed_dim
+        self.latent_dim = latent_dim
+        self.num_components = num_components
+        self.bounded_sigma = bounded_sigma
+        self.scale = float(embed_dim)  # keeps s_ij entries O(1): sum(s_ij) = d * cos(v_i, t_j)
+        self.fc1 = nn.Linear(embed_dim, hidden_dim)
+        self.fc2 = nn.Linear(hidden_dim, num_components * (2 * latent_dim + 1))
+        if decoder_hidden_dim > 0:
+            self.decoder = nn.Sequential(nn.Linear(latent_dim, decoder_hidden_dim), nn.ReLU(),
+                                         nn.Linear(decoder_hidden_dim, 1))
+        else:
+            self.decoder = nn.Linear(latent_dim, 1)
+
+    # ------------------------------------------------------------------ encoder
+    def first_layer(self, image_feats: torch.Tensor, text_feats: torch.Tensor) -> torch.Tensor:
+        """Pre-activation of the first layer for every pair, without materialising s.
+
+        image_feats (B, d), text_feats (B', d) -> (B, B', H).
+        """
+        weight = self.fc1.weight  # (H, d)
+        batch, dim = image_feats.shape
+        hidden = weight.shape[0]
+        scaled = image_feats[:, None, :] * (weight * self.scale)[None]  # (B, H, d)
+        pre = scaled.reshape(batch * hidden, dim) @ text_feats.T  # (B*H, B')
+        pre = pre.reshape(batch, hidden, -1).transpose(1, 2)  # (B, B', H)
+        return pre + self.fc1.bias
+
+    def encode_hidden(self, hidden: torch.Tensor):
+        """(..., H) first-layer pre-activations -> mu, logvar (..., K, L) and alpha (..., K)."""
+        out = self.fc2(F.relu(hidden))  # (..., K*(2L+1))
+        k, l = self.num_components, self.latent_dim
+        mu, logvar, mix_logits = out.split([k * l, k * l, k], dim=-1)
+        mu = mu.unflatten(-1, (k, l))
+        logvar = logvar.unflatten(-1, (k, l))
+        return mu, logvar, torch.softmax(mix_logits, dim=-1)
+
+    def encode_pairs(self, similarity: torch.Tensor):
+        """Explicit form on similarity vectors s (..., d): used by tests as the reference."""
+        return self.encode_hidden(self.fc1(similarity))
+
+    # ------------------------------------------------------------------ heads
+    def uncertainty(self, logvar: torch.Tensor, mix_weights: torch.Tensor) -> torch.Tensor:
+        """sigma_hat = sigmoid(sum_k alpha_k mean_l logvar_kl); exp(.) when not bounded."""
+        pooled = (mix_weights * logvar.mean(dim=-1)).sum(dim=-1)  # (...,)
+        return torch.sigmoid(pooled) if self.bounded_sigma else torch.exp(pooled)
+
+    def decode(self, z: torch.Tensor, mix_weights: torch.Tensor) -> torch.Tensor:
+        """z (..., K, L), alpha (..., K) -> logit m = sum_k alpha_k dec(z_k), shape (...)."""
+        per_component = self.decoder(z).squeeze(-1)  # (..., K)
+        return (mix_weights * per_component).sum(dim=-1)
+
+    def head(self, mu, logvar, mix_weights, sample: bool) -> AdapterOutput:
+        if sample:
+            eps = torch.randn_like(mu)  # one eps per component and latent dim
+            z = mu + eps * torch.exp(0.5 * logvar)
+        else:
+            z = mu
+        logits = self.decode(z, mix_weights)
+        return AdapterOutput(logits=logits, sigma_hat=self.uncertainty(logvar, mix_weights),
+                             mu=mu, logvar=logvar, mix_weights=mix_weights)
+
+    def forward(self, image_feats: torch.Tensor, text_feats: torch.Tensor,
+                sample: bool | None = None) -> AdapterOutput:
+        """All pairs of image_feats (B, d) x text_feats (B', d); samples z in training mode."""
+        sample = self.training if sample is None else sample
+        mu, logvar, mix_weights = self.encode_hidden(self.first_layer(image_feats, text_feats))
+        return self.head(mu, logvar, mix_weights, sample)
+
+    @torch.no_grad()
+    def score_block(self, queries: torch.Tensor, items: torch.Tensor):
+        """Inference scores of a (N_q, N_g) block: (logits, sigma_hat), z = mu (no noise)."""
+        mu, logvar, mix_weights = self.encode_hidden(self.first_layer(queries, items))
+        return self.decode(mu, mix_weights), self.uncertainty(logvar, mix_weights)
+
+    def flops_per_pair(self) -> int:
+        """Multiply-adds x2 of one pair's score (first layer GEMM, second layer, decoder)."""
+        hidden = self.fc1.weight.shape[0]
+        k, l = self.num_components, self.latent_dim
+        flops = 2 * self.embed_dim * hidden + 2 * hidden * k * (2 * l + 1)
+        for layer in (m for m in self.decoder.modules() if isinstance(m, nn.Linear)):
+            flops += 2 * k * layer.in_features * layer.out_features
+        return flops
+
+
+class SigmoidBaselineHead(nn.Module):
+    """"w/o all components" of Table 6: SigLIP logits t * cos(v, t) + b, no adapter."""
+
+    def __init__(self, *, init_logit_scale: float = math.log(10.0), init_logit_bias: float = -10.0):
+        super().__init__()
+        self.logit_scale = nn.Parameter(torch.tensor(init_logit_scale))
+        self.logit_bias = nn.Parameter(torch.tensor(init_logit_bias))
+
+    def forward(self, image_feats, text_feats, sample: bool | None = None) -> AdapterOutput:
+        logits = self.logit_scale.exp() * image_feats @ text_feats.T + self.logit_bias  # (B, B')
+        return AdapterOutput(logits=logits, sigma_hat=None)
+
+    @torch.no_grad()
+    def score_block(self, queries, items):
+        return self.forward(queries, items).logits, None
+
+    def flops_per_pair(self, embed_dim: int = 0) -> int:
+        return 2 * embed_dim
+
+
+def build_head(*, kind: str, embed_dim: int, hidden_dim: int = 512, latent_dim: int = 32,
+               num_components: int = 2, decoder_hidden_dim: int = 64,
+               bounded_sigma: bool = True) -> nn.Module:
+    """Factory: the VACSR adapter or the sigmoid baseline, from plain keyword arguments."""
+    if kind == "vacsr":
+        return VariationalSimilarityAdapter(
+            embed_dim=embed_dim, hidden_dim=hidden_dim, latent_dim=latent_dim,
+            num_components=num_components, decoder_hidden_dim=decoder_hidden_dim,
+            bounded_sigma=bounded_sigma)
+    if kind == "sigmoid_baseline":
+        return SigmoidBaselineHead()
+    raise ValueError(f"unknown head kind {kind!r}")

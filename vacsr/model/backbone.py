@@ -1,0 +1,147 @@
+"""open_clip backbone: model creation, token- and pooled-level features, trainable first-N blocks.
+
+Weights come from an open_clip pretrained tag or a local file the user names; `pretrained=None`
+builds a randomly initialised model (tests, demo). Nothing here downloads unless a tag is given.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import open_clip
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vacsr.errors import ConfigError
+from vacsr.model.gpo import GPO
+
+MODEL_CONFIG_DIR = Path(__file__).with_name("model_configs")
+
+
+def register_model_configs() -> None:
+    """Add vacsr's own configs (the tiny test model) to open_clip's registry, once."""
+    if "vacsr-tiny" not in open_clip.list_models():
+        open_clip.add_model_config(MODEL_CONFIG_DIR)
+
+
+def _resolve_pretrained(name: str, pretrained: str | None) -> str | None:
+    if pretrained is None or pretrained == "":
+        return None
+    if Path(pretrained).expanduser().is_file():
+        return str(Path(pretrained).expanduser().resolve())
+    tags = open_clip.list_pretrained_tags_by_model(name)
+    if pretrained not in tags:
+        raise ConfigError(f"model.pretrained: {pretrained!r} is neither a local weights file nor an "
+                          f"open_clip tag of {name} (tags: {', '.join(tags) or 'none'})")
+    return pretrained
+
+
+def create_clip(name: str, pretrained: str | None = None):
+    """(model, train_transform, eval_transform, tokenizer) from open_clip, with clear errors."""
+    register_model_configs()
+    if name not in open_clip.list_models() and not name.startswith("hf-hub:"):
+        raise ConfigError(f"model.name: unknown open_clip model {name!r}")
+    resolved = _resolve_pretrained(name, pretrained)
+    model, train_transform, eval_transform = open_clip.create_model_and_transforms(
+        name, pretrained=resolved)
+    return model, train_transform, eval_transform, open_clip.get_tokenizer(name)
+
+
+def _text_blocks(model: nn.Module) -> nn.ModuleList:
+    tower = model.text if hasattr(model, "text") else model
+    return tower.transformer.resblocks
+
+
+def set_trainable(model: nn.Module, *, image_blocks: int, text_blocks: int,
+                  projections: bool, embeddings: bool) -> None:
+    """Freeze everything, then unfreeze the first N blocks of each tower (-1 = all blocks)."""
+    model.requires_grad_(False)
+    towers = (("image", model.visual.transformer.resblocks, image_blocks),
+              ("text", _text_blocks(model), text_blocks))
+    for tower, blocks, count in towers:
+        if count > len(blocks):
+            raise ConfigError(f"model.trainable_{tower}_blocks: {count} exceeds the {len(blocks)} "
+                              f"blocks of the {tower} tower")
+        for block in blocks[: len(blocks) if count == -1 else count]:
+            block.requires_grad_(True)
+    text = model.text if hasattr(model, "text") else model
+    if projections:
+        for part in (model.visual.ln_post, getattr(text, "ln_final", None)):
+            if part is not None:
+                part.requires_grad_(True)
+        for param in (model.visual.proj, getattr(text, "text_projection", None)):
+            if isinstance(param, nn.Parameter):
+                param.requires_grad_(True)
+            elif isinstance(param, nn.Module):
+                param.requires_grad_(True)
+    if embeddings:
+        for part in (model.visual.conv1, model.visual.ln_pre, text.token_embedding):
+            part.requires_grad_(True)
+        for param in (model.visual.class_embedding, model.visual.positional_embedding,
+                      text.positional_embedding):
+            param.requires_grad_(True)
+
+
+class ClipBackbone(nn.Module):
+    """Image and text encoders giving L2-normalised d-dim features (pooled, or tokens + GPO)."""
+
+    def __init__(self, *, name: str = "vacsr-tiny", pretrained: str | None = None,
+                 use_gpo: bool = True, trainable_image_blocks: int = -1,
+                 trainable_text_blocks: int = -1, train_projections: bool = True,
+                 train_embeddings: bool = False) -> None:
+        super().__init__()
+        clip, self.train_transform, self.eval_transform, self.tokenizer = create_clip(
+            name, pretrained)
+        if use_gpo and (hasattr(clip, "text") or clip.visual.attn_pool is not None
+                        or getattr(clip.visual, "final_ln_after_pool", False)):
+            raise ConfigError(f"model.use_gpo: token outputs are supported for plain CLIP ViTs, "
+                              f"not {name}; set model.use_gpo=false")
+        self.clip = clip
+        self.use_gpo = use_gpo
+        self.embed_dim = int(clip.visual.output_dim)
+        set_trainable(clip, image_blocks=trainable_image_blocks, text_blocks=trainable_text_blocks,
+                      projections=train_projections, embeddings=train_embeddings)
+        if use_gpo:
+            self.image_gpo, self.text_gpo = GPO(), GPO()
+
+    def tokenize(self, texts: list[str]) -> torch.Tensor:
+        return self.tokenizer(texts)
+
+    def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
+        """All projected image tokens, class token included: (B, 1 + N, D)."""
+        visual = self.clip.visual
+        x = visual.transformer(visual._embeds(images))  # (B, 1+N, W)
+        return visual.ln_post(x) @ visual.proj
+
+    def text_tokens(self, tokens: torch.Tensor):
+        """Projected text tokens from SOT to EOT: ((B, T, D), lengths (B,))."""
+        clip = self.clip
+        x = clip.token_embedding(tokens) + clip.positional_embedding
+        x = clip.ln_final(clip.transformer(x, attn_mask=clip.attn_mask))  # (B, T, W)
+        projection = clip.text_projection
+        x = projection(x) if isinstance(projection, nn.Linear) else x @ projection
+        return x, tokens.argmax(dim=-1) + 1  # EOT has the highest id in open_clip's vocab
+
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) -> (B, D), L2-normalised."""
+        if not self.use_gpo:
+            return self.clip.encode_image(images, normalize=True)
+        tokens = self.image_tokens(images)
+        lengths = torch.full((tokens.shape[0],), tokens.shape[1], device=tokens.device)
+        return F.normalize(self.image_gpo(tokens, lengths), dim=-1)
+
+    def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, D), L2-normalised."""
+        if not self.use_gpo:
+            return self.clip.encode_text(tokens, normalize=True)
+        features, lengths = self.text_tokens(tokens)
+        return F.normalize(self.text_gpo(features, lengths), dim=-1)
+
+
+def build_backbone(config) -> ClipBackbone:
+    """ModelConfig -> ClipBackbone."""
+    return ClipBackbone(name=config.name, pretrained=config.pretrained, use_gpo=config.use_gpo,
+                        trainable_image_blocks=config.trainable_image_blocks,
+                        trainable_text_blocks=config.trainable_text_blocks,
+                        train_projections=config.train_projections,
+                        train_embeddings=config.train_embeddings)

@@ -1,0 +1,1 @@
+"""Training: optimiser and schedule, checkpoints, the local (single-process) training loop."""

@@ -1,0 +1,237 @@
+"""Single-process VACSR training (CPU or one GPU); the distributed trainer reuses its parts.
+
+Every epoch reseeds from (seed, epoch), evaluates, and writes `last.ckpt` atomically, so a run that
+is stopped and started again with the same output_dir continues and ends with the same result.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+from vacsr.config import Config, save_config, to_dict
+from vacsr.data import build_classification, build_retrieval
+from vacsr.data.base import CaptionPairDataset, LabelledImageDataset
+from vacsr.data.loader import make_loader
+from vacsr.data.sampler import GlobalBatchSampler
+from vacsr.model.vacsr import VACSRModel, build_model
+from vacsr.seed import epoch_seed, seed_everything
+from vacsr.tasks import ClassificationTask, RetrievalTask
+from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
+from vacsr.train.evaluate import evaluate_split
+from vacsr.train.optim import build_optimizer, lr_factor, set_learning_rates
+
+EpochCallback = Callable[[int, dict, Path], None]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class CaptionCollate:
+    """Stacks images and tokenizes captions in the loader (picklable for worker processes)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, items):
+        images, captions, image_index = zip(*items)
+        return torch.stack(images), self.tokenizer(list(captions)), torch.tensor(image_index)
+
+
+@dataclass
+class TrainResult:
+    history: list[dict] = field(default_factory=list)  # one metrics dict per epoch
+    final_metrics: dict = field(default_factory=dict)
+    checkpoint: Path | None = None
+
+
+class Trainer:
+    """Owns model, task, data and optimiser for one run; `fit` runs the remaining epochs."""
+
+    def __init__(self, config: Config, *, device: torch.device | None = None) -> None:
+        self.config = config
+        self.device = device or resolve_device(config.train.device)
+        seed_everything(config.train.seed)
+        self.model: VACSRModel = build_model(config).to(self.device)
+        self.splits = self._build_splits()
+        self.task = self._build_task()
+        self.optimizer = build_optimizer(self.model, config.optim)
+        self.output_dir = Path(config.train.output_dir).expanduser().resolve()
+        self.history: list[dict] = []
+        self.start_epoch = 0
+        self.extra_state: dict = {}  # e.g. the MLflow run id, so a resumed run keeps logging to it
+
+    # ---------------------------------------------------------------- setup
+    def _build_splits(self):
+        data, seed = self.config.data, self.config.train.seed
+        if data.task == "retrieval":
+            return build_retrieval(data, seed)
+        return build_classification(data, seed)
+
+    def _build_task(self):
+        if self.config.data.task == "retrieval":
+            return RetrievalTask(self.model, self.config.loss)
+        prompts = self.splits["train"].prompts()
+        tokens = self.model.backbone.tokenize(prompts)
+        return ClassificationTask(self.model, self.config.loss, tokens)
+
+    def train_dataset(self):
+        backbone = self.model.backbone
+        transform = backbone.train_transform if self.config.data.augment else backbone.eval_transform
+        if self.config.data.task == "retrieval":
+            return CaptionPairDataset(self.splits["train"], transform)
+        return LabelledImageDataset(self.splits["train"], transform)
+
+    def train_loader(self, epoch: int, dataset=None, rank: int = 0, world_size: int = 1):
+        """Global batches shuffled from (seed, epoch), this rank's slice of each: a resumed or a
+        distributed run replays exactly the batches of an uninterrupted single-process run."""
+        dataset = dataset if dataset is not None else self.train_dataset()
+        sampler = GlobalBatchSampler(len(dataset), global_batch=self.config.train.batch_size,
+                                     rank=rank, world_size=world_size,
+                                     seed=epoch_seed(self.config.train.seed, epoch))
+        collate = (CaptionCollate(self.model.backbone.tokenizer)
+                   if self.config.data.task == "retrieval" else None)
+        return make_loader(dataset, batch_size=self.config.train.batch_size,
+                           batch_sampler=sampler, num_workers=self.config.data.num_workers,
+                           device=self.device, collate_fn=collate)
+
+    # ---------------------------------------------------------------- state
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.output_dir / "last.ckpt"
+
+    def state(self, epoch: int) -> dict:
+        return {"epoch": epoch, "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "history": self.history,
+                "config": to_dict(self.config), "extra": self.extra_state}
+
+    def load_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.history = list(state["history"])
+        self.extra_state = dict(state.get("extra", {}))
+        self.start_epoch = int(state["epoch"]) + 1
+
+    def maybe_resume(self) -> bool:
+        if self.config.train.resume and self.checkpoint_path.is_file():
+            self.load_state(load_checkpoint(self.checkpoint_path, self.device))
+            return True
+        return False
+
+    # ---------------------------------------------------------------- steps
+    def autocast(self):
+        enabled = self.device.type == "cuda" and self.config.train.amp
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    def compute_loss(self, batch, gather: Callable | None = None, step_seed: int | None = None):
+        """Backbone under autocast; adapter and losses in fp32 over the (gathered) global batch.
+
+        The adapter's sampling noise is drawn from a generator reseeded with `step_seed`, so every
+        rank of a distributed run draws the same noise for the same global batch."""
+        with self.autocast():
+            pairs = self.task.features(batch)
+        if gather is not None:
+            pairs = gather(pairs)
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.autocast(self.device.type,
+                                                                      enabled=False):
+            if step_seed is not None:
+                torch.manual_seed(step_seed)
+            return self.task.loss_from_pairs(pairs.float())
+
+    def train_epoch(self, epoch: int, loader, loss_fn: Callable | None = None,
+                    show_progress: bool = True) -> dict:
+        """One pass over `loader`; `loss_fn(batch, step_seed)` defaults to the local loss (the
+        distributed trainer passes its DDP-wrapped one)."""
+        self.model.train()
+        seed_everything(epoch_seed(self.config.train.seed, epoch))
+        loss_fn = loss_fn or (lambda batch, step_seed: self.compute_loss(batch, None, step_seed))
+        optim, epochs, totals, steps = self.config.optim, self.config.train.epochs, {}, len(loader)
+        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", leave=False, file=sys.stderr,
+                   disable=not (show_progress and self.config.train.progress), mininterval=1.0)
+        for step, batch in enumerate(bar):
+            rates = set_learning_rates(self.optimizer, lr_factor(
+                epoch + step / max(steps, 1), epochs=epochs, schedule=optim.schedule,
+                decay_epochs=optim.decay_epochs, decay_factor=optim.decay_factor,
+                warmup_epochs=optim.warmup_epochs))
+            batch = [b.to(self.device, non_blocking=True) for b in batch]
+            loss, parts = loss_fn(batch, epoch_seed(self.config.train.seed, epoch) * 10_007 + step)
+            if not math.isfinite(loss.item()):
+                raise FloatingPointError(f"non-finite loss at epoch {epoch + 1} step {step}")
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if optim.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), optim.grad_clip)
+            self.optimizer.step()
+            for name, value in parts.items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+            bar.set_postfix({k: f"{v / (step + 1):.4f}" for k, v in totals.items()
+                             if k in ("loss", "recon", "kl", "sigma_pos", "sigma_neg")})
+        metrics = {f"train/{k}": v / max(steps, 1) for k, v in totals.items()}
+        metrics.update(rates if steps else {})
+        return metrics
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        return evaluate_split(self.model, self.splits[split], task=self.config.data.task,
+                              device=self.device, batch_size=max(self.config.train.batch_size, 64),
+                              autocast=self.autocast)
+
+    def eval_splits(self, epoch: int) -> list[str]:
+        last = epoch == self.config.train.epochs - 1
+        if not last and (epoch + 1) % self.config.train.eval_every:
+            return []
+        names = ["val"] if "val" in self.splits else []
+        return names + ["test"] if last or not names else names
+
+    # ---------------------------------------------------------------- run
+    def fit(self, callbacks: tuple[EpochCallback, ...] = ()) -> TrainResult:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        save_config(self.config, self.output_dir / "config.yaml")
+        self.maybe_resume()
+        for epoch in range(self.start_epoch, self.config.train.epochs):
+            metrics = {"epoch": epoch + 1, **self.train_epoch(epoch, self.train_loader(epoch))}
+            for split in self.eval_splits(epoch):
+                metrics.update({f"{split}/{k}": v for k, v in self.evaluate(split).items()})
+            self.history.append(metrics)
+            save_checkpoint(self.checkpoint_path, self.state(epoch))
+            for callback in callbacks:
+                callback(epoch, metrics, self.checkpoint_path)
+        final = self.history[-1] if self.history else {}
+        write_json(self.output_dir / "metrics.json", {"final": final, "history": self.history})
+        return TrainResult(history=self.history, final_metrics=final,
+                           checkpoint=self.checkpoint_path)
+
+
+def write_json(path: Path, payload: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2))
+    tmp.replace(path)
+
+
+def train(config: Config, callbacks: tuple[EpochCallback, ...] = ()) -> TrainResult:
+    """Build a Trainer from `config` and run it to the last epoch (MLflow-tracked if enabled)."""
+    trainer = Trainer(config)
+    if not config.tracking.enabled:
+        return trainer.fit(callbacks)
+    from vacsr.tracking import TrackingCallback  # mlflow only when tracking is asked for
+
+    tracker = TrackingCallback.start(config, experiment=config.tracking.experiment,
+                                     run_name=config.tracking.run_name,
+                                     tracking_uri=config.tracking.uri,
+                                     parent_run_id=config.tracking.parent_run_id)
+    try:
+        result = trainer.fit((*callbacks, tracker))
+    except BaseException:
+        tracker.fail()
+        raise
+    tracker.finish(result, trainer.output_dir)
+    return result
