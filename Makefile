@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	RAY_USAGE_STATS_ENABLED=0 $(VENV)/bin/vacsr demo
+	RAY_USAGE_STATS_ENABLED=0 $(PY) sweeps/base2novel.py
 
 test: $(STAMP)
 	RAY_USAGE_STATS_ENABLED=0 $(PY) -m pytest -q $(PYTEST_ARGS)

@@ -54,7 +54,7 @@ def test_training_run_logs_params_epochs_and_artifacts(tracking_uri, tmp_path):
     cfg = load_config(overrides=[f"train.output_dir={tmp_path / 'run'}", "train.epochs=2",
                                  "train.batch_size=16", "train.progress=false", "data.num_train=16",
                                  "data.num_test=8", "adapter.hidden_dim=16"])
-    driver_side = TrackingCallback.start(cfg, experiment="vacsr-test", metric="test/rsum")
+    driver_side = TrackingCallback.start(cfg, experiment="vacsr-test", metric="val/rsum")
     worker_side = pickle.loads(pickle.dumps(driver_side))  # as Ray ships it to a worker
     result = Trainer(cfg).fit(callbacks=(worker_side,))
     driver_side.finish(result, cfg.train.output_dir)
@@ -71,12 +71,12 @@ def test_training_run_logs_params_epochs_and_artifacts(tracking_uri, tmp_path):
     client = MlflowClient()
     history = result.history
     assert [h["epoch"] for h in history] == [1, 2]
-    for key in ("train/loss", "train/kl", "test/rsum", "test/i2t_r1"):
+    for key in ("train/loss", "train/kl", "val/rsum", "val/i2t_r1"):
         steps, values = zip(*_steps(client, run["run_id"], key))
         assert steps == (1, 2), key
         assert values == pytest.approx([h[key] for h in history]), key
-    best = max(h["test/rsum"] for h in history)
-    assert run["metrics.best_test/rsum"] == pytest.approx(best)
+    best = max(h["val/rsum"] for h in history)
+    assert run["metrics.best_val/rsum"] == pytest.approx(best)
 
     top = {a.path for a in client.list_artifacts(run["run_id"])}
     assert {"config.yaml", "metrics.json", "plots"} <= top

@@ -26,7 +26,7 @@ def test_short_training_lowers_loss_and_raises_recall(tmp_path, tiny_weights):
     for direction in ("i2t_r1", "t2i_r1"):
         assert last[f"test/{direction}"] >= 10 * chance, last
         assert last[f"test/{direction}"] > before[direction] + 5
-    assert 0 < last["test/sigma_hat_mean"] < 1
+    assert 0 < last["test/sigma_top1_i2t_mean"] < 1
 
 
 def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, tiny_weights):

@@ -39,6 +39,33 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    from vacsr.config import from_dict, load_config
+    from vacsr.train.checkpoint import load_checkpoint
+    from vacsr.train.evaluate import evaluate_checkpoint
+    from vacsr.train.loop import write_json
+
+    checkpoint = Path(args.checkpoint).expanduser().resolve()
+    config = load_config(args.config, args.overrides,
+                         base=from_dict(load_checkpoint(checkpoint)["config"]))
+    out = Path(args.out) if args.out else checkpoint.with_name(
+        f"eval-{config.data.dataset}-{config.data.subsample_classes}-{args.split}.json")
+    extra = {}
+    if config.data.task == "retrieval":
+        extra["uncertainty_plot"] = out.with_suffix(".uncertainty.png")
+        if config.data.dataset == "coco" and args.split == "test":
+            extra["num_folds"] = 5  # COCO 1K: mean over the 5 folds of the 5K test images
+        if args.two_stage:
+            extra["two_stage_k"] = args.two_stage
+    metrics = evaluate_checkpoint(config, checkpoint, split=args.split, **extra)
+    print(format_metrics(metrics))
+    write_json(out, {"checkpoint": str(checkpoint), "dataset": config.data.dataset,
+                     "split": args.split, "metrics": metrics})
+    print(f"wrote {out}" + (f" and {extra['uncertainty_plot']}" if "uncertainty_plot" in extra
+                            else ""))
+    return 0
+
+
 def cmd_pretrain_tiny(args) -> int:
     from vacsr.model.pretrain import pretrain_clip
 
@@ -53,6 +80,18 @@ def cmd_generate_data(args) -> int:
     names = args.datasets.split(",") if args.datasets else None
     generate_all(Path(args.root), seed=args.seed, datasets=names)
     print(f"wrote synthetic datasets in their real layouts under {Path(args.root).resolve()}")
+    return 0
+
+
+def cmd_best(args) -> int:
+    from vacsr.sweep.best import best_configs, format_rows
+
+    rows = best_configs(args.tracking_uri, args.experiment, args.sweep,
+                        Path(args.export) if args.export else None)
+    print(format_rows(rows))
+    if args.export:
+        print(f"best configs written to {Path(args.export).resolve()} "
+              "(each runs with `vacsr train --config FILE`)")
     return 0
 
 
@@ -82,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "--ray or train.ray=true)")
     train.set_defaults(func=cmd_train)
 
+    ev = sub.add_parser("eval", help="evaluate a checkpoint on a dataset split")
+    ev.add_argument("--checkpoint", required=True, help="a vacsr checkpoint (last.ckpt)")
+    _add_config_args(ev)
+    ev.add_argument("--split", default="test", help="test (default), val or train")
+    ev.add_argument("--out", help="metrics JSON (default: beside the checkpoint)")
+    ev.add_argument("--two-stage", type=int, metavar="K", help="retrieval: cosine top-K re-ranked")
+    ev.set_defaults(func=cmd_eval)
+
     pre = sub.add_parser("pretrain-tiny", help="pretrain the tiny CLIP on synthetic data")
     pre.add_argument("--out", required=True, help="weights file to write")
     pre.add_argument("--epochs", type=int, default=6)
@@ -94,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--datasets", help="comma-separated names (default: all)")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=cmd_generate_data)
+
+    best = sub.add_parser("best", help="best config and metrics per dataset of a sweep (MLflow)")
+    best.add_argument("--experiment", default="vacsr-base2novel",
+                      help="vacsr-base2novel, vacsr-retrieval or vacsr-domain_generalization")
+    best.add_argument("--sweep", help="sweep name (default: the newest sweep)")
+    best.add_argument("--tracking-uri", help="MLflow URI (default: $MLFLOW_TRACKING_URI)")
+    best.add_argument("--export", help="folder to write <dataset>.yaml best configs into")
+    best.set_defaults(func=cmd_best)
 
     demo = sub.add_parser("demo", help="end-to-end run on synthetic data with the tiny model")
     demo.add_argument("--workdir", default="demo_data", help="where data, weights and runs go")

@@ -69,11 +69,25 @@ class ClassificationTask(_Task):
     def __init__(self, model: VACSRModel, loss_config, prompt_tokens: torch.Tensor) -> None:
         super().__init__(model, loss_config)
         self.prompt_tokens = prompt_tokens  # (C, T)
+        self._frozen_text: torch.Tensor | None = None
+
+    def text_trainable(self) -> bool:
+        return any(p.requires_grad for name, p in self.model.backbone.named_parameters()
+                   if not name.startswith(("clip.visual.", "image_gpo.")))
+
+    def class_features(self, device) -> torch.Tensor:
+        """(C, d) prompt features: recomputed every step while text blocks train, computed once
+        when the text tower is frozen (hundreds of prompts per step are the cost otherwise)."""
+        tokens = self.prompt_tokens.to(device)
+        if self.text_trainable():
+            return self.model.encode_text(tokens)
+        if self._frozen_text is None or self._frozen_text.device != torch.device(device):
+            with torch.no_grad():
+                self._frozen_text = self.model.encode_text(tokens)
+        return self._frozen_text
 
     def features(self, batch) -> PairBatch:
         images, labels = batch
-        tokens = self.prompt_tokens.to(images.device)
-        class_index = torch.arange(tokens.shape[0], device=images.device)
-        # text features are recomputed every step: the first text blocks may be trainable
-        return PairBatch(self.model.encode_image(images), self.model.encode_text(tokens), labels,
-                         class_index, text_is_shared=True)
+        class_index = torch.arange(self.prompt_tokens.shape[0], device=images.device)
+        return PairBatch(self.model.encode_image(images), self.class_features(images.device),
+                         labels, class_index, text_is_shared=True)

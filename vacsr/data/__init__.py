@@ -42,6 +42,9 @@ def build_retrieval(data, seed: int) -> dict[str, RetrievalData]:
             "test": synthetic_retrieval(data.num_test, captions_per_image=data.captions_per_image,
                                         image_size=data.image_size, seed=seed + 10_000,
                                         id_offset=1_000_000),
+            "val": synthetic_retrieval(data.num_test, captions_per_image=data.captions_per_image,
+                                       image_size=data.image_size, seed=seed + 20_000,
+                                       id_offset=2_000_000),
         }
         if data.noise_ratio > 0:  # same NCR recipe, so noisy runs can be tried without COCO
             train = splits["train"]

@@ -153,34 +153,46 @@ def _worker_env() -> dict | None:
     return {"env_vars": {"VACSR_FAIL_ONCE": spec}} if spec else None
 
 
-def fit_ray(config: Config) -> TrainResult:
-    """Driver side: a TorchTrainer over `config.train.workers` workers; returns the final result."""
-    from vacsr.distributed.cluster import ensure_ray
-
-    ensure_ray()
+def build_torch_trainer(config: Config, *, name: str | None = None,
+                        callbacks: list | None = None) -> ray.train.torch.TorchTrainer:
+    """A TorchTrainer for `config` (paths made absolute: Ray workers start elsewhere)."""
     output_dir = Path(config.train.output_dir).expanduser().resolve()
-    config.train.output_dir = str(output_dir)  # workers may start in another directory
+    config.train.output_dir = str(output_dir)
     storage = config.train.storage_path or str(output_dir / "ray")
     use_gpu = config.train.gpus_per_worker > 0
     resources = {"CPU": config.train.cpus_per_worker}
     if use_gpu:
         resources["GPU"] = config.train.gpus_per_worker
-    trainer = ray.train.torch.TorchTrainer(
+    return ray.train.torch.TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"config": to_dict(config)},
         scaling_config=ray.train.ScalingConfig(num_workers=config.train.workers, use_gpu=use_gpu,
                                                resources_per_worker=resources),
         torch_config=ray.train.torch.TorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=ray.train.RunConfig(
-            name=output_dir.name, storage_path=storage,
+            name=name or output_dir.name, storage_path=storage, callbacks=callbacks,
             failure_config=ray.train.FailureConfig(max_failures=config.train.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
             worker_runtime_env=_worker_env()),
     )
-    result = trainer.fit()
-    with result.checkpoint.as_directory() as folder:
+
+
+def result_from_checkpoint(checkpoint, output_dir: Path) -> TrainResult:
+    """Copy the run's final checkpoint to output_dir/last.ckpt and read its history."""
+    with checkpoint.as_directory() as folder:
         state = load_checkpoint(Path(folder) / CHECKPOINT_FILE)
     save_checkpoint(output_dir / CHECKPOINT_FILE, state)
     history = list(state["history"])
     return TrainResult(history=history, final_metrics=history[-1] if history else {},
                        checkpoint=output_dir / CHECKPOINT_FILE)
+
+
+def fit_ray(config: Config, name: str | None = None) -> TrainResult:
+    """Driver side: a TorchTrainer over `config.train.workers` workers; returns the final result.
+    `name` (default: the output folder's name) identifies the run in Ray Train's storage: a run
+    started again under the same name and storage resumes from its last checkpoint."""
+    from vacsr.distributed.cluster import ensure_ray
+
+    ensure_ray()
+    result = build_torch_trainer(config, name=name).fit()
+    return result_from_checkpoint(result.checkpoint, Path(config.train.output_dir))

@@ -51,6 +51,7 @@ def evaluate_retrieval_detailed(image_feats: torch.Tensor, text_feats: torch.Ten
     - two_stage_k=k': cosine top-k' candidates re-ranked by the head instead of exact scoring;
     - uncertainty (Fig. 3) Pearson r per direction when the head has sigma_hat; with
       uncertainty_plot=path also the PNG.
+    scorer: a ChunkedScorer or EvalPool to use (head, memory_budget_bytes and device then unused).
     """
     use_eccv = _want_eccv(eccv_metrics, image_ids, caption_ids)
     depth_i2t, depth_t2i = max(ks), max(ks)

@@ -1,15 +1,17 @@
 """Block scoring kernels for the chunked scorer (DESIGN.md sections 2.7 and 5).
 
-`AdapterKernel` evaluates a VariationalSimilarityAdapter at inference on a block of pairs in a
-"pairs as columns" layout: every layer is one large 2-D GEMM whose columns are the block's pairs,
-so the work runs at the machine's matmul rate and no (pairs, d) similarity tensor exists:
+`AdapterKernel` evaluates a VariationalSimilarityAdapter at inference on a block of pairs with one
+large 2-D GEMM per layer, the block's pairs stacked as the rows of each activation matrix, so the
+work runs near the machine's matmul rate and no (pairs, d) similarity tensor exists:
 
-    first layer   W1 s_ij = d (W1 diag(v_i)) t_j   -> one GEMM (H*Bq, d+1) @ (d+1, Nc) = (H, Bq*Nc)
-    fc2 (folded)  one GEMM (O', H) @ (H, P); rows = decoder hidden pre-activations per component
-                  (the decoder's first Linear composed with the mu rows, exact since z = mu at
-                  inference), the L-mean of logvar per component, the mixture logits
-    tail          decoder remainder, softmax over components, sigma_hat on (K, P) rows
+    first layer   W1 s_ij = d (W1 diag(v_i)) t_j: items (Nc, d+1) @ prepared queries^T
+                  (d+1, Bq*H') = (Nc, Bq*H') == (Nc*Bq pairs, H'), in place relu
+    fc2 (folded)  (P, H') @ (H', O'): per component the decoder's hidden pre-activations (its first
+                  Linear composed with the mu rows, exact since z = mu at inference), the L-mean of
+                  logvar, the mixture logit
+    tail          decoder remainder (block-diagonal over components), softmax, sigma_hat
 
+H' = H + 1 (+ zero padding): the extra unit is constantly 1 and carries the fc2 bias.
 `GenericKernel` wraps any head with `score_block(queries, items) -> (logits, sigma_hat | None)`.
 """
 from __future__ import annotations
@@ -46,12 +48,17 @@ class AdapterKernel:
             unit[0, -1] = 1.0  # the always-one hidden unit
             w1 = torch.cat([w1, unit])  # (H+1, d+1)
             w2 = self._fold_second_layer(head, first)  # (O', H+1)
-            # zero rows up to a multiple of 16 columns of output: MKL runs the narrow fc2 GEMM
-            # markedly faster at aligned widths (measured: 133 -> 144 columns, ~1.3x)
-            w2 = torch.cat([w2, w2.new_zeros((-w2.shape[0]) % 16, w2.shape[1])])
+            # Zero padding to multiples of 16 output columns: MKL runs these GEMMs markedly faster
+            # at aligned widths (measured here: fc2 133 -> 144 columns ~1.3x, first layer of the
+            # pair kernel 513 -> 528 ~1.5x). Padded hidden units have zero weights and bias, so
+            # they stay 0 after the relu, and zero fc2 columns.
+            pad_hidden = (-w1.shape[0]) % 16
+            w1 = torch.cat([w1, w1.new_zeros(pad_hidden, w1.shape[1])])  # (H', d+1)
+            w2 = torch.cat([w2, w2.new_zeros(w2.shape[0], pad_hidden)], 1)  # (O', H')
+            w2 = torch.cat([w2, w2.new_zeros((-w2.shape[0]) % 16, w2.shape[1])])  # (O'', H')
             self.rest = [self._block_diagonal(layer) if isinstance(layer, nn.Linear) else None
                          for layer in rest]  # None marks a ReLU
-        self.hidden = w1.shape[0]  # H + 1
+        self.hidden = w1.shape[0]  # H' = H + 1 (+ padding)
         self.w1_fp32 = w1.to(self.device, torch.float32)  # queries are prepared in fp32
         self.w1 = w1.to(self.device, dtype)
         self.w2 = w2.to(self.device, dtype)
@@ -106,11 +113,11 @@ class AdapterKernel:
 
     # ------------------------------------------------------------ blocks
     def prepare_queries(self, queries: torch.Tensor) -> torch.Tensor:
-        """queries (Bq, d) -> (Bq*(H+1), d+1): row b*(H+1) + h = [W1'[h] * v_b, bias'[h]]."""
+        """queries (Bq, d) -> (Bq*H', d+1): row b*H' + h = [W1'[h] * v_b, bias'[h]]."""
         q = queries.to(self.device, torch.float32)
         with elementwise_threads(self.device):
             prepared = torch.empty(q.shape[0], self.hidden, q.shape[1] + 1, device=self.device)
-            torch.mul(q[:, None, :], self.w1_fp32[None, :, :-1], out=prepared[:, :, :-1])  # (Bq, H+1, d)
+            torch.mul(q[:, None, :], self.w1_fp32[None, :, :-1], out=prepared[:, :, :-1])  # (Bq, H', d)
             prepared[:, :, -1] = self.w1_fp32[None, :, -1]  # bias column
             return prepared.view(-1, q.shape[1] + 1).to(self.dtype)
 
@@ -133,27 +140,36 @@ class AdapterKernel:
         num_q = prepared_queries.shape[0] // self.hidden
         num_g = prepared_items.shape[0]
         pre = _buffer(workspace, "pre", (num_g, prepared_queries.shape[0]), self.dtype, self.device)
-        torch.mm(prepared_items, prepared_queries.T, out=pre)  # (Nc, Bq*(H+1)) == (Nc*Bq, H+1)
+        torch.mm(prepared_items, prepared_queries.T, out=pre)  # (Nc, Bq*H') == (Nc*Bq, H')
         logits, sigma = self._tail(pre.view(-1, self.hidden), workspace)  # (Nc*Bq,)
         return logits.view(num_g, num_q).T, sigma.view(num_g, num_q).T
 
-    def pair_block(self, queries: torch.Tensor, items: torch.Tensor,
-                   workspace: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Listed pairs: queries (P, d), items (P, d) row-aligned -> logits, sigma_hat (P,) float32.
+    def pair_block(self, queries: torch.Tensor, items: torch.Tensor, query_index: torch.Tensor,
+                   item_index: torch.Tensor, workspace: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Listed pairs (query_index[p], item_index[p]) of queries (N_q, d), items (N_g, d), both on
+        the device -> logits, sigma_hat (P,) float32.
 
-        For an irregular pair list the Hadamard products are formed explicitly, one chunk at a time
-        (P x (d+1), smaller than the chunk's first-layer output): still one GEMM per layer."""
-        sim = _buffer(workspace, "sim", (queries.shape[0], queries.shape[1] + 1), self.dtype, self.device)
-        with elementwise_threads(self.device):
-            torch.mul(queries.to(self.device, self.dtype), items.to(self.device, self.dtype),
-                      out=sim[:, :-1])
+        An irregular pair list has no shared operand to fold into the weights, so the Hadamard
+        products are formed explicitly, one chunk at a time ((P, d+1), smaller than the chunk's
+        first-layer output), into reused buffers: still one GEMM per layer."""
+        num, dim = len(query_index), queries.shape[1]
+        sim = _buffer(workspace, "sim", (num, dim + 1), self.dtype, self.device)
+        gathered_q = _buffer(workspace, "gather_q", (num, dim), torch.float32, self.device)
+        gathered_g = _buffer(workspace, "gather_g", (num, dim), torch.float32, self.device)
+        with elementwise_threads(self.device):  # memory-bound gathers and product
+            torch.index_select(queries, 0, query_index, out=gathered_q)
+            torch.index_select(items, 0, item_index, out=gathered_g)
+            if self.dtype == torch.float32:
+                torch.mul(gathered_q, gathered_g, out=sim[:, :-1])
+            else:  # the product in fp32, rounded once to the GEMM dtype
+                sim[:, :-1].copy_(gathered_q.mul_(gathered_g))
             sim[:, -1] = 1
-        pre = _buffer(workspace, "pre", (queries.shape[0], self.hidden), self.dtype, self.device)
-        torch.mm(sim, self.w1.T, out=pre)  # (P, H+1)
+        pre = _buffer(workspace, "pre", (num, self.hidden), self.dtype, self.device)
+        torch.mm(sim, self.w1.T, out=pre)  # (P, H')
         return self._tail(pre, workspace)
 
     def _tail(self, pre: torch.Tensor, workspace: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """First-layer pre-activations (P, H+1) -> logits, sigma_hat (P,) float32."""
+        """First-layer pre-activations (P, H') -> logits, sigma_hat (P,) float32."""
         with elementwise_threads(self.device):
             pre.relu_()  # in place: the activations are not needed again
         out = _buffer(workspace, "fc2", (pre.shape[0], self.w2.shape[0]), self.dtype, self.device)
@@ -211,9 +227,10 @@ class GenericKernel:
         return logits.float(), None if sigma is None else sigma.float()
 
     @torch.no_grad()
-    def pair_block(self, queries, items, workspace):
+    def pair_block(self, queries, items, query_index, item_index, workspace):
         # score_block only scores all pairs of two sets: take the diagonal of small blocks (row i
         # pairs with row i), trading 64x redundant work for one call per 64 pairs.
+        queries, items = queries.index_select(0, query_index), items.index_select(0, item_index)
         logits, sigma = [], []
         for start in range(0, queries.shape[0], 64):
             q, g = queries[start:start + 64].to(self.device), items[start:start + 64].to(self.device)
@@ -230,7 +247,9 @@ def elementwise_threads(device: torch.device):
 
     On a loaded machine every multi-threaded op waits for its slowest thread's next time slice
     (milliseconds), however small the op; the GEMMs are long enough to amortise that, the
-    elementwise passes between them are not, and one thread streams them nearly as fast."""
+    elementwise passes between them are not, and one thread streams them nearly as fast.
+    torch's thread count is process-wide: it is restored on exit, but do not score while another
+    Python thread of the same process runs CPU torch work."""
     threads = torch.get_num_threads()
     if device.type != "cpu" or threads == 1:
         yield

@@ -65,7 +65,7 @@ class RunningTopK:
 
     def result(self) -> TopK:
         scores, indices = decode_keys(self.keys)
-        sigma = None if self.sigma is None else self.sigma.cpu()
+        sigma = None if self.sigma is None else self.sigma.masked_fill(indices < 0, math.nan).cpu()
         return TopK(indices=indices.cpu(), scores=scores.cpu(), sigma=sigma)
 
 
@@ -96,7 +96,7 @@ class ChunkedScorer:
     def __init__(self, head: nn.Module, *, memory_budget_bytes: int = 256 * 2**20,
                  device: str | torch.device | None = None, precision: str = "auto",
                  query_chunk: int | None = None, item_chunk: int | None = None,
-                 target_block_pairs: int = 16384, max_item_chunk: int = 2048):
+                 target_block_pairs: int | None = None, max_item_chunk: int = 2048):
         self.device = torch.device(device) if device is not None else default_device()
         if precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"precision must be auto, fp32 or bf16, not {precision!r}")
@@ -105,7 +105,12 @@ class ChunkedScorer:
         self.kernel = build_kernel(head, self.device, self.dtype)
         self.memory_budget_bytes = int(memory_budget_bytes)
         self.query_chunk, self.item_chunk = query_chunk, item_chunk
-        self.target_block_pairs, self.max_item_chunk = target_block_pairs, max_item_chunk
+        # CPU: ~16K pairs keep a block's activations near the last-level cache; a GPU wants
+        # blocks as large as the budget allows (fewer, longer kernels)
+        default_target = 2**14 if self.device.type == "cpu" else 2**22
+        self.target_block_pairs = target_block_pairs or default_target
+        self.max_item_chunk = max_item_chunk
+        self._workspace: dict = {}  # block buffers, kept between calls (no re-allocation per epoch)
 
     # ------------------------------------------------------------ planning
     def block_bytes(self, num_q: int, num_g: int, grouped: bool = False) -> int:
@@ -117,10 +122,13 @@ class ChunkedScorer:
     def plan(self, num_queries: int, num_items: int, grouped: bool = False) -> tuple[int, int]:
         """Block shape (Bq, Nc): about target_block_pairs pairs (cache-sized), within the budget."""
         num_g = min(num_items, self.item_chunk or self.max_item_chunk)
+        if not self.item_chunk:  # equal chunks: no thin (slow) last block of items
+            num_g = math.ceil(num_items / math.ceil(num_items / max(num_g, 1)))
         num_q = self.query_chunk or max(1, self.target_block_pairs // max(num_g, 1))
         num_q = min(num_q, num_queries)
         if self.query_chunk or self.item_chunk:
             return num_q, num_g
+        num_q = math.ceil(num_queries / math.ceil(num_queries / max(num_q, 1)))  # equal chunks too
         while self.block_bytes(num_q, num_g, grouped) > self.memory_budget_bytes:
             if num_q > 1:
                 num_q = max(1, num_q // 2)
@@ -146,6 +154,7 @@ class ChunkedScorer:
             raise ValueError("give both query_groups and item_groups, or neither")
         bq, nc = self.plan(num_q, num_g, grouped)
         walk = _Walk(self, num_q, num_g, min(k, num_g), min(k_items or k, num_q), grouped, return_full)
+        walk.workspace = self._workspace
         if grouped:
             walk.set_groups(query_groups, item_groups)
         queries, items = queries.to(self.device), items.to(self.device)
@@ -176,15 +185,13 @@ class ChunkedScorer:
         element = torch.finfo(self.dtype).bits // 8
         per_pair = self.kernel.bytes_per_pair() + element * (dim + 1) + 2 * 4 * dim + 16
         chunk = max(1, min(self.target_block_pairs * 2, self.memory_budget_bytes // per_pair))
-        queries, items = queries.to(self.device), items.to(self.device)
+        queries, items = queries.to(self.device, torch.float32), items.to(self.device, torch.float32)
         query_index, item_index = query_index.to(self.device), item_index.to(self.device)
-        workspace: dict = {}
         logits, sigma = [], []
         for start in range(0, len(query_index), chunk):
-            with elementwise_threads(self.device):  # memory-bound gathers
-                q = queries.index_select(0, query_index[start:start + chunk])  # (P, d)
-                g = items.index_select(0, item_index[start:start + chunk])
-            block_logits, block_sigma = self.kernel.pair_block(q, g, workspace)
+            block_logits, block_sigma = self.kernel.pair_block(
+                queries, items, query_index[start:start + chunk], item_index[start:start + chunk],
+                self._workspace)
             logits.append(block_logits.cpu())
             sigma.append(None if block_sigma is None else block_sigma.cpu())
         if not logits:

@@ -7,7 +7,8 @@ import torch
 
 from vacsr.data.base import ClassificationData, RetrievalData
 from vacsr.data.loader import image_loader
-from vacsr.eval.metrics import accuracy, retrieval_metrics
+from vacsr.errors import DataError
+from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval
 from vacsr.model.vacsr import VACSRModel
 
 
@@ -37,22 +38,11 @@ def encode_texts(model: VACSRModel, texts: list[str], *, device, batch_size: int
 
 
 @torch.no_grad()
-def score_matrix(model: VACSRModel, queries: torch.Tensor, items: torch.Tensor,
-                 chunk: int = 64):
-    """(N_q, N_g) logits and sigma_hat (None for the baseline), scored chunk by chunk of queries."""
-    logits, sigmas = [], []
-    for start in range(0, queries.shape[0], chunk):
-        block_logits, block_sigma = model.score(queries[start:start + chunk], items)
-        logits.append(block_logits.float().cpu())
-        if block_sigma is not None:
-            sigmas.append(block_sigma.float().cpu())
-    return torch.cat(logits), (torch.cat(sigmas) if sigmas else None)
-
-
-@torch.no_grad()
 def evaluate_split(model: VACSRModel, data, *, task: str, device, batch_size: int = 128,
-                   autocast=nullcontext) -> dict[str, float]:
-    """Retrieval: R@K both ways + RSUM; classification: accuracy. Adds mean sigma_hat."""
+                   autocast=nullcontext, scorer=None, **engine_kwargs) -> dict[str, float]:
+    """Encode a split, then score it with the evaluation engine (chunked scorer, or the Ray
+    EvalPool passed as `scorer`). Retrieval: R@K both ways, RSUM (COCO 1K / ECCV / CxC when the
+    ids say COCO test); classification: accuracy. Both with sigma_hat of the top-1 item."""
     was_training = model.training
     model.eval()
     try:
@@ -61,15 +51,36 @@ def evaluate_split(model: VACSRModel, data, *, task: str, device, batch_size: in
         if task == "retrieval":
             assert isinstance(data, RetrievalData)
             text_feats = encode_texts(model, data.captions, device=device, autocast=autocast)
-            scores, sigma = score_matrix(model, image_feats, text_feats)
-            metrics = retrieval_metrics(scores, data.caption_to_image)
-        else:
-            assert isinstance(data, ClassificationData)
-            text_feats = encode_texts(model, data.prompts(), device=device, autocast=autocast)
-            scores, sigma = score_matrix(model, image_feats, text_feats)
-            metrics = {"acc": accuracy(scores, data.labels)}
-        if sigma is not None:
-            metrics["sigma_hat_mean"] = sigma.mean().item()
-        return metrics
+            return evaluate_retrieval(image_feats, text_feats, model.head, data.caption_to_image,
+                                      data.image_ids or None, data.caption_ids or None,
+                                      device=device, scorer=scorer, **engine_kwargs)
+        assert isinstance(data, ClassificationData)
+        text_feats = encode_texts(model, data.prompts(), device=device, autocast=autocast)
+        return evaluate_classification(image_feats, text_feats, model.head, data.labels,
+                                       device=device, scorer=scorer)
     finally:
         model.train(was_training)
+
+
+def evaluate_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
+                        subsample: str | None = None, split: str = "test",
+                        device=None, **engine_kwargs) -> dict[str, float]:
+    """Metrics of a trained checkpoint on another split: the novel classes of a base-to-novel
+    dataset (zero-shot: prompts of classes never trained on), or an ImageNet variant."""
+    from dataclasses import replace
+
+    from vacsr.data import build_classification, build_retrieval
+    from vacsr.model.vacsr import build_model
+    from vacsr.train.checkpoint import load_checkpoint
+
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    data = replace(config.data, dataset=dataset or config.data.dataset,
+                   subsample_classes=subsample or config.data.subsample_classes)
+    build = build_retrieval if data.task == "retrieval" else build_classification
+    splits = build(data, config.train.seed)
+    model = build_model(config).to(device)
+    model.load_state_dict(load_checkpoint(checkpoint_path, device)["model"])
+    if split not in splits:
+        raise DataError(f"{data.dataset}: no {split!r} split (has: {', '.join(splits)})")
+    return evaluate_split(model, splits[split], task=data.task, device=device,
+                          batch_size=max(config.train.batch_size, 64), **engine_kwargs)

@@ -1,0 +1,142 @@
+"""End to end: `ray start --head`, `ray job submit -- python sweeps/base2novel.py` over all 11
+datasets, the driver stopped mid-way and resubmitted with --resume, then MLflow and `vacsr best`."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1500)]
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+AUTH_TOKEN = secrets.token_hex(32)
+
+
+def _env() -> dict:
+    # Ray 2.60 turns token auth on for `ray start`: the cluster and the job client share the mode
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
+               RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=AUTH_TOKEN)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # the job's `python` is this venv's
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+@pytest.fixture
+def ray_head(tmp_path, monkeypatch):
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
+        monkeypatch.setenv(name, _env()[name])  # the SDK client in this process authenticates too
+    dashboard = _free_port()
+    subprocess.run([str(BIN / "ray"), "start", "--head", "--num-cpus=2", "--num-gpus=0",
+                    f"--port={_free_port()}", "--node-ip-address=127.0.0.1",
+                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+                    "--include-dashboard=true", "--disable-usage-stats"],
+                   check=True, env=_env(), capture_output=True, timeout=180)
+    try:
+        yield f"http://127.0.0.1:{dashboard}"
+    finally:
+        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=_env(), capture_output=True,
+                       timeout=120)
+
+
+def _submit(address: str, args: list[str]) -> str:
+    out = subprocess.run([str(BIN / "ray"), "job", "submit", f"--address={address}",
+                          "--working-dir", str(REPO), "--no-wait", "--", "python",
+                          "sweeps/base2novel.py", *args],
+                         check=True, env=_env(), capture_output=True, text=True, timeout=300)
+    return next(w for line in out.stdout.splitlines() for w in line.split()
+                if w.startswith("raysubmit_"))
+
+
+def _client(address: str):
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(address)
+
+
+def _status(address: str, job: str) -> str:
+    return str(_client(address).get_job_status(job).value)
+
+
+def _wait(address: str, job: str, until, timeout: float) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status = _status(address, job)
+        if until(status):
+            return status
+        time.sleep(3)
+    raise AssertionError(f"job {job} still {_status(address, job)} after {timeout} s")
+
+
+def _logs(address: str, job: str) -> str:
+    return _client(address).get_job_logs(job)
+
+
+def test_sweep_job_resumes_and_records_everything(tmp_path, ray_head, tiny_weights):
+    storage, uri = tmp_path / "sweeps", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = ["--storage", str(storage), "--name", "smoke", "--tracking-uri", uri,
+            "--pretrained", str(tiny_weights), "--trials", "1", "--seeds", "1"]
+    state_file = storage / "smoke" / "sweep_state.json"
+
+    def two_datasets_done(_status):
+        if not state_file.is_file():
+            return False
+        done = [d for d in json.loads(state_file.read_text())["datasets"].values() if d.get("done")]
+        return len(done) >= 2
+
+    first = _submit(ray_head, args)
+    _wait(ray_head, first, lambda s: s in ("FAILED", "SUCCEEDED") or two_datasets_done(s), 900)
+    _client(ray_head).stop_job(first)  # the driver dies mid-sweep
+    assert _wait(ray_head, first, lambda s: s not in ("RUNNING", "PENDING"), 120) == "STOPPED"
+
+    second = _submit(ray_head, args + ["--resume"])
+    status = _wait(ray_head, second, lambda s: s in ("FAILED", "SUCCEEDED", "STOPPED"), 1200)
+    logs = _logs(ray_head, second)
+    assert status == "SUCCEEDED", logs[-3000:]
+    assert "| average |" in logs
+
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["vacsr-base2novel"])
+    parents = runs[runs["tags.vacsr.kind"] == "base2novel"]
+    assert len(parents) == 1 and parents.status.iloc[0] == "FINISHED"
+    datasets = runs[runs["tags.mlflow.parentRunId"] == parents.run_id.iloc[0]]
+    assert sorted(datasets["tags.vacsr.dataset"]) == sorted(
+        ["imagenet", "caltech101", "oxford_pets", "stanford_cars", "oxford_flowers", "food101",
+         "fgvc_aircraft", "sun397", "dtd", "eurosat", "ucf101"])
+    assert (runs.status == "RUNNING").sum() == 0
+    for _, dataset_run in datasets.iterrows():
+        children = runs[runs["tags.mlflow.parentRunId"] == dataset_run.run_id]
+        name = dataset_run["tags.vacsr.dataset"]
+        trials = children[~children["tags.mlflow.runName"].str.contains("final")]
+        assert len(trials) == 1, f"{name}: every trial counted once"
+        assert (children["tags.mlflow.runName"] == f"{name}-final-seed1").sum() == 1
+        assert dataset_run["metrics.best_val/acc"] >= 0
+
+    best = subprocess.run([str(BIN / "vacsr"), "best", "--tracking-uri", uri, "--sweep", "smoke",
+                           "--export", str(tmp_path / "best")], capture_output=True, text=True,
+                          timeout=300, env=_env())
+    assert best.returncode == 0, best.stderr[-2000:]
+    assert "eurosat" in best.stdout and "loss.gamma=" in best.stdout
+    exported = sorted(p.stem for p in (tmp_path / "best").glob("*.yaml"))
+    assert len(exported) == 11
+    from vacsr.config import load_config
+
+    config = load_config(tmp_path / "best" / "eurosat.yaml")  # accepted unchanged by vacsr train
+    assert config.data.dataset == "eurosat"

@@ -1,0 +1,1 @@
+"""Sweeps: Ray Tune + Optuna searches of Ray Train runs, recorded in MLflow."""

@@ -1,0 +1,148 @@
+"""Command line of the sweep scripts (sweeps/*.py); every check runs before any trial starts."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from vacsr.errors import ConfigError, VacsrError
+
+BASE2NOVEL = ("imagenet", "caltech101", "oxford_pets", "stanford_cars", "oxford_flowers",
+              "food101", "fgvc_aircraft", "sun397", "dtd", "eurosat", "ucf101")
+KINDS = {
+    "base2novel": {"datasets": BASE2NOVEL, "metric": "val/acc", "task": "classification"},
+    "domain_generalization": {"datasets": ("imagenet",), "metric": "val/acc",
+                              "task": "classification"},
+    "retrieval": {"datasets": ("coco",), "metric": "val/rsum", "task": "retrieval"},
+}
+
+
+def build_parser(kind: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=f"vacsr {kind} sweep (Ray Tune + Optuna + MLflow)")
+    p.add_argument("--datasets", help="comma-separated subset (default: all of this sweep)")
+    p.add_argument("--data-root", help="folder with the datasets in their real layouts; "
+                                       "default: synthetic data generated under the sweep folder")
+    p.add_argument("--model", default="vacsr-tiny", help="open_clip model name")
+    p.add_argument("--pretrained", help="open_clip tag or local weights file")
+    p.add_argument("--trials", type=int, help="trials per dataset (default 2 embedded, 24 real)")
+    p.add_argument("--epochs", type=int, help="epochs when not searched (default 1 embedded)")
+    p.add_argument("--shots", type=int, help="few-shot K (default 16; embedded 2)")
+    p.add_argument("--seeds", help="seeds of the final re-runs (default 1,2,3; embedded: 1)")
+    p.add_argument("--name", default=f"{kind}", help="sweep name (its folder and MLflow run)")
+    p.add_argument("--storage", default="sweeps_out", help="sweep folder (or shared storage)")
+    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                   help="MLflow URI (default: sqlite:///<storage>/mlflow.db)")
+    p.add_argument("--workers", type=int, default=1, help="Ray Train workers per trial")
+    p.add_argument("--gpus-per-worker", type=float, default=0.0)
+    p.add_argument("--range", action="append", default=[], metavar="KEY=KIND:LOW:HIGH",
+                   help="override a search range, e.g. loss.beta=log:0.5:2")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override applied to every run")
+    p.add_argument("--resume", action="store_true", help="continue a sweep whose driver died")
+    p.add_argument("--seed", type=int, default=0, help="Optuna sampler seed")
+    return p
+
+
+def _datasets(kind: str, text: str | None) -> list[str]:
+    known = KINDS[kind]["datasets"]
+    names = [d.strip() for d in text.split(",") if d.strip()] if text else list(known)
+    for name in names:
+        if name not in known and not (kind == "retrieval" and name == "synthetic"):
+            raise ConfigError(f"--datasets: unknown dataset {name!r} (known: {', '.join(known)})")
+    if not names:
+        raise ConfigError("--datasets: expected at least one dataset name")
+    return names
+
+
+def _embedded(args, storage: Path, kind: str, datasets: list[str]) -> tuple[Path, str]:
+    """No --data-root: synthetic data in the real layouts and the pretrained tiny CLIP."""
+    from vacsr.data.generate import generate_all
+    from vacsr.model.pretrain import pretrain_clip
+
+    root = storage / "data"
+    names = [d for d in datasets if d != "synthetic"]
+    if kind == "domain_generalization":
+        names += ["imagenetv2", "imagenet_sketch", "imagenet_a", "imagenet_r"]
+    if not (root / ".generated").is_file():
+        print(f"writing synthetic datasets in their real layouts under {root}", flush=True)
+        generate_all(root, datasets=names, per_class=(4, 3, 2))
+        (root / ".generated").write_text("ok\n")
+    weights = storage / "tiny-clip.pt"
+    if args.pretrained is None and args.model == "vacsr-tiny" and not weights.is_file():
+        print(f"pretraining the tiny CLIP on synthetic pairs -> {weights}", flush=True)
+        pretrain_clip(weights, progress=False)
+    return root, args.pretrained or str(weights)
+
+
+def _overrides(args, kind: str, dataset: str, root: Path, pretrained: str | None,
+               embedded: bool) -> list[str]:
+    task = KINDS[kind]["task"]
+    out = [f"data.task={task}", f"data.dataset={dataset}", f"data.root={root}",
+           f"model.name={args.model}", "train.progress=false", "train.resume=true",
+           f"train.workers={args.workers}", f"train.gpus_per_worker={args.gpus_per_worker}",
+           "optim.schedule=cosine", "train.max_failures=1"]
+    if pretrained:
+        out.append(f"model.pretrained={pretrained}")
+    if task == "classification":
+        out += ["model.use_gpo=false", f"data.shots={args.shots or (2 if embedded else 16)}",
+                f"data.subsample_classes={'base' if kind == 'base2novel' else 'all'}"]
+    if embedded:
+        out += [f"train.epochs={args.epochs or 1}", "adapter.hidden_dim=64", "train.batch_size=32"]
+    elif args.epochs:
+        out.append(f"train.epochs={args.epochs}")
+    return out + list(args.set)
+
+
+def spec_from_args(kind: str, args):
+    """Parse and check everything (names, ranges, config, MLflow) into a SweepSpec."""
+    from vacsr.config import load_config
+    from vacsr.sweep.driver import SweepSpec, prepare_tracking, sweep_folder
+    from vacsr.sweep.space import parse_range, space_for
+
+    datasets = _datasets(kind, args.datasets)
+    embedded = args.data_root is None
+    # the embedded default keeps every run short: 1-2 epochs, at most one trainable block
+    defaults = (["train.epochs=int:1:2", "model.trainable_image_blocks=int:0:1",
+                 "model.trainable_text_blocks=int:0:1"] if embedded and kind != "retrieval"
+                else [])
+    ranges = dict(parse_range(r) for r in defaults + list(args.range))
+    for dataset in datasets:
+        space_for(kind, dataset, ranges)  # empty or inverted ranges fail here
+    storage = sweep_folder(args.storage, args.name)
+    tracking_uri = prepare_tracking(args.tracking_uri, storage)
+    try:
+        seeds = tuple(int(s) for s in (args.seeds or ("1" if embedded else "1,2,3")).split(",")
+                      if s.strip())
+    except ValueError:
+        seeds = ()
+    if not seeds:
+        raise ConfigError(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    root, pretrained = (_embedded(args, storage, kind, datasets) if embedded
+                        else (Path(args.data_root).expanduser().resolve(), args.pretrained))
+    overrides = {d: _overrides(args, kind, d, root, pretrained, embedded) for d in datasets}
+    for dataset, values in overrides.items():
+        load_config(overrides=values)  # bad --set values fail before any trial
+    return SweepSpec(kind=kind, name=args.name, datasets=datasets, overrides=overrides,
+                     metric=KINDS[kind]["metric"], storage=storage, tracking_uri=tracking_uri,
+                     trials=args.trials or (2 if embedded else 24), seeds=seeds,
+                     space_overrides=ranges, sampler_seed=args.seed, resume=args.resume)
+
+
+def main(kind: str, argv: list[str] | None = None) -> int:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
+    args = build_parser(kind).parse_args(argv)
+    start = time.time()
+    try:
+        spec = spec_from_args(kind, args)
+        from vacsr.sweep.run import mlflow_ui_hint, run_sweep
+
+        run_sweep(spec)
+    except VacsrError as exc:
+        print(f"{kind}: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"sweep {spec.name} done in {time.time() - start:.0f} s; results in {spec.storage}")
+    print(f"open the MLflow UI: {mlflow_ui_hint(spec.tracking_uri)}")
+    return 0
