@@ -54,13 +54,12 @@ def ray_head(tmp_path, monkeypatch):
                        timeout=120)
 
 
-def _submit(address: str, args: list[str]) -> str:
-    out = subprocess.run([str(BIN / "ray"), "job", "submit", f"--address={address}",
-                          "--working-dir", str(REPO), "--no-wait", "--", "python",
-                          "sweeps/base2novel.py", *args],
-                         check=True, env=_env(), capture_output=True, text=True, timeout=300)
-    return next(w for line in out.stdout.splitlines() for w in line.split()
-                if w.startswith("raysubmit_"))
+def _submit(address: str, args: list[str], job_id: str) -> str:
+    subprocess.run([str(BIN / "ray"), "job", "submit", f"--address={address}",
+                    f"--submission-id={job_id}", "--working-dir", str(REPO), "--no-wait", "--",
+                    "python", "sweeps/base2novel.py", *args],
+                   check=True, env=_env(), capture_output=True, text=True, timeout=300)
+    return job_id
 
 
 def _client(address: str):
@@ -90,6 +89,7 @@ def _logs(address: str, job: str) -> str:
 def test_sweep_job_resumes_and_records_everything(tmp_path, ray_head, tiny_weights):
     storage, uri = tmp_path / "sweeps", f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = ["--storage", str(storage), "--name", "smoke", "--tracking-uri", uri,
+            "--range", "train.epochs=int:1:1",
             "--pretrained", str(tiny_weights), "--trials", "1", "--seeds", "1"]
     state_file = storage / "smoke" / "sweep_state.json"
 
@@ -99,12 +99,12 @@ def test_sweep_job_resumes_and_records_everything(tmp_path, ray_head, tiny_weigh
         done = [d for d in json.loads(state_file.read_text())["datasets"].values() if d.get("done")]
         return len(done) >= 2
 
-    first = _submit(ray_head, args)
+    first = _submit(ray_head, args, "sweep-first")
     _wait(ray_head, first, lambda s: s in ("FAILED", "SUCCEEDED") or two_datasets_done(s), 900)
     _client(ray_head).stop_job(first)  # the driver dies mid-sweep
     assert _wait(ray_head, first, lambda s: s not in ("RUNNING", "PENDING"), 120) == "STOPPED"
 
-    second = _submit(ray_head, args + ["--resume"])
+    second = _submit(ray_head, args + ["--resume"], "sweep-resumed")
     status = _wait(ray_head, second, lambda s: s in ("FAILED", "SUCCEEDED", "STOPPED"), 1200)
     logs = _logs(ray_head, second)
     assert status == "SUCCEEDED", logs[-3000:]

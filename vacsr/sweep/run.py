@@ -16,6 +16,8 @@ from vacsr.distributed.train import fit_ray
 from vacsr.sweep.driver import SweepSpec, SweepState, search_dataset, write_best_config
 from vacsr.sweep.report import base_novel_rows, to_markdown, write_table
 from vacsr.tracking import MlflowTracker
+
+DOMAIN_SHIFTS = ("imagenetv2", "imagenet_sketch", "imagenet_a", "imagenet_r")
 from vacsr.train.evaluate import evaluate_checkpoint
 
 
@@ -44,6 +46,11 @@ def final_runs(spec: SweepSpec, dataset: str, best, dataset_run_id: str) -> dict
         if spec.kind == "base2novel":
             novel = ray.get(evaluate.remote(config, str(result.checkpoint), subsample="novel"))
             metrics["novel_acc"] = novel["acc"]
+        elif spec.kind == "domain_generalization":  # the ImageNet-trained model on each shift
+            shifted = {name: evaluate.remote(config, str(result.checkpoint), dataset=name,
+                                             subsample="all") for name in DOMAIN_SHIFTS}
+            metrics.update({f"{name}_acc": ray.get(ref)["acc"] for name, ref in shifted.items()})
+            metrics["ood_avg_acc"] = mean(metrics[f"{name}_acc"] for name in DOMAIN_SHIFTS)
         per_seed.append(metrics)
         print(f"  {dataset} seed {seed}: " + ", ".join(f"{k}={v:.2f}" for k, v in metrics.items()),
               flush=True)
