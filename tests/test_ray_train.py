@@ -1,7 +1,6 @@
 """Ray Train: W workers equal one worker, and a killed worker resumes from its checkpoint."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -34,7 +33,8 @@ def _weights(path):
 def _assert_same_run(a, b):
     assert [h["epoch"] for h in a.history] == [h["epoch"] for h in b.history]
     for key, value in a.final_metrics.items():
-        assert b.final_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+        if not key.endswith("eval_seconds"):  # wall-clock time, not a result
+            assert b.final_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
     wa, wb = _weights(a.checkpoint), _weights(b.checkpoint)
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], rtol=1e-4, atol=1e-5, msg=name)

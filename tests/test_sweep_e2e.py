@@ -38,9 +38,7 @@ def _env() -> dict:
 
 
 @pytest.fixture
-def ray_head(tmp_path, monkeypatch):
-    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
-        monkeypatch.setenv(name, _env()[name])  # the SDK client in this process authenticates too
+def ray_head(tmp_path):
     dashboard = _free_port()
     subprocess.run([str(BIN / "ray"), "start", "--head", "--num-cpus=2", "--num-gpus=0",
                     f"--port={_free_port()}", "--node-ip-address=127.0.0.1",
@@ -62,14 +60,20 @@ def _submit(address: str, args: list[str], job_id: str) -> str:
     return job_id
 
 
-def _client(address: str):
-    from ray.job_submission import JobSubmissionClient
-
-    return JobSubmissionClient(address)
+def _sdk(address: str, call: str) -> str:
+    """A JobSubmissionClient call in a fresh process: Ray caches the auth token per process, so an
+    earlier ray.init in this one (other tests) must not decide which token the client sends."""
+    code = ("import sys; from ray.job_submission import JobSubmissionClient as C; "
+            f"c = C({address!r}); r = c.{call}; "
+            "sys.stdout.write(str(getattr(r, 'value', r)))")
+    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
 
 
 def _status(address: str, job: str) -> str:
-    return str(_client(address).get_job_status(job).value)
+    return _sdk(address, f"get_job_status({job!r})").strip()
 
 
 def _wait(address: str, job: str, until, timeout: float) -> str:
@@ -83,7 +87,7 @@ def _wait(address: str, job: str, until, timeout: float) -> str:
 
 
 def _logs(address: str, job: str) -> str:
-    return _client(address).get_job_logs(job)
+    return _sdk(address, f"get_job_logs({job!r})")
 
 
 def test_sweep_job_resumes_and_records_everything(tmp_path, ray_head, tiny_weights):
@@ -101,7 +105,7 @@ def test_sweep_job_resumes_and_records_everything(tmp_path, ray_head, tiny_weigh
 
     first = _submit(ray_head, args, "sweep-first")
     _wait(ray_head, first, lambda s: s in ("FAILED", "SUCCEEDED") or two_datasets_done(s), 900)
-    _client(ray_head).stop_job(first)  # the driver dies mid-sweep
+    _sdk(ray_head, f"stop_job({first!r})")  # the driver dies mid-sweep
     assert _wait(ray_head, first, lambda s: s not in ("RUNNING", "PENDING"), 120) == "STOPPED"
 
     second = _submit(ray_head, args + ["--resume"], "sweep-resumed")

@@ -101,6 +101,7 @@ class TrainConfig:
     output_dir: str = "runs/vacsr"
     resume: bool = True  # continue from output_dir/last.ckpt when it exists
     eval_every: int = 1  # epochs between evaluations (last epoch always evaluated)
+    eval_test: bool = True  # evaluate the test split after the last epoch (sweep trials: False)
     progress: bool = True
     ray: bool = False  # run through Ray Train (TorchTrainer) instead of in this process
     workers: int = 1  # Ray Train workers; the global batch is split evenly between them

@@ -68,7 +68,6 @@ class Trainer:
         self.output_dir = Path(config.train.output_dir).expanduser().resolve()
         self.history: list[dict] = []
         self.start_epoch = 0
-        self.extra_state: dict = {}  # e.g. the MLflow run id, so a resumed run keeps logging to it
 
     # ---------------------------------------------------------------- setup
     def _build_splits(self):
@@ -112,13 +111,12 @@ class Trainer:
     def state(self, epoch: int) -> dict:
         return {"epoch": epoch, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "history": self.history,
-                "config": to_dict(self.config), "extra": self.extra_state}
+                "config": to_dict(self.config)}
 
     def load_state(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.history = list(state["history"])
-        self.extra_state = dict(state.get("extra", {}))
         self.start_epoch = int(state["epoch"]) + 1
 
     def maybe_resume(self) -> bool:
@@ -190,7 +188,9 @@ class Trainer:
         if not last and (epoch + 1) % self.config.train.eval_every:
             return []
         names = ["val"] if "val" in self.splits else []
-        return names + ["test"] if last or not names else names
+        if last and self.config.train.eval_test or not names:
+            names.append("test")
+        return names
 
     # ---------------------------------------------------------------- run
     def fit(self, callbacks: tuple[EpochCallback, ...] = ()) -> TrainResult:
