@@ -19,7 +19,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
 
-from vacsr.config import from_dict, load_config, save_config
+from vacsr.config import flatten, from_dict, load_config, save_config
 from vacsr.distributed.cluster import ensure_ray
 from vacsr.sweep.space import DefineByRun, clamp_blocks, space_for
 from vacsr.sweep.trial import flatten_nested, run_trial
@@ -108,7 +108,7 @@ def _tuner(spec: SweepSpec, dataset: str, parent_run_id: str, trainable) -> tune
             "parent_run_id": parent_run_id}
     return tune.Tuner(
         trainable,
-        param_space={"base": _flat(base), "meta": meta},
+        param_space={"base": flatten(base), "meta": meta},
         tune_config=tune.TuneConfig(
             metric=spec.metric, mode=spec.mode, search_alg=search, num_samples=spec.trials,
             scheduler=ASHAScheduler(time_attr="epoch", max_t=max(max_epochs, 1), grace_period=1),
@@ -122,12 +122,6 @@ def _optuna_storage(spec: SweepSpec):
 
     url = f"sqlite:///{spec.storage / 'optuna.db'}"
     return optuna.storages.RDBStorage(url)
-
-
-def _flat(config) -> dict:
-    from vacsr.config import flatten
-
-    return flatten(config)
 
 
 def search_dataset(spec: SweepSpec, dataset: str, dataset_run_id: str) -> dict:

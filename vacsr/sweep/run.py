@@ -6,7 +6,6 @@ YAML, best_* metrics); under it a child per trial and per final seed run.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from statistics import mean
 
 import ray
@@ -139,4 +138,4 @@ def mlflow_ui_hint(uri: str) -> str:
     return f"mlflow ui --backend-store-uri {uri}   # then open http://127.0.0.1:5000"
 
 
-__all__ = ["run_sweep", "mlflow_ui_hint", "Path"]
+__all__ = ["run_sweep", "mlflow_ui_hint"]
