@@ -1,19 +1,24 @@
-"""End to end: `ray start --head`, `ray job submit -- python sweeps/base2novel.py` over all 11
-datasets, the driver stopped mid-way and resubmitted with --resume, then MLflow and `vacsr best`."""
+"""End to end on a two-node cluster: `ray start --head` and a worker node (`ray start --address`) on
+loopback sharing local storage, an MLflow server (cluster/mlflow-server.sh, SQLite backend, proxied
+artifacts) on loopback, `ray job submit -- python sweeps/base2novel.py` over all 11 datasets, the
+driver stopped mid-way and resubmitted with --resume, then every run and artifact checked in the
+server and `vacsr best` run against it."""
 from __future__ import annotations
 
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -37,19 +42,61 @@ def _env() -> dict:
     return env
 
 
+def _ray(*args: str) -> None:
+    out = subprocess.run([str(BIN / "ray"), *args], env=_env(), capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stdout[-1500:] + out.stderr[-1500:]
+
+
 @pytest.fixture
-def ray_head(tmp_path):
-    dashboard = _free_port()
-    subprocess.run([str(BIN / "ray"), "start", "--head", "--num-cpus=2", "--num-gpus=0",
-                    f"--port={_free_port()}", "--node-ip-address=127.0.0.1",
-                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-                    "--include-dashboard=true", "--disable-usage-stats"],
-                   check=True, env=_env(), capture_output=True, timeout=180)
+def ray_cluster(tmp_path):
+    """A head (1 CPU) and a worker node (2 CPUs) on loopback: trials must use both."""
+    dashboard, gcs = _free_port(), _free_port()
+    # the worker node gets its own temp dir, as on a separate machine: nodes sharing one would
+    # garbage-collect each other's copies of the job's working dir (Unix socket paths stay short)
+    worker_tmp = tempfile.mkdtemp(prefix="vw", dir="/tmp")
     try:
+        _ray("start", "--head", "--num-cpus=1", "--num-gpus=0", f"--port={gcs}",
+             "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+             f"--dashboard-port={dashboard}", "--include-dashboard=true", "--disable-usage-stats")
+        _ray("start", f"--address=127.0.0.1:{gcs}", "--num-cpus=2", "--num-gpus=0",
+             "--node-ip-address=127.0.0.1", f"--temp-dir={worker_tmp}", "--disable-usage-stats")
         yield f"http://127.0.0.1:{dashboard}"
     finally:
         subprocess.run([str(BIN / "ray"), "stop", "--force"], env=_env(), capture_output=True,
                        timeout=120)
+        shutil.rmtree(worker_tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """cluster/mlflow-server.sh on loopback with a SQLite backend and a local artifact store."""
+    import urllib.request
+
+    port, artifacts = _free_port(), tmp_path / "mlflow-artifacts"
+    env = dict(_env(), MLFLOW_BACKEND_STORE_URI=f"sqlite:///{tmp_path / 'server.db'}",
+               MLFLOW_ARTIFACTS_DESTINATION=str(artifacts), MLFLOW_PORT=str(port),
+               MLFLOW_BIN=str(BIN / "mlflow"), MLFLOW_WORKERS="1")
+    server = subprocess.Popen([str(REPO / "cluster" / "mlflow-server.sh")], env=env,
+                              stdout=subprocess.DEVNULL, stderr=open(tmp_path / "mlflow.log", "w"),
+                              start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=5) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None and time.time() < deadline, \
+                (tmp_path / "mlflow.log").read_text()[-2000:]
+            time.sleep(1)
+        yield uri, artifacts
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
 
 
 def _submit(address: str, args: list[str], job_id: str) -> str:
@@ -90,9 +137,12 @@ def _logs(address: str, job: str) -> str:
     return _sdk(address, f"get_job_logs({job!r})")
 
 
-def test_sweep_job_resumes_and_records_everything(tmp_path, ray_head, tiny_weights):
-    storage, uri = tmp_path / "sweeps", f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_sweep_job_resumes_and_records_everything(tmp_path, ray_cluster, mlflow_server,
+                                                  tiny_weights):
+    ray_head, (uri, artifacts) = ray_cluster, mlflow_server
+    storage = tmp_path / "sweeps"  # shared by both nodes (one machine)
     args = ["--storage", str(storage), "--name", "smoke", "--tracking-uri", uri,
+            "--ray-storage", f"file://{tmp_path / 'ray-storage'}", "--parallel-datasets", "3",
             "--range", "train.epochs=int:1:1",
             "--pretrained", str(tiny_weights), "--trials", "1", "--seeds", "1"]
     state_file = storage / "smoke" / "sweep_state.json"
@@ -104,12 +154,12 @@ def test_sweep_job_resumes_and_records_everything(tmp_path, ray_head, tiny_weigh
         return len(done) >= 2
 
     first = _submit(ray_head, args, "sweep-first")
-    _wait(ray_head, first, lambda s: s in ("FAILED", "SUCCEEDED") or two_datasets_done(s), 900)
+    _wait(ray_head, first, lambda s: s in ("FAILED", "SUCCEEDED") or two_datasets_done(s), 600)
     _sdk(ray_head, f"stop_job({first!r})")  # the driver dies mid-sweep
     assert _wait(ray_head, first, lambda s: s not in ("RUNNING", "PENDING"), 120) == "STOPPED"
 
     second = _submit(ray_head, args + ["--resume"], "sweep-resumed")
-    status = _wait(ray_head, second, lambda s: s in ("FAILED", "SUCCEEDED", "STOPPED"), 1200)
+    status = _wait(ray_head, second, lambda s: s in ("FAILED", "SUCCEEDED", "STOPPED"), 900)
     logs = _logs(ray_head, second)
     assert status == "SUCCEEDED", logs[-3000:]
     assert "| average |" in logs
@@ -125,13 +175,28 @@ def test_sweep_job_resumes_and_records_everything(tmp_path, ray_head, tiny_weigh
         ["imagenet", "caltech101", "oxford_pets", "stanford_cars", "oxford_flowers", "food101",
          "fgvc_aircraft", "sun397", "dtd", "eurosat", "ucf101"])
     assert (runs.status == "RUNNING").sum() == 0
+    client = mlflow.MlflowClient(uri)
+    nodes = set()
     for _, dataset_run in datasets.iterrows():
         children = runs[runs["tags.mlflow.parentRunId"] == dataset_run.run_id]
         name = dataset_run["tags.vacsr.dataset"]
         trials = children[~children["tags.mlflow.runName"].str.contains("final")]
         assert len(trials) == 1, f"{name}: every trial counted once"
-        assert (children["tags.mlflow.runName"] == f"{name}-final-seed1").sum() == 1
+        final = children[children["tags.mlflow.runName"] == f"{name}-final-seed1"]
+        assert len(final) == 1 and final["metrics.test/acc"].iloc[0] >= 0
+        # the trial trained seed 1 to the end: its checkpoint is the final run's, not retrained
+        assert final["tags.vacsr.reused_trial"].iloc[0] in trials["tags.vacsr.output_dir"].iloc[0]
         assert dataset_run["metrics.best_val/acc"] >= 0
+        assert "best_config.yaml" in {a.path for a in client.list_artifacts(dataset_run.run_id)}
+        trial = trials.iloc[0]
+        assert trial["metrics.val/acc"] >= 0 and trial["params.data.dataset"] == name
+        assert {"config.yaml", "metrics.json"} <= {a.path for a in client.list_artifacts(
+            trial.run_id)}, f"{name}: trial artifacts missing in the server"
+        nodes.add(trial["tags.vacsr.ray_node_id"])
+    assert len(nodes) == 2, "trials ran on both nodes"
+    # artifacts went through the server into its store, not to a client-side folder
+    assert len(list(artifacts.rglob("metrics.json"))) >= 11
+    assert not (storage / "smoke" / "mlartifacts").exists()
 
     best = subprocess.run([str(BIN / "vacsr"), "best", "--tracking-uri", uri, "--sweep", "smoke",
                            "--export", str(tmp_path / "best")], capture_output=True, text=True,

@@ -1,4 +1,6 @@
 """Sweep pieces that need no cluster: spaces, argument checks, val-only selection."""
+from pathlib import Path
+
 import pytest
 
 from vacsr.errors import ConfigError
@@ -69,3 +71,67 @@ def test_bad_input_fails_before_any_trial(tmp_path):
         _spec(["--datasets", "eurosat", "--data-root", str(tmp_path), "--set", "loss.gamma=-1"],
               tmp_path)
     assert not (tmp_path / "base2novel" / "tune").exists()  # nothing started
+
+
+def test_bad_cluster_settings_fail_before_any_trial(tmp_path):
+    base = ["--datasets", "eurosat", "--data-root", str(tmp_path)]
+    with pytest.raises(ConfigError, match="--ray-storage 'nosuch://bucket'"):
+        _spec(base + ["--ray-storage", "nosuch://bucket"], tmp_path)
+    with pytest.raises(ConfigError, match="--optuna-storage"):
+        _spec(base + ["--optuna-storage", "postgresql://u:secret@127.0.0.1:9/db"], tmp_path)
+    with pytest.raises(ConfigError, match="--trial-cpus"):
+        _spec(base + ["--trial-cpus", "0"], tmp_path)
+    assert not (tmp_path / "base2novel" / "tune").exists()
+
+
+def test_cluster_settings_come_from_the_environment(tmp_path, monkeypatch):
+    from vacsr.sweep.cli import build_parser
+
+    monkeypatch.setenv("VACSR_SWEEP_STORAGE", "/shared/sweeps")
+    monkeypatch.setenv("VACSR_RAY_STORAGE", "s3://bucket/vacsr")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
+    args = build_parser("base2novel").parse_args([])
+    assert (args.storage, args.ray_storage) == ("/shared/sweeps", "s3://bucket/vacsr")
+    assert (args.tracking_uri, args.ray_address) == ("http://mlflow:5000", "http://head:8265")
+    spec = _spec(["--datasets", "eurosat", "--data-root", str(tmp_path),
+                  "--ray-storage", f"file://{tmp_path}/ray", "--tracking-uri",
+                  f"sqlite:///{tmp_path}/m.db"], tmp_path)
+    assert spec.ray_path("tune", "eurosat") == f"file://{tmp_path}/ray/tune/eurosat"
+    assert spec.storage == tmp_path / "base2novel"
+
+
+def test_storage_paths_and_copies_for_paths_and_uris(tmp_path):
+    from vacsr.sweep.driver import copy_from_storage, join_storage
+
+    assert join_storage("s3://b/p/", "tune", "x") == "s3://b/p/tune/x"
+    assert join_storage(str(tmp_path), "tune") == str(tmp_path / "tune")
+    source = tmp_path / "ray" / "ckpt" / "last.ckpt"
+    source.parent.mkdir(parents=True)
+    source.write_bytes(b"weights")
+    for root in (str(tmp_path / "ray"), f"file://{tmp_path}/ray"):
+        dest = copy_from_storage(root, str(source), tmp_path / "out" / root[:4] / "last.ckpt")
+        assert dest.read_bytes() == b"weights" and not list(dest.parent.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("cpus,workers,cpw,trial_cpus,parallel,expected", [
+    (2, 1, 1.0, 1.0, 0, (1, 1)),      # 2 CPUs, a trial needs 2: one at a time
+    (2, 1, 0.5, 0.1, 0, (3, 1)),      # the embedded default: three datasets side by side
+    (64, 1, 4.0, 1.0, 0, (11, 1)),    # 12 slots over 11 datasets
+    (64, 1, 1.0, 1.0, 4, (4, 8)),     # 32 slots, 4 datasets at once: 8 trials each
+    (8, 2, 1.0, 1.0, 20, (2, 1)),     # never more datasets than slots (no starved trials)
+])
+def test_parallel_plan_never_oversubscribes(monkeypatch, cpus, workers, cpw, trial_cpus,
+                                            parallel, expected):
+    from vacsr.sweep import driver
+
+    monkeypatch.setattr(driver.ray, "cluster_resources", lambda: {"CPU": cpus})
+    spec = driver.SweepSpec(
+        kind="base2novel", name="t", datasets=[f"d{i}" for i in range(11)],
+        overrides={f"d{i}": [f"train.workers={workers}", f"train.cpus_per_worker={cpw}"]
+                   for i in range(11)},
+        metric="val/acc", storage=Path("/tmp"), tracking_uri="sqlite:///x.db",
+        parallel=parallel, trial_cpus=trial_cpus)
+    datasets_at_once, trials_each = driver.plan_parallelism(spec)
+    assert (datasets_at_once, trials_each) == expected
+    assert datasets_at_once * trials_each * (trial_cpus + workers * cpw) <= cpus

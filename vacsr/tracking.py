@@ -112,7 +112,7 @@ def resolve_tracking_uri(uri: str | None = None, default_dir: str | Path = ".") 
     return chosen
 
 
-def _redacted(uri: str) -> str:
+def redact_uri(uri: str) -> str:
     """The URI without a password, fit for an error message."""
     parts = urllib.parse.urlsplit(uri)
     if parts.password is None:
@@ -123,7 +123,7 @@ def _redacted(uri: str) -> str:
 
 def _unreachable(uri: str, reason: Any) -> ConfigError:
     reason = " ".join(str(reason).split())  # one line, whatever the OS error text holds
-    return ConfigError(f"MLflow tracking URI {_redacted(uri)}: {reason}")
+    return ConfigError(f"MLflow tracking URI {redact_uri(uri)}: {reason}")
 
 
 def check_tracking_uri(uri: str | None, timeout_s: float = 5.0) -> None:
@@ -288,7 +288,7 @@ class MlflowTracker:
         if self.run_id is not None:
             raise RuntimeError(f"tracker already holds run {self.run_id}; finish() it first")
         if not self.run_exists(run_id):
-            raise ConfigError(f"MLflow run {run_id} not found in {_redacted(self.tracking_uri)}")
+            raise ConfigError(f"MLflow run {run_id} not found in {redact_uri(self.tracking_uri)}")
         self.run_id, self._read_store, self._steps = run_id, True, {}
         self.client.update_run(run_id, status="RUNNING")
         if tags:

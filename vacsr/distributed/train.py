@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import ray
 import ray.train
@@ -22,9 +24,12 @@ import torch.distributed.nn.functional as dist_fn
 from torch import nn
 
 from vacsr.config import Config, from_dict, save_config, to_dict
-from vacsr.tasks import PairBatch
 from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
-from vacsr.train.loop import Trainer, TrainResult, write_json
+
+if TYPE_CHECKING:  # the model stack (open_clip, timm, torchvision) loads only on training workers:
+    # Tune trial actors and Train controllers import this module too, and pay for every import
+    from vacsr.tasks import PairBatch
+    from vacsr.train.loop import Trainer, TrainResult
 
 CHECKPOINT_FILE = "last.ckpt"
 
@@ -40,7 +45,8 @@ def gather_pairs(pairs: PairBatch) -> PairBatch:
     else:
         text_feats = _gather_with_grad(pairs.text_feats)
         text_keys = _gather_plain(pairs.text_keys)
-    return PairBatch(image_feats, text_feats, image_keys, text_keys, pairs.text_is_shared)
+    return replace(pairs, image_feats=image_feats, text_feats=text_feats, image_keys=image_keys,
+                   text_keys=text_keys)
 
 
 def _gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
@@ -100,6 +106,8 @@ def _report(trainer: Trainer, epoch: int, metrics: dict, rank: int) -> None:
 
 def train_loop_per_worker(loop_config: dict) -> None:
     """Runs on every Ray Train worker: build, resume, train the remaining epochs, report."""
+    from vacsr.train.loop import Trainer, TrainResult, write_json
+
     config = from_dict(loop_config["config"])
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
@@ -144,7 +152,16 @@ def _start_tracking(config: Config, trainer: Trainer):
                                   run_name=config.tracking.run_name,
                                   tracking_uri=config.tracking.uri,
                                   parent_run_id=config.tracking.parent_run_id,
-                                  resume=trainer.start_epoch > 0 or config.train.resume)
+                                  resume=trainer.start_epoch > 0 or config.train.resume,
+                                  tags=_placement_tags())
+
+
+def _placement_tags() -> dict:
+    """Where rank 0 ran (Ray node id and host): which machine trained a run, in MLflow."""
+    import socket
+
+    context = ray.get_runtime_context()
+    return {"vacsr.ray_node_id": context.get_node_id(), "vacsr.host": socket.gethostname()}
 
 
 def _worker_env() -> dict | None:
@@ -179,6 +196,8 @@ def build_torch_trainer(config: Config, *, name: str | None = None,
 
 def result_from_checkpoint(checkpoint, output_dir: Path) -> TrainResult:
     """Copy the run's final checkpoint to output_dir/last.ckpt and read its history."""
+    from vacsr.train.loop import TrainResult
+
     with checkpoint.as_directory() as folder:
         state = load_checkpoint(Path(folder) / CHECKPOINT_FILE)
     save_checkpoint(output_dir / CHECKPOINT_FILE, state)

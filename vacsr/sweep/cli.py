@@ -22,8 +22,10 @@ KINDS = {
 def build_parser(kind: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=f"vacsr {kind} sweep (Ray Tune + Optuna + MLflow)")
     p.add_argument("--datasets", help="comma-separated subset (default: all of this sweep)")
-    p.add_argument("--data-root", help="folder with the datasets in their real layouts; "
-                                       "default: synthetic data generated under the sweep folder")
+    env = os.environ.get
+    p.add_argument("--data-root", default=env("VACSR_DATA_ROOT"),
+                   help="folder with the datasets in their real layouts (env VACSR_DATA_ROOT); "
+                        "default: synthetic data generated under the sweep folder")
     p.add_argument("--model", default="vacsr-tiny", help="open_clip model name")
     p.add_argument("--pretrained", help="open_clip tag or local weights file")
     p.add_argument("--trials", type=int, help="trials per dataset (default 2 embedded, 24 real)")
@@ -31,11 +33,28 @@ def build_parser(kind: str) -> argparse.ArgumentParser:
     p.add_argument("--shots", type=int, help="few-shot K (default 16; embedded 2)")
     p.add_argument("--seeds", help="seeds of the final re-runs (default 1,2,3; embedded: 1)")
     p.add_argument("--name", default=f"{kind}", help="sweep name (its folder and MLflow run)")
-    p.add_argument("--storage", default="sweeps_out", help="sweep folder (or shared storage)")
-    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
-                   help="MLflow URI (default: sqlite:///<storage>/mlflow.db)")
+    p.add_argument("--storage", default=env("VACSR_SWEEP_STORAGE", "sweeps_out"),
+                   help="sweep folder; on a multi-node cluster a path every node mounts "
+                        "(env VACSR_SWEEP_STORAGE)")
+    p.add_argument("--ray-storage", default=env("VACSR_RAY_STORAGE", ""),
+                   help="Tune/Train experiments and checkpoints: a shared path or an s3:// gs:// "
+                        "URI (env VACSR_RAY_STORAGE; default: the sweep folder)")
+    p.add_argument("--optuna-storage", default=env("VACSR_OPTUNA_STORAGE", ""),
+                   help="Optuna RDB URL, e.g. postgresql://... (env VACSR_OPTUNA_STORAGE; "
+                        "default: sqlite in the sweep folder)")
+    p.add_argument("--tracking-uri", default=env("MLFLOW_TRACKING_URI"),
+                   help="MLflow URI (env MLFLOW_TRACKING_URI; default: sqlite:///<storage>/mlflow.db)")
+    p.add_argument("--ray-address", default=env("RAY_ADDRESS"),
+                   help="Ray cluster to join (env RAY_ADDRESS, set by `ray job submit`; "
+                        "default: start a local Ray)")
     p.add_argument("--workers", type=int, default=1, help="Ray Train workers per trial")
     p.add_argument("--gpus-per-worker", type=float, default=0.0)
+    p.add_argument("--cpus-per-worker", type=float,
+                   help="CPUs per Ray Train worker (default 1; embedded 0.5: tiny runs)")
+    p.add_argument("--trial-cpus", type=float,
+                   help="CPUs held by each trial's driver actor (default 1; embedded 0.1)")
+    p.add_argument("--parallel-datasets", type=int, default=0,
+                   help="datasets searched at once (default: as many as the cluster holds)")
     p.add_argument("--range", action="append", default=[], metavar="KEY=KIND:LOW:HIGH",
                    help="override a search range, e.g. loss.beta=log:0.5:2")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -76,12 +95,33 @@ def _embedded(args, storage: Path, kind: str, datasets: list[str]) -> tuple[Path
     return root, args.pretrained or str(weights)
 
 
+def _ray_storage(text: str) -> str:
+    """A URI pyarrow can open (s3://, gs://, file://...) as given; a path made absolute."""
+    if not text:
+        return ""
+    if "://" not in text:
+        return str(Path(text).expanduser().resolve())
+    import pyarrow.fs as pafs
+
+    try:
+        pafs.FileSystem.from_uri(text)
+    except Exception as exc:  # pyarrow raises ArrowInvalid / ValueError / OSError by scheme
+        raise ConfigError(f"--ray-storage {text!r}: not a storage URI pyarrow can open "
+                          f"({str(exc).splitlines()[0]})") from None
+    return text
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
 def _overrides(args, kind: str, dataset: str, root: Path, pretrained: str | None,
                embedded: bool) -> list[str]:
     task = KINDS[kind]["task"]
     out = [f"data.task={task}", f"data.dataset={dataset}", f"data.root={root}",
            f"model.name={args.model}", "train.progress=false", "train.resume=true",
            f"train.workers={args.workers}", f"train.gpus_per_worker={args.gpus_per_worker}",
+           f"train.cpus_per_worker={_or(args.cpus_per_worker, 0.5 if embedded else 1.0)}",
            "optim.schedule=cosine", "train.max_failures=1"]
     if pretrained:
         out.append(f"model.pretrained={pretrained}")
@@ -103,10 +143,11 @@ def spec_from_args(kind: str, args):
 
     datasets = _datasets(kind, args.datasets)
     embedded = args.data_root is None
-    # the embedded default keeps every run short: 1-2 epochs, at most one trainable block
+    # the embedded default keeps every run short (1-2 epochs, at most one trainable block) and
+    # gamma low: from the tiny CLIP's weak features, gamma >= 1 settles every pair at p = 0.5
     defaults = (["train.epochs=int:1:2", "model.trainable_image_blocks=int:0:1",
-                 "model.trainable_text_blocks=int:0:1"] if embedded and kind != "retrieval"
-                else [])
+                 "model.trainable_text_blocks=int:0:1", "loss.gamma=log:0.1:0.5"]
+                if embedded and kind != "retrieval" else [])
     ranges = dict(parse_range(r) for r in defaults + list(args.range))
     for dataset in datasets:
         space_for(kind, dataset, ranges)  # empty or inverted ranges fail here
@@ -119,15 +160,27 @@ def spec_from_args(kind: str, args):
         seeds = ()
     if not seeds:
         raise ConfigError(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    trial_cpus = _or(args.trial_cpus, 0.1 if embedded else 1.0)
+    if trial_cpus <= 0 or args.parallel_datasets < 0:
+        raise ConfigError("--trial-cpus must be > 0 and --parallel-datasets >= 0, got "
+                          f"{trial_cpus} and {args.parallel_datasets}")
     root, pretrained = (_embedded(args, storage, kind, datasets) if embedded
                         else (Path(args.data_root).expanduser().resolve(), args.pretrained))
     overrides = {d: _overrides(args, kind, d, root, pretrained, embedded) for d in datasets}
     for dataset, values in overrides.items():
         load_config(overrides=values)  # bad --set values fail before any trial
-    return SweepSpec(kind=kind, name=args.name, datasets=datasets, overrides=overrides,
+    spec = SweepSpec(kind=kind, name=args.name, datasets=datasets, overrides=overrides,
                      metric=KINDS[kind]["metric"], storage=storage, tracking_uri=tracking_uri,
                      trials=args.trials or (2 if embedded else 24), seeds=seeds,
-                     space_overrides=ranges, sampler_seed=args.seed, resume=args.resume)
+                     space_overrides=ranges, sampler_seed=args.seed, resume=args.resume,
+                     parallel=args.parallel_datasets, trial_cpus=trial_cpus,
+                     ray_storage=_ray_storage(args.ray_storage), optuna_url=args.optuna_storage,
+                     ray_address=args.ray_address or None)
+    if spec.optuna_url:
+        from vacsr.sweep.driver import optuna_storage
+
+        optuna_storage(spec)  # an unreachable study database fails here, not in a trial
+    return spec
 
 
 def main(kind: str, argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
 from statistics import mean
 
@@ -44,8 +45,9 @@ def to_csv(rows: list[dict]) -> str:
 def to_markdown(rows: list[dict], published: dict | None = PUBLISHED) -> str:
     lines = ["| dataset | base | novel | H | best val | seeds |", "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
+        val = "" if math.isnan(r["val"]) else f"{r['val']:.2f}"  # no val on the average row
         lines.append(f"| {r['dataset']} | {r['base']:.2f} | {r['novel']:.2f} | {r['H']:.2f} | "
-                     f"{r['val']:.2f} | {r['seeds']} |")
+                     f"{val} | {r['seeds']} |")
     for name, (base, novel, h) in (published or {}).items():
         lines.append(f"| *{name} (published, 11-dataset avg.)* | {base:.2f} | {novel:.2f} | "
                      f"{h:.2f} | | |")

@@ -6,25 +6,28 @@ YAML, best_* metrics); under it a child per trial and per final seed run.
 from __future__ import annotations
 
 import copy
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from statistics import mean
 
 import ray
 
 from vacsr.distributed.cluster import ensure_ray
-from vacsr.distributed.train import fit_ray
-from vacsr.sweep.driver import SweepSpec, SweepState, search_dataset, write_best_config
+from vacsr.distributed.train import CHECKPOINT_FILE, fit_ray
+from vacsr.sweep.driver import (SweepSpec, SweepState, copy_from_storage, plan_parallelism,
+                                search_dataset, write_best_config)
 from vacsr.sweep.report import base_novel_rows, to_markdown, write_table
 from vacsr.tracking import MlflowTracker
+from vacsr.train.evaluate import evaluate_checkpoint
 
 DOMAIN_SHIFTS = ("imagenetv2", "imagenet_sketch", "imagenet_a", "imagenet_r")
-from vacsr.train.evaluate import evaluate_checkpoint
 
 
 def _final_config(best, spec: SweepSpec, dataset: str, seed: int, parent_run_id: str):
     config = copy.deepcopy(best)
     config.train.seed = seed
     config.train.output_dir = str(spec.storage / "final" / dataset / f"seed{seed}")
-    config.train.storage_path = str(spec.storage / "final" / "ray")
+    config.train.storage_path = spec.ray_path("final")
     config.tracking.enabled = True
     config.tracking.uri = spec.tracking_uri
     config.tracking.experiment = spec.experiment
@@ -33,27 +36,52 @@ def _final_config(best, spec: SweepSpec, dataset: str, seed: int, parent_run_id:
     return config
 
 
-def final_runs(spec: SweepSpec, dataset: str, best, dataset_run_id: str) -> dict:
+def _test_metrics(metrics: dict) -> dict:
+    return {k[len("test/"):]: v for k, v in metrics.items() if k.startswith("test/")}
+
+
+def _reuse_trial(spec: SweepSpec, config, best: dict, evaluate) -> tuple[dict, Path]:
+    """The best trial trained this very config on this seed to the end: evaluate its checkpoint
+    on test instead of training it again (runs are seeded, so a re-run would repeat it)."""
+    checkpoint = copy_from_storage(spec.ray_storage or str(spec.storage), best["checkpoint"],
+                                   Path(config.train.output_dir) / CHECKPOINT_FILE)
+    metrics = ray.get(evaluate.remote(config, str(checkpoint)))
+    tracker = MlflowTracker(spec.tracking_uri)
+    tracker.start(spec.experiment, config.tracking.run_name,
+                  parent_run_id=config.tracking.parent_run_id,
+                  tags={"vacsr.reused_trial": best["trial_id"], "vacsr.seed": config.train.seed})
+    tracker.log_config(config)
+    tracker.log_epoch(config.train.epochs, {f"test/{k}": v for k, v in metrics.items()})
+    tracker.finish()
+    return metrics, checkpoint
+
+
+def final_runs(spec: SweepSpec, dataset: str, best: dict, dataset_run_id: str) -> dict:
     """Re-run the selected config on every seed; test metrics (and novel classes) per seed."""
-    evaluate = ray.remote(num_cpus=1)(evaluate_checkpoint)
+    cfg = best["config"]
+    evaluate = ray.remote(num_cpus=cfg.train.cpus_per_worker,
+                          num_gpus=min(cfg.train.gpus_per_worker, 1))(evaluate_checkpoint)
     per_seed = []
     for seed in spec.seeds:
-        config = _final_config(best, spec, dataset, seed, dataset_run_id)
-        result = fit_ray(config, name=f"{dataset}-seed{seed}")
-        metrics = {k[len("test/"):]: v for k, v in result.final_metrics.items()
-                   if k.startswith("test/")}
+        config = _final_config(cfg, spec, dataset, seed, dataset_run_id)
+        if best.get("checkpoint") and seed == cfg.train.seed:
+            metrics, checkpoint = _reuse_trial(spec, config, best, evaluate)
+        else:
+            result = fit_ray(config, name=f"{dataset}-seed{seed}")
+            metrics, checkpoint = _test_metrics(result.final_metrics), result.checkpoint
         if spec.kind == "base2novel":
-            novel = ray.get(evaluate.remote(config, str(result.checkpoint), subsample="novel"))
+            novel = ray.get(evaluate.remote(config, str(checkpoint), subsample="novel"))
             metrics["novel_acc"] = novel["acc"]
         elif spec.kind == "domain_generalization":  # the ImageNet-trained model on each shift
-            shifted = {name: evaluate.remote(config, str(result.checkpoint), dataset=name,
+            shifted = {name: evaluate.remote(config, str(checkpoint), dataset=name,
                                              subsample="all") for name in DOMAIN_SHIFTS}
             metrics.update({f"{name}_acc": ray.get(ref)["acc"] for name, ref in shifted.items()})
             metrics["ood_avg_acc"] = mean(metrics[f"{name}_acc"] for name in DOMAIN_SHIFTS)
         per_seed.append(metrics)
         print(f"  {dataset} seed {seed}: " + ", ".join(f"{k}={v:.2f}" for k, v in metrics.items()),
               flush=True)
-    return {"per_seed": per_seed}
+    return {"per_seed": per_seed, "reused_trial": best.get("trial_id")
+            if best.get("checkpoint") and cfg.train.seed in spec.seeds else None}
 
 
 def _summary(spec: SweepSpec, dataset: str, best: dict, finals: dict) -> dict:
@@ -65,7 +93,8 @@ def _summary(spec: SweepSpec, dataset: str, best: dict, finals: dict) -> dict:
     return {"metrics": {k: mean(m[k] for m in per_seed) for k in keys}, "val": best["val"]}
 
 
-def run_dataset(spec: SweepSpec, dataset: str, parent_run_id: str, state: SweepState) -> dict:
+def run_dataset(spec: SweepSpec, dataset: str, parent_run_id: str, state: SweepState,
+                max_concurrent: int = 1) -> dict:
     entry = state.dataset(dataset)
     child = MlflowTracker(spec.tracking_uri)
     entry["run_id"] = child.start(spec.experiment, dataset, parent_run_id=parent_run_id,
@@ -73,10 +102,10 @@ def run_dataset(spec: SweepSpec, dataset: str, parent_run_id: str, state: SweepS
                                   tags={"vacsr.dataset": dataset, "vacsr.sweep": spec.name})
     state.save()
     print(f"[{spec.name}] {dataset}: searching {spec.trials} trials on {spec.metric}", flush=True)
-    best = search_dataset(spec, dataset, entry["run_id"])
+    best = search_dataset(spec, dataset, entry["run_id"], max_concurrent)
     folder = spec.storage / "best" / dataset
     child.log_artifact(write_best_config(best["config"], folder))
-    finals = final_runs(spec, dataset, best["config"], entry["run_id"])
+    finals = final_runs(spec, dataset, best, entry["run_id"])
     summary = _summary(spec, dataset, best, finals)
     child.log_best({spec.metric: best["val"], "num_trials": best["num_trials"],
                     **{f"test_{k}": mean(m[k] for m in finals["per_seed"])
@@ -107,18 +136,32 @@ def _markdown(spec: SweepSpec, rows: list[dict]) -> str:
 def run_sweep(spec: SweepSpec) -> list[dict]:
     """The whole sweep; returns the table rows (also printed and logged to the parent run)."""
     spec.storage.mkdir(parents=True, exist_ok=True)
-    ensure_ray()
+    ensure_ray(address=spec.ray_address)
     state = SweepState(spec.storage / "sweep_state.json", fresh=not spec.resume)
     parent = MlflowTracker(spec.tracking_uri)
     state.data["parent_run_id"] = parent.start(
         spec.experiment, spec.name, run_id=state.data.get("parent_run_id"),
         tags={"vacsr.sweep": spec.name, "vacsr.kind": spec.kind})
     state.save()
-    results = {}
-    for dataset in spec.datasets:
-        entry = state.dataset(dataset)
-        results[dataset] = (entry["result"] if entry.get("done") else
-                            run_dataset(spec, dataset, state.data["parent_run_id"], state))
+    results = {d: state.dataset(d)["result"] for d in spec.datasets
+               if state.dataset(d).get("done")}
+    pending = [d for d in spec.datasets if d not in results]
+    parallel, per_dataset = plan_parallelism(spec)
+    print(f"[{spec.name}] {len(pending)} dataset(s) to search, {parallel} at a time, "
+          f"{per_dataset} concurrent trial(s) each", flush=True)
+    # threads, not processes: each dataset's Tuner only waits on Ray; finished datasets are
+    # recorded as they end, so a killed driver resumes after the last one that finished
+    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="dataset") as pool:
+        futures = {d: pool.submit(run_dataset, spec, d, state.data["parent_run_id"], state,
+                                  per_dataset) for d in pending}
+        try:
+            for dataset, future in futures.items():
+                results[dataset] = future.result()
+        except BaseException:
+            for future in futures.values():
+                future.cancel()  # datasets not started yet; running ones finish their step
+            raise
+    results = {d: results[d] for d in spec.datasets}  # table rows in the sweep's order
     rows = _rows(spec, results)
     folder = spec.storage / "report"
     if spec.kind == "base2novel":

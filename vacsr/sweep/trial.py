@@ -42,7 +42,7 @@ def run_trial(trial_config: dict[str, Any]) -> None:
     config = trial_config_to_config(trial_config)
     trial_id = tune.get_context().get_trial_id()
     config.train.output_dir = str(Path(meta["trial_root"]) / trial_id)
-    config.train.storage_path = str(Path(meta["trial_root"]) / "ray")
+    config.train.storage_path = meta.get("ray_storage") or str(Path(meta["trial_root"]) / "ray")
     config.train.eval_test = False  # trials are selected on val; test is for the final runs only
     config.tracking.enabled = meta.get("tracking_uri") is not None
     config.tracking.uri = meta.get("tracking_uri")

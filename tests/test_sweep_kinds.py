@@ -1,0 +1,62 @@
+"""The retrieval and domain-generalisation sweeps end to end on a local Ray (one trial each): the
+same machinery as base-to-novel with their own spaces, metrics and final evaluations."""
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    from vacsr.distributed.cluster import ensure_ray
+
+    ensure_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+def _runs(uri: str, experiment: str):
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    return mlflow.search_runs(experiment_names=[experiment])
+
+
+def _sweep(kind: str, tmp_path, weights, extra: list[str]) -> tuple[int, str]:
+    from vacsr.sweep.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = ["--storage", str(tmp_path), "--tracking-uri", uri, "--pretrained", str(weights),
+            "--trials", "1", "--seeds", "1", "--range", "train.epochs=int:1:1", *extra]
+    return main(kind, argv), uri
+
+
+def test_retrieval_and_domain_generalization_sweeps(tmp_path, ray_local, tiny_weights, capsys):
+    code, uri = _sweep("retrieval", tmp_path / "ret", tiny_weights,
+                       ["--range", "model.trainable_image_blocks=int:0:0",
+                        "--range", "model.trainable_text_blocks=int:0:0"])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    table = (tmp_path / "ret" / "retrieval" / "report" / "results.md").read_text()
+    assert "| coco |" in table and "rsum" in table
+    runs = _runs(uri, "vacsr-retrieval")
+    dataset = runs[runs["tags.vacsr.dataset"] == "coco"].iloc[0]
+    assert dataset["metrics.best_val/rsum"] > 0 and dataset["metrics.best_test_rsum"] > 0
+    assert (runs.status == "FINISHED").all()
+
+    code, uri = _sweep("domain_generalization", tmp_path / "dg", tiny_weights, [])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    table = (tmp_path / "dg" / "domain_generalization" / "report" / "results.md").read_text()
+    for shift in ("imagenetv2_acc", "imagenet_sketch_acc", "imagenet_a_acc", "imagenet_r_acc",
+                  "ood_avg_acc"):
+        assert shift in table, shift
+    runs = _runs(uri, "vacsr-domain_generalization")
+    dataset = runs[runs["tags.vacsr.dataset"] == "imagenet"].iloc[0]
+    shifts = [dataset[f"metrics.best_test_{s}_acc"] for s in
+              ("imagenetv2", "imagenet_sketch", "imagenet_a", "imagenet_r")]
+    assert all(0 <= a <= 100 for a in shifts)
+    assert dataset["metrics.best_test_ood_avg_acc"] == pytest.approx(sum(shifts) / 4)
