@@ -135,3 +135,44 @@ def test_parallel_plan_never_oversubscribes(monkeypatch, cpus, workers, cpw, tri
     datasets_at_once, trials_each = driver.plan_parallelism(spec)
     assert (datasets_at_once, trials_each) == expected
     assert datasets_at_once * trials_each * (trial_cpus + workers * cpw) <= cpus
+
+
+def test_reused_trial_checkpoint_is_one_final_run_across_driver_restarts(tmp_path, monkeypatch):
+    """The best trial's checkpoint stands in for its seed's final run; evaluating it again after a
+    driver restart continues the same MLflow run instead of adding a second one."""
+    from vacsr.config import load_config
+    from vacsr.sweep import run
+    from vacsr.sweep.driver import SweepSpec
+    from vacsr.tracking import MlflowTracker
+
+    source = tmp_path / "ray" / "trials" / "eurosat" / "abc" / "checkpoint_0" / "last.ckpt"
+    source.parent.mkdir(parents=True)
+    source.write_bytes(b"trained weights")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = SweepSpec(kind="base2novel", name="t", datasets=["eurosat"], overrides={"eurosat": []},
+                     metric="val/acc", storage=tmp_path / "sweep", tracking_uri=uri,
+                     ray_storage=str(tmp_path / "ray"))
+    parent = MlflowTracker(uri)
+    parent_id = parent.start(spec.experiment, "eurosat")
+    best = {"checkpoint": str(source), "trial_id": "abc"}
+    evaluated = []
+
+    class Evaluate:  # stands for the Ray task: records what it was given
+        @staticmethod
+        def remote(config, checkpoint):
+            evaluated.append(Path(checkpoint).read_bytes())
+            return {"acc": 42.0}
+
+    monkeypatch.setattr(run.ray, "get", lambda ref: ref)
+    config = run._final_config(load_config(overrides=["train.epochs=3"]), spec, "eurosat", 1,
+                               parent_id)
+    for _ in range(2):  # the second call is the restarted driver
+        metrics, checkpoint = run._reuse_trial(spec, config, best, Evaluate)
+        assert metrics == {"acc": 42.0} and checkpoint.read_bytes() == b"trained weights"
+    assert evaluated == [b"trained weights"] * 2
+    runs = parent.client.search_runs([parent.experiment_id(spec.experiment)],
+                                     filter_string="tags.`mlflow.runName` = 'eurosat-final-seed1'")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert runs[0].data.tags["vacsr.reused_trial"] == "abc"
+    history = parent.client.get_metric_history(runs[0].info.run_id, "test/acc")
+    assert [(m.step, m.value) for m in history] == [(3, 42.0)]

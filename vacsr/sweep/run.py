@@ -17,7 +17,7 @@ from vacsr.distributed.train import CHECKPOINT_FILE, fit_ray
 from vacsr.sweep.driver import (SweepSpec, SweepState, copy_from_storage, plan_parallelism,
                                 search_dataset, write_best_config)
 from vacsr.sweep.report import base_novel_rows, to_markdown, write_table
-from vacsr.tracking import MlflowTracker
+from vacsr.tracking import MlflowTracker, TrackingCallback
 from vacsr.train.evaluate import evaluate_checkpoint
 
 DOMAIN_SHIFTS = ("imagenetv2", "imagenet_sketch", "imagenet_a", "imagenet_r")
@@ -46,11 +46,11 @@ def _reuse_trial(spec: SweepSpec, config, best: dict, evaluate) -> tuple[dict, P
     checkpoint = copy_from_storage(spec.ray_storage or str(spec.storage), best["checkpoint"],
                                    Path(config.train.output_dir) / CHECKPOINT_FILE)
     metrics = ray.get(evaluate.remote(config, str(checkpoint)))
-    tracker = MlflowTracker(spec.tracking_uri)
-    tracker.start(spec.experiment, config.tracking.run_name,
-                  parent_run_id=config.tracking.parent_run_id,
-                  tags={"vacsr.reused_trial": best["trial_id"], "vacsr.seed": config.train.seed})
-    tracker.log_config(config)
+    # resume=True: a driver restarted after this point continues the same MLflow run
+    tracker = TrackingCallback.start(
+        config, experiment=spec.experiment, run_name=config.tracking.run_name,
+        tracking_uri=spec.tracking_uri, parent_run_id=config.tracking.parent_run_id, resume=True,
+        tags={"vacsr.reused_trial": best["trial_id"], "vacsr.seed": config.train.seed}).tracker()
     tracker.log_epoch(config.train.epochs, {f"test/{k}": v for k, v in metrics.items()})
     tracker.finish()
     return metrics, checkpoint
