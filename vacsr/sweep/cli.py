@@ -143,11 +143,12 @@ def spec_from_args(kind: str, args):
 
     datasets = _datasets(kind, args.datasets)
     embedded = args.data_root is None
-    # the embedded default keeps every run short (1-2 epochs, at most one trainable block) and
-    # gamma low: from the tiny CLIP's weak features, gamma >= 1 settles every pair at p = 0.5
-    defaults = (["train.epochs=int:1:2", "model.trainable_image_blocks=int:0:1",
-                 "model.trainable_text_blocks=int:0:1", "loss.gamma=log:0.1:0.5"]
-                if embedded and kind != "retrieval" else [])
+    # the embedded default keeps runs short (4-8 epochs of a few steps, at most one trainable
+    # block), the lr high enough to learn in that many steps, and gamma low: from the tiny CLIP's
+    # weak features, gamma >= 1 settles every pair at p = 0.5
+    defaults = (["train.epochs=int:4:8", "optim.lr=log:0.001:0.003",
+                 "model.trainable_image_blocks=int:0:1", "model.trainable_text_blocks=int:0:1",
+                 "loss.gamma=log:0.1:0.5"] if embedded and kind != "retrieval" else [])
     ranges = dict(parse_range(r) for r in defaults + list(args.range))
     for dataset in datasets:
         space_for(kind, dataset, ranges)  # empty or inverted ranges fail here
