@@ -473,9 +473,11 @@ class TrackingCallback:
         run_id = tracker.start(experiment, run_name or output_dir.name, run_id=stored,
                                parent_run_id=parent_run_id,
                                tags={"vacsr.output_dir": str(output_dir), **(tags or {})})
-        tracker.log_config(config)
+        # record the run first: a process killed while the config is being logged must leave a
+        # run that its restart continues, not an orphan beside a second one
         _write_run_state(output_dir, {"run_id": run_id, "tracking_uri": uri,
                                       "experiment": experiment})
+        tracker.log_config(config)
         callback = cls(uri, run_id, output_dir, metric=metric, mode=mode)
         callback._tracker = tracker
         return callback

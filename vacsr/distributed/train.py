@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -83,6 +84,9 @@ def _maybe_inject_failure(epoch: int, rank: int, world: int) -> None:
     fail_epoch, marker = spec.split(":", 1)
     if epoch == int(fail_epoch) and not Path(marker).exists():
         Path(marker).write_text(f"killed at the start of epoch {epoch + 1}\n")
+        # the Train controller collects reports (and checkpoints) by polling the workers every
+        # RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s); wait for it, as a crash in a real epoch would
+        time.sleep(3 * float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", 2.0)))
         os._exit(1)  # an abrupt worker death, not a Python exception
 
 
