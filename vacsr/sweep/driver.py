@@ -21,12 +21,12 @@ from ray.tune.registry import TRAINABLE_CLASS, _global_registry
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
 
-from vacsr.config import flatten, from_dict, load_config, save_config
+from vacsr.config import flatten, load_config, save_config
 from vacsr.distributed.cluster import ensure_ray
 from vacsr.distributed.train import CHECKPOINT_FILE
 from vacsr.errors import ConfigError
 from vacsr.sweep.space import DefineByRun, clamp_blocks, space_for
-from vacsr.sweep.trial import flatten_nested, run_trial
+from vacsr.sweep.trial import run_trial, trial_config_to_config
 from vacsr.tracking import (MlflowTracker, redact_uri, check_tracking_uri,
                             resolve_tracking_uri)
 
@@ -56,9 +56,13 @@ class SweepSpec:
     def experiment(self) -> str:
         return f"vacsr-{self.kind}"
 
+    @property
+    def ray_root(self) -> str:
+        """Where Tune/Train keep experiments and checkpoints: --ray-storage, else the sweep folder."""
+        return self.ray_storage or str(self.storage)
+
     def ray_path(self, *parts: str) -> str:
-        """A location under the Ray storage (the sweep folder unless --ray-storage names one)."""
-        return join_storage(self.ray_storage or str(self.storage), *parts)
+        return join_storage(self.ray_root, *parts)
 
 
 def join_storage(root: str, *parts: str) -> str:
@@ -230,16 +234,10 @@ def search_dataset(spec: SweepSpec, dataset: str, dataset_run_id: str,
     """Run (or resume) the dataset's search; return the best trial's config and val metric."""
     trainable = registered_trial(spec.trial_cpus)
     results = _tuner(spec, dataset, dataset_run_id, trainable, max_concurrent).fit()
-    trials = [{"config": r.config, "metrics": dict(r.metrics or {}), "path": r.path}
-              for r in results if r.config]
+    trials = [{"config": r.config, "metrics": dict(r.metrics or {})} for r in results if r.config]
     close_running_children(spec.tracking_uri, spec.experiment, dataset_run_id)
     best = select_best(trials, spec.metric, spec.mode)
-    config = from_dict(dict(best["config"]["base"]))
-    from vacsr.config import set_value
-
-    for key, value in flatten_nested({k: v for k, v in best["config"].items()
-                                      if k not in ("base", "meta")}).items():
-        set_value(config, key, value)
+    config = trial_config_to_config(best["config"])
     metrics = best["metrics"]
     finished = metrics.get("epoch") == config.train.epochs and metrics.get("checkpoint_path")
     return {"config": config, "val": metrics[spec.metric], "num_trials": len(trials),

@@ -43,7 +43,7 @@ def _test_metrics(metrics: dict) -> dict:
 def _reuse_trial(spec: SweepSpec, config, best: dict, evaluate) -> tuple[dict, Path]:
     """The best trial trained this very config on this seed to the end: evaluate its checkpoint
     on test instead of training it again (runs are seeded, so a re-run would repeat it)."""
-    checkpoint = copy_from_storage(spec.ray_storage or str(spec.storage), best["checkpoint"],
+    checkpoint = copy_from_storage(spec.ray_root, best["checkpoint"],
                                    Path(config.train.output_dir) / CHECKPOINT_FILE)
     metrics = ray.get(evaluate.remote(config, str(checkpoint)))
     # resume=True: a driver restarted after this point continues the same MLflow run
