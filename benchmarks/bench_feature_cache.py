@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from vacsr.data.classification import load_classification
-from vacsr.data.feature_cache import (FeatureCache, backbone_identity, cache_classification,
-                                      encode_images, encode_texts)
+from vacsr.data.encoding import encode_images, encode_texts
+from vacsr.data.feature_cache import FeatureCache, backbone_identity, cache_classification
 from vacsr.data.generate import generate
 from vacsr.model.backbone import ClipBackbone
 
@@ -43,10 +43,9 @@ def reencode(backbone, splits, args) -> list:
     """What a trial does without the cache: every image and prompt through the backbone."""
     out = []
     for data in splits.values():
-        out.append(torch.from_numpy(encode_images(backbone, data.images,
-                                                  batch_size=args.batch_size,
-                                                  num_workers=args.workers)))
-        out.append(torch.from_numpy(encode_texts(backbone, data.prompts())))
+        out.append(encode_images(backbone, data.images, batch_size=args.batch_size,
+                                 num_workers=args.workers))
+        out.append(encode_texts(backbone, data.prompts()))
     return out
 
 

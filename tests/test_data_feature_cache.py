@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from vacsr.data.classification import load_classification
+from vacsr.data.encoding import encode_images
 from vacsr.data.feature_cache import (FeatureCache, backbone_identity, cache_classification,
-                                      describe_transform, encode_images, image_features,
-                                      weights_identity)
+                                      describe_transform, image_features, weights_identity)
 from vacsr.data.generate import class_image, write_split_dataset
 from vacsr.model.backbone import ClipBackbone
 
@@ -42,7 +42,7 @@ class CountingEncode:
 
     def __call__(self, images):
         self.calls += 1
-        return encode_images(self.backbone, images, batch_size=8)
+        return encode_images(self.backbone, images, batch_size=8).numpy()
 
 
 def test_reused_when_key_unchanged(backbone, eurosat, tmp_path):
@@ -57,7 +57,7 @@ def test_reused_when_key_unchanged(backbone, eurosat, tmp_path):
     assert np.array_equal(again_images.features, images.features)
     assert again_images.ids.tolist() == list(range(len(eurosat.images)))
     # what is cached is what the backbone computes
-    direct = encode_images(backbone, eurosat.images[:4], batch_size=4)
+    direct = encode_images(backbone, eurosat.images[:4], batch_size=4).numpy()
     np.testing.assert_allclose(again_images.features[:4], direct, atol=1e-5)
     assert not list(tmp_path.glob("*.tmp"))  # atomic writes leave no temporaries
 

@@ -80,3 +80,35 @@ def test_killed_worker_resumes_and_matches_uninterrupted_run(tmp_path, ray_local
     assert len(runs) == 1, "a resumed run must keep logging to the same MLflow run"
     history = MlflowClient().get_metric_history(runs.run_id[0], "train/loss")
     assert sorted(m.step for m in history) == [1, 2, 3]  # no epoch lost or repeated
+
+
+def test_run_restarted_after_its_last_epoch_reports_its_result_again(tmp_path, ray_local):
+    """A Tune trial resumed by a new sweep driver starts its Train run again under the same name;
+    Train restores the final checkpoint and no epoch is left. The run must still report its final
+    metrics (with a checkpoint), or the trial ends without the metric Tune selects on."""
+    import json
+
+    from ray.train import UserCallback
+
+    from vacsr.distributed.train import build_torch_trainer
+
+    class Reports(UserCallback):  # runs in the Train controller: record to a file
+        def __init__(self, path):
+            self.path = path
+
+        def after_report(self, run_context, metrics, checkpoint):
+            with open(self.path, "a") as out:
+                out.write(json.dumps({"metrics": metrics[0], "checkpoint": bool(checkpoint)}) + "\n")
+
+    def reports(attempt):
+        config = load_config(overrides=BASE + ["train.epochs=2", "train.max_failures=0",
+                                               f"train.output_dir={tmp_path / 'out'}"])
+        path = tmp_path / f"reports{attempt}.jsonl"
+        build_torch_trainer(config, name="trial", callbacks=[Reports(str(path))]).fit()
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    first, again = reports(0), reports(1)
+    assert [r["metrics"]["epoch"] for r in first] == [1, 2]
+    assert len(again) == 1 and again[0]["checkpoint"], "nothing reported after the restore"
+    assert again[0]["metrics"] == first[-1]["metrics"]
+    assert any(key.startswith("val/") for key in again[0]["metrics"])

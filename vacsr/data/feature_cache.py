@@ -30,7 +30,7 @@ from PIL import Image
 
 from vacsr.data.base import ClassificationData, RetrievalData
 from vacsr.data.files import atomic_write_bytes
-from vacsr.data.loader import image_loader
+from vacsr.data.encoding import encode_images, encode_texts
 
 KEY_FIELD = b"vacsr.cache_key"
 IDENTITY_FIELD = b"vacsr.identity"
@@ -177,47 +177,20 @@ class FeatureCache:
         return self.save(name, content, encode(), ids, labels)
 
 
-# ---------------------------------------------------------------- encoding with a frozen backbone
-@torch.no_grad()
-def encode_images(backbone, images: Sequence, *, batch_size: int = 256,
-                  num_workers: int = 0) -> np.ndarray:
-    """(N, d) float32 features of `images` with the backbone's evaluation preprocessing."""
-    device = next(backbone.parameters()).device
-    was_training = backbone.training
-    backbone.eval()
-    chunks = []
-    for batch, _ in image_loader(images, backbone.eval_transform, batch_size=batch_size,
-                                 num_workers=num_workers, device=device):
-        chunks.append(backbone.encode_image(batch.to(device, non_blocking=True)).float().cpu())
-    backbone.train(was_training)
-    return torch.cat(chunks).numpy()
-
-
-@torch.no_grad()
-def encode_texts(backbone, texts: Sequence[str], *, batch_size: int = 1024) -> np.ndarray:
-    device = next(backbone.parameters()).device
-    was_training = backbone.training
-    backbone.eval()
-    chunks = [backbone.encode_text(backbone.tokenize(list(texts[i:i + batch_size])).to(device))
-              .float().cpu() for i in range(0, len(texts), batch_size)]
-    backbone.train(was_training)
-    return torch.cat(chunks).numpy()
-
-
 def image_features(cache: FeatureCache, backbone, images: Sequence, ids: Sequence[int], *,
                    name: str, labels: Sequence[int] | None = None, batch_size: int = 256,
                    num_workers: int = 0) -> CachedFeatures:
     content = content_fingerprint("image", images, ids)
     return cache.get_or_build(
         name, content, lambda: encode_images(backbone, images, batch_size=batch_size,
-                                             num_workers=num_workers), ids, labels)
+                                             num_workers=num_workers).numpy(), ids, labels)
 
 
 def text_features(cache: FeatureCache, backbone, texts: Sequence[str], ids: Sequence[int], *,
                   name: str, batch_size: int = 1024) -> CachedFeatures:
     content = content_fingerprint("text", texts, ids)
-    return cache.get_or_build(name, content,
-                              lambda: encode_texts(backbone, texts, batch_size=batch_size), ids)
+    return cache.get_or_build(
+        name, content, lambda: encode_texts(backbone, texts, batch_size=batch_size).numpy(), ids)
 
 
 def cache_classification(cache: FeatureCache, backbone, data: ClassificationData, name: str,

@@ -139,6 +139,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
         _report(trainer, epoch, metrics, rank)
         if tracker is not None:
             tracker(epoch, metrics, None)
+    if resumed_from >= config.train.epochs and trainer.history:
+        # restarted after its last epoch (a Tune trial resumed by a new driver): report the final
+        # result again, or the Tune trial ends without its metric
+        _report(trainer, resumed_from - 1, dict(trainer.history[-1]), rank)
     if rank == 0:
         final = trainer.history[-1] if trainer.history else {}
         write_json(trainer.output_dir / "metrics.json", {"final": final, "history": trainer.history})

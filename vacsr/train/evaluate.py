@@ -6,35 +6,10 @@ from contextlib import nullcontext
 import torch
 
 from vacsr.data.base import ClassificationData, RetrievalData
-from vacsr.data.loader import image_loader
+from vacsr.data.encoding import encode_images, encode_texts
 from vacsr.errors import DataError
 from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval
 from vacsr.model.vacsr import VACSRModel
-
-
-@torch.no_grad()
-def encode_images(model: VACSRModel, images, *, device, batch_size: int = 128,
-                  autocast=nullcontext) -> torch.Tensor:
-    """List of image refs -> (N, d) float32 features on `device`."""
-    loader = image_loader(images, model.backbone.eval_transform, batch_size=batch_size,
-                          device=device)
-    feats = []
-    for batch, _ in loader:
-        with autocast():
-            feats.append(model.encode_image(batch.to(device)).float())
-    return torch.cat(feats)
-
-
-@torch.no_grad()
-def encode_texts(model: VACSRModel, texts: list[str], *, device, batch_size: int = 256,
-                 autocast=nullcontext) -> torch.Tensor:
-    """List of strings -> (N, d) float32 features on `device`."""
-    feats = []
-    for start in range(0, len(texts), batch_size):
-        tokens = model.backbone.tokenize(texts[start:start + batch_size]).to(device)
-        with autocast():
-            feats.append(model.encode_text(tokens).float())
-    return torch.cat(feats)
 
 
 @torch.no_grad()
@@ -46,16 +21,16 @@ def evaluate_split(model: VACSRModel, data, *, task: str, device, batch_size: in
     was_training = model.training
     model.eval()
     try:
-        image_feats = encode_images(model, data.images, device=device, batch_size=batch_size,
-                                    autocast=autocast)
+        encode = {"autocast": autocast, "keep_on_device": True}
+        image_feats = encode_images(model.backbone, data.images, batch_size=batch_size, **encode)
         if task == "retrieval":
             assert isinstance(data, RetrievalData)
-            text_feats = encode_texts(model, data.captions, device=device, autocast=autocast)
+            text_feats = encode_texts(model.backbone, data.captions, **encode)
             return evaluate_retrieval(image_feats, text_feats, model.head, data.caption_to_image,
                                       data.image_ids or None, data.caption_ids or None,
                                       device=device, scorer=scorer, **engine_kwargs)
         assert isinstance(data, ClassificationData)
-        text_feats = encode_texts(model, data.prompts(), device=device, autocast=autocast)
+        text_feats = encode_texts(model.backbone, data.prompts(), **encode)
         return evaluate_classification(image_feats, text_feats, model.head, data.labels,
                                        device=device, scorer=scorer)
     finally:
