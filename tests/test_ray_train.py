@@ -1,6 +1,8 @@
-"""Ray Train: W workers equal one worker, and a killed worker resumes from its checkpoint."""
+"""Ray Train: W workers equal one worker; a killed worker resumes from its checkpoint; a finished
+run started again under its name reports its final result again."""
 from __future__ import annotations
 
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,9 +62,9 @@ def test_killed_worker_resumes_and_matches_uninterrupted_run(tmp_path, ray_local
     monkeypatch.setenv("VACSR_FAIL_ONCE", f"2:{marker}")  # killed as epoch 3 starts
     tracking = [f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", "tracking.enabled=true",
                 "tracking.experiment=resume-test"]
-    resumed = fit_ray(load_config(overrides=BASE + tracking + [
-        "train.epochs=3", "train.workers=2", "train.max_failures=1",
-        f"train.output_dir={tmp_path / 'ray'}"]))
+    overrides = BASE + tracking + ["train.epochs=3", "train.workers=2", "train.max_failures=1",
+                                   f"train.output_dir={tmp_path / 'ray'}"]
+    resumed = fit_ray(load_config(overrides=overrides))
     assert marker.exists(), "the injected failure never fired"
     # restarted from a checkpoint, not from scratch: the last one Ray Train had registered when
     # the worker died (epoch 2's report may still be in flight then, so 1 or 2)
@@ -81,11 +83,18 @@ def test_killed_worker_resumes_and_matches_uninterrupted_run(tmp_path, ray_local
     history = MlflowClient().get_metric_history(runs.run_id[0], "train/loss")
     assert sorted(m.step for m in history) == [1, 2, 3]  # no epoch lost or repeated
 
+    # started again under the same name after its last epoch (a Tune trial resumed by a new sweep
+    # driver): Train restores the final checkpoint, no epoch is left, and the run must still
+    # report its final result with a checkpoint, or the Tune trial ends without its metric
+    again = _reports(load_config(overrides=overrides), tmp_path / "again.jsonl")
+    assert len(again) == 1 and again[0]["checkpoint"], "nothing reported after the restore"
+    assert again[0]["metrics"] == pytest.approx(resumed.final_metrics)
+    assert sorted(m.step for m in MlflowClient().get_metric_history(runs.run_id[0], "train/loss")) \
+        == [1, 2, 3], "the restored run logged an epoch again"
 
-def test_run_restarted_after_its_last_epoch_reports_its_result_again(tmp_path, ray_local):
-    """A Tune trial resumed by a new sweep driver starts its Train run again under the same name;
-    Train restores the final checkpoint and no epoch is left. The run must still report its final
-    metrics (with a checkpoint), or the trial ends without the metric Tune selects on."""
+
+def _reports(config, path) -> list[dict]:
+    """Fit a TorchTrainer for `config`; what its workers reported, as the Train controller saw it."""
     import json
 
     from ray.train import UserCallback
@@ -93,22 +102,9 @@ def test_run_restarted_after_its_last_epoch_reports_its_result_again(tmp_path, r
     from vacsr.distributed.train import build_torch_trainer
 
     class Reports(UserCallback):  # runs in the Train controller: record to a file
-        def __init__(self, path):
-            self.path = path
-
         def after_report(self, run_context, metrics, checkpoint):
-            with open(self.path, "a") as out:
+            with open(path, "a") as out:
                 out.write(json.dumps({"metrics": metrics[0], "checkpoint": bool(checkpoint)}) + "\n")
 
-    def reports(attempt):
-        config = load_config(overrides=BASE + ["train.epochs=2", "train.max_failures=0",
-                                               f"train.output_dir={tmp_path / 'out'}"])
-        path = tmp_path / f"reports{attempt}.jsonl"
-        build_torch_trainer(config, name="trial", callbacks=[Reports(str(path))]).fit()
-        return [json.loads(line) for line in path.read_text().splitlines()]
-
-    first, again = reports(0), reports(1)
-    assert [r["metrics"]["epoch"] for r in first] == [1, 2]
-    assert len(again) == 1 and again[0]["checkpoint"], "nothing reported after the restore"
-    assert again[0]["metrics"] == first[-1]["metrics"]
-    assert any(key.startswith("val/") for key in again[0]["metrics"])
+    build_torch_trainer(config, callbacks=[Reports()]).fit()
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
