@@ -43,7 +43,8 @@ def build_parser(kind: str) -> argparse.ArgumentParser:
                    help="Optuna RDB URL, e.g. postgresql://... (env VACSR_OPTUNA_STORAGE; "
                         "default: sqlite in the sweep folder)")
     p.add_argument("--tracking-uri", default=env("MLFLOW_TRACKING_URI"),
-                   help="MLflow URI (env MLFLOW_TRACKING_URI; default: sqlite:///<storage>/mlflow.db)")
+                   help="MLflow URI (env MLFLOW_TRACKING_URI; "
+                        "default: sqlite:///<storage>/mlflow.db)")
     p.add_argument("--ray-address", default=env("RAY_ADDRESS"),
                    help="Ray cluster to join (env RAY_ADDRESS, set by `ray job submit`; "
                         "default: start a local Ray)")
@@ -101,10 +102,10 @@ def _ray_storage(text: str) -> str:
         return ""
     if "://" not in text:
         return str(Path(text).expanduser().resolve())
-    import pyarrow.fs as pafs
+    from vacsr.sweep.driver import storage_filesystem
 
     try:
-        pafs.FileSystem.from_uri(text)
+        storage_filesystem(text)
     except Exception as exc:  # pyarrow raises ArrowInvalid / ValueError / OSError by scheme
         raise ConfigError(f"--ray-storage {text!r}: not a storage URI pyarrow can open "
                           f"({str(exc).splitlines()[0]})") from None

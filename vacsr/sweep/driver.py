@@ -58,7 +58,8 @@ class SweepSpec:
 
     @property
     def ray_root(self) -> str:
-        """Where Tune/Train keep experiments and checkpoints: --ray-storage, else the sweep folder."""
+        """Where Tune/Train keep experiments and checkpoints: --ray-storage, else the sweep
+        folder."""
         return self.ray_storage or str(self.storage)
 
     def ray_path(self, *parts: str) -> str:
@@ -72,14 +73,20 @@ def join_storage(root: str, *parts: str) -> str:
     return str(Path(root, *parts))
 
 
+def storage_filesystem(root: str):
+    """The pyarrow filesystem `root` (a local path or an s3:// gs:// file:// URI) lives on."""
+    import pyarrow.fs as pafs
+
+    return pafs.FileSystem.from_uri(root)[0] if "://" in root else pafs.LocalFileSystem()
+
+
 def copy_from_storage(root: str, path: str, dest: Path) -> Path:
     """Copy `path` (a file on the storage `root` lives on, as Ray Train reports it) to `dest`."""
     import pyarrow.fs as pafs
 
-    filesystem = pafs.FileSystem.from_uri(root)[0] if "://" in root else pafs.LocalFileSystem()
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".tmp")
-    pafs.copy_files(path, str(tmp), source_filesystem=filesystem,
+    pafs.copy_files(path, str(tmp), source_filesystem=storage_filesystem(root),
                     destination_filesystem=pafs.LocalFileSystem())
     tmp.replace(dest)
     return dest
@@ -278,6 +285,6 @@ def prepare_tracking(uri: str | None, storage: Path) -> str:
     return resolved
 
 
-__all__ = ["SweepSpec", "SweepState", "concurrency", "copy_from_storage", "join_storage", "plan_parallelism", "close_running_children", "ensure_ray",
-           "prepare_tracking", "search_dataset", "select_best", "sweep_folder",
-           "write_best_config"]
+__all__ = ["SweepSpec", "SweepState", "close_running_children", "concurrency", "copy_from_storage",
+           "ensure_ray", "join_storage", "plan_parallelism", "prepare_tracking", "search_dataset",
+           "select_best", "storage_filesystem", "sweep_folder", "write_best_config"]

@@ -61,10 +61,12 @@ def final_runs(spec: SweepSpec, dataset: str, best: dict, dataset_run_id: str) -
     cfg = best["config"]
     evaluate = ray.remote(num_cpus=cfg.train.cpus_per_worker,
                           num_gpus=min(cfg.train.gpus_per_worker, 1))(evaluate_checkpoint)
+    # the seed whose run the best trial already is, when it trained all its epochs
+    reused_seed = cfg.train.seed if best.get("checkpoint") else None
     per_seed = []
     for seed in spec.seeds:
         config = _final_config(cfg, spec, dataset, seed, dataset_run_id)
-        if best.get("checkpoint") and seed == cfg.train.seed:
+        if seed == reused_seed:
             metrics, checkpoint = _reuse_trial(spec, config, best, evaluate)
         else:
             result = fit_ray(config, name=f"{dataset}-seed{seed}")
@@ -80,8 +82,8 @@ def final_runs(spec: SweepSpec, dataset: str, best: dict, dataset_run_id: str) -
         per_seed.append(metrics)
         print(f"  {dataset} seed {seed}: " + ", ".join(f"{k}={v:.2f}" for k, v in metrics.items()),
               flush=True)
-    return {"per_seed": per_seed, "reused_trial": best.get("trial_id")
-            if best.get("checkpoint") and cfg.train.seed in spec.seeds else None}
+    return {"per_seed": per_seed,
+            "reused_trial": best.get("trial_id") if reused_seed in spec.seeds else None}
 
 
 def _summary(spec: SweepSpec, dataset: str, best: dict, finals: dict) -> dict:
