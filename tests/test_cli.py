@@ -11,7 +11,7 @@ def test_bad_override_is_one_line_error_and_exit_2(tmp_path):
     out = _vacsr("train", "loss.gamma=-1", f"train.output_dir={tmp_path}")
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
-    assert lines == ["vacsr: error: loss.gamma: expected a weight >= 0, got -1.0"]
+    assert lines == ["vacsr: error: loss.gamma: expected a finite weight >= 0, got -1.0"]
     assert not any(tmp_path.iterdir())  # nothing written
 
 

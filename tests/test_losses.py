@@ -99,13 +99,16 @@ def test_total_loss_composition_and_switches():
     out = _output(seed=5)
     labels = torch.zeros(4, 5)
     labels[torch.arange(4), torch.arange(4)] = 1
-    full, parts = vacsr_loss(out, labels, alpha_kl=0.5, beta=2.0, gamma=3.0)
+    full, parts = vacsr_loss(out, labels, alpha_kl=0.5, beta=2.0, gamma=3.0,
+                             reduction="pair_mean")
     expected = 0.5 * parts["kl"] + 2.0 * (parts["recon"] + 3.0 * (parts["sigma_pos"]
                                                                   + parts["sigma_neg"]))
     torch.testing.assert_close(full.detach(), expected)
-    no_kl, _ = vacsr_loss(out, labels, alpha_kl=0.5, beta=2.0, gamma=3.0, use_kl=False)
+    no_kl, _ = vacsr_loss(out, labels, alpha_kl=0.5, beta=2.0, gamma=3.0, use_kl=False,
+                          reduction="pair_mean")
     torch.testing.assert_close((full - no_kl).detach(), 0.5 * parts["kl"])
-    no_sigma, _ = vacsr_loss(out, labels, alpha_kl=0.5, beta=2.0, gamma=3.0, use_sigma_loss=False)
+    no_sigma, _ = vacsr_loss(out, labels, alpha_kl=0.5, beta=2.0, gamma=3.0, use_sigma_loss=False,
+                             reduction="pair_mean")
     torch.testing.assert_close(no_sigma.detach(), 0.5 * parts["kl"] + 2.0 * parts["recon"])
     # recon is over every pair: 1/2 mean (y - p)^2
     p = torch.sigmoid(out.logits.detach())
@@ -115,8 +118,8 @@ def test_total_loss_composition_and_switches():
 def test_negative_sigma_target_switch():
     out = _output(seed=6)
     labels = torch.eye(4, 5)
-    _, as_label = vacsr_loss(out, labels, neg_sigma_target="label")
-    _, as_positive = vacsr_loss(out, labels, neg_sigma_target="positive")
+    _, as_label = vacsr_loss(out, labels, neg_sigma_target="label", reduction="pair_mean")
+    _, as_positive = vacsr_loss(out, labels, neg_sigma_target="positive", reduction="pair_mean")
     rows, cols = hard_negative_masks(out.logits, labels, 1)
     p = torch.sigmoid(out.logits.detach())
     for target, parts in ((0.0, as_label), (1.0, as_positive)):
@@ -124,3 +127,148 @@ def test_negative_sigma_target_switch():
         expected = ((values * rows).sum() + (values * cols).sum()) / (rows.sum() + cols.sum())
         assert parts["sigma_neg"].item() == pytest.approx(expected.item(), rel=1e-5)
     assert not math.isclose(as_label["sigma_neg"].item(), as_positive["sigma_neg"].item())
+
+
+# ---------------------------------------------------------------- boundedness (sec. 3.2 L_sigma)
+def _adapter(**kwargs):
+    from vacsr.model.adapter import VariationalSimilarityAdapter
+
+    return VariationalSimilarityAdapter(embed_dim=16, hidden_dim=32, latent_dim=4,
+                                        num_components=2, decoder_hidden_dim=8, **kwargs)
+
+
+def _loss_floor(adapter, labels, reduction, gamma=1.0, beta=1.0):
+    """The lowest value the total loss can take: L_recon, L_KL >= 0 and each L_sigma term
+    >= its weight times the smallest log sigma_hat the logvar bound allows."""
+    low = adapter.min_log_sigma()
+    if reduction == "per_query":  # sums over pairs / B: positives + 2 N_h selections per query
+        weight = (labels.sum() + labels.shape[0] + labels.shape[1]) / labels.shape[0]
+    else:  # two means
+        weight = 2.0
+    return beta * gamma * low * float(weight)
+
+
+@pytest.mark.parametrize("reduction", ["pair_mean", "per_query", "balanced"])
+@pytest.mark.parametrize("target", ["label", "positive"])
+def test_total_loss_cannot_be_driven_below_its_floor(reduction, target):
+    """Minimise the loss itself at a high learning rate: with logvar unbounded it runs off to
+    minus infinity (sigma_hat -> 0 on pairs it fits); bounded, it stays above the floor."""
+    torch.manual_seed(0)
+    adapter = _adapter(logvar_bound=4.0)
+    v = torch.nn.functional.normalize(torch.randn(12, 16), dim=-1)
+    t = torch.nn.functional.normalize(torch.randn(12, 16), dim=-1)
+    labels = (torch.rand(12, 12) < 0.15).float()
+    labels[torch.arange(12), torch.arange(12)] = 1
+    floor = _loss_floor(adapter, labels, reduction)
+    optim = torch.optim.Adam(adapter.parameters(), lr=0.05)
+    lowest = math.inf
+    for _ in range(300):
+        loss, _ = vacsr_loss(adapter(v, t), labels, neg_sigma_target=target, reduction=reduction)
+        assert torch.isfinite(loss)
+        lowest = min(lowest, loss.item())
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+    assert lowest >= floor - 1e-4
+
+
+@pytest.mark.parametrize("target", ["label", "positive"])
+def test_unbounded_logvar_runs_below_that_floor(target):
+    """The old behaviour: nothing bounds logvar, and the same minimisation goes past the floor
+    of the bounded adapter (or non-finite)."""
+    torch.manual_seed(0)
+    v = torch.nn.functional.normalize(torch.randn(12, 16), dim=-1)
+    t = torch.nn.functional.normalize(torch.randn(12, 16), dim=-1)
+    labels = (torch.rand(12, 12) < 0.15).float()
+    labels[torch.arange(12), torch.arange(12)] = 1
+    floor = _loss_floor(_adapter(logvar_bound=4.0), labels, "pair_mean")
+    unbounded = _adapter(logvar_bound=1e6)
+    optim = torch.optim.Adam(unbounded.parameters(), lr=0.05)
+    values = []
+    for _ in range(300):
+        loss, _ = vacsr_loss(unbounded(v, t), labels, neg_sigma_target=target)
+        values.append(loss.item())
+        if not math.isfinite(values[-1]):
+            break
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+    assert not math.isfinite(values[-1]) or min(values) < floor
+
+
+def test_logvar_bound_keeps_sigma_hat_in_range():
+    adapter = _adapter(logvar_bound=3.0)
+    with torch.no_grad():
+        adapter.fc2.bias.fill_(1e4)  # pre-activations far past the bound
+    out = adapter(torch.eye(16)[:3], torch.eye(16)[:4])
+    assert out.logvar.max() <= 3.0 + 1e-6 and out.logvar.min() >= -3.0 - 1e-6
+    assert torch.isfinite(out.logits).all()
+    assert math.log(out.sigma_hat.min().item()) >= adapter.min_log_sigma() - 1e-6
+    with pytest.raises(ValueError, match="logvar_bound"):
+        _adapter(logvar_bound=0.0)
+
+
+@pytest.mark.parametrize("reduction", ["pair_mean", "per_query", "balanced"])
+def test_reductions_of_the_per_pair_terms(reduction):
+    out = _output(b=4, b2=6, seed=9)
+    labels = torch.zeros(4, 6)
+    labels[torch.arange(4), torch.arange(4)] = 1
+    _, parts = vacsr_loss(out, labels, reduction=reduction)
+    p = torch.sigmoid(out.logits.detach())
+    recon = 0.5 * (labels - p) ** 2
+    pos = labels.bool()
+    rows, cols = hard_negative_masks(out.logits, labels, 1)
+    values = p ** 2 / (2 * out.sigma_hat) + torch.log(out.sigma_hat)  # label target: y = 0
+    neg_sum = (values * rows).sum() + (values * cols).sum()
+    pos_values = (1 - p) ** 2 / (2 * out.sigma_hat) + torch.log(out.sigma_hat)
+    if reduction == "pair_mean":
+        expected = (recon.mean(), pos_values[pos].mean(), neg_sum / (rows.sum() + cols.sum()))
+    elif reduction == "per_query":  # one normaliser, the 4 queries
+        expected = (recon.sum() / 4, pos_values[pos].sum() / 4, neg_sum / 4)
+    else:
+        expected = (recon[pos].mean() + recon[~pos].mean(), pos_values[pos].mean(),
+                    neg_sum / (rows.sum() + cols.sum()))
+    for name, value in zip(("recon", "sigma_pos", "sigma_neg"), expected):
+        assert parts[name].item() == pytest.approx(value.item(), rel=1e-5), name
+
+
+def test_neg_columns_with_positive_drops_absent_classes():
+    out = _output(b=4, b2=6, seed=10)
+    labels = torch.zeros(4, 6)
+    labels[torch.arange(4), torch.tensor([0, 1, 1, 2])] = 1  # classes 3, 4, 5 absent
+    _, every = vacsr_loss(out, labels, neg_columns="all", reduction="pair_mean")
+    _, present = vacsr_loss(out, labels, neg_columns="with_positive", reduction="pair_mean")
+    rows, cols = hard_negative_masks(out.logits, labels, 1)
+    cols = cols & labels.bool().any(0, keepdim=True)
+    p = torch.sigmoid(out.logits.detach())
+    values = p ** 2 / (2 * out.sigma_hat) + torch.log(out.sigma_hat)
+    expected = ((values * rows).sum() + (values * cols).sum()) / (rows.sum() + cols.sum())
+    assert present["sigma_neg"].item() == pytest.approx(expected.item(), rel=1e-5)
+    assert every["sigma_neg"].item() != pytest.approx(present["sigma_neg"].item())
+
+
+@pytest.mark.parametrize("target, bounded", [("label", True), ("positive", True),
+                                             ("label", False)])
+def test_two_thousand_steps_at_a_high_learning_rate_stay_finite(target, bounded):
+    """Long training far above any sane learning rate: every loss part stays finite (with
+    logvar unbounded the `positive` reading went non-finite within a few hundred steps)."""
+    torch.manual_seed(1)
+    adapter = _adapter(bounded_sigma=bounded)
+    towers = torch.nn.Linear(16, 16)
+    params = [*adapter.parameters(), *towers.parameters()]
+    optim = torch.optim.Adam(params, lr=0.1)
+    groups = torch.randint(0, 4, (64,))  # same-group items: false negatives in every batch
+    raw = torch.randn(4, 16)[groups] + 0.3 * torch.randn(64, 16)
+    for step in range(2000):
+        index = torch.randperm(64)[:16]
+        feats = torch.nn.functional.normalize(towers(raw[index]), dim=-1)
+        labels = torch.eye(16)
+        for reduction in ("pair_mean", "per_query") if step % 2 else ("balanced",):
+            loss, parts = vacsr_loss(adapter(feats, feats), labels, neg_sigma_target=target,
+                                     reduction=reduction)
+            bad = [k for k, v in parts.items() if not math.isfinite(float(v))]
+            assert not bad, f"step {step}: non-finite {bad}"
+        optim.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 2.0)
+        optim.step()

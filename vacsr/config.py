@@ -1,11 +1,12 @@
 """Typed configuration: dataclasses hold every default, YAML and `key.sub=value` only override.
 
-Defaults follow the paper (appendix C.2, E.1-E.3) and DESIGN.md sections 2-3. Unknown keys and
+Defaults follow the paper (sec. 3, appendix C.2, E.1-E.3). Unknown keys and
 invalid values raise one ConfigError naming the key before anything runs.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,14 @@ class AdapterConfig:
     num_components: int = 2  # K, Gaussian mixture components (K = 1 is "w/o GMM")
     decoder_hidden_dim: int = 64  # 0 = linear decoder L -> 1
     bounded_sigma: bool = True  # sigma_hat = sigmoid(.) (True) or exp(.) ("w/o sigmoid")
+    # logvar in [-b, b] (smooth): L_sigma is unbounded below as sigma_hat -> 0 (sec. 3.2), so an
+    # unbounded logvar lets training lower the loss without learning to rank
+    logvar_bound: float = 8.0
+    # the decoder's output bias at init: a pair starts at p = sigmoid(-4) ~ 0.018, about one
+    # positive among the ~64 pairs of a row (the prior init of RetinaNet; SigLIP starts at -10).
+    # At 0 every pair starts at p = 0.5 and the negatives' L_recon swamps the few positives: the
+    # per-query reduction then left few-shot classification at chance (H ~3 after 8 epochs).
+    init_logit_bias: float = -4.0
 
 
 @dataclass
@@ -53,6 +62,12 @@ class LossConfig:
     neg_sigma_target: str = "label"  # "label" (y = 0) | "positive" (literal reading of E.1)
     use_kl: bool = True
     use_sigma_loss: bool = True
+    # how L_recon and L_sigma are averaged (the paper does not say): "per_query" sums every term
+    # over its pairs and divides by the B queries, so gamma = 1 weighs a pair's L_sigma like its
+    # L_recon; "pair_mean" (means over each term's own pairs) collapsed at gamma = 1 under noisy
+    # correspondence. Measured in benchmarks/bench_loss_paths.py; see losses._reduce.
+    reduction: str = "per_query"
+    neg_columns: str = "all"  # L_sigma^N column terms: "all" columns | "with_positive" only
 
 
 @dataclass
@@ -298,9 +313,15 @@ def validate(config: Config) -> Config:
     _check(a.decoder_hidden_dim >= 0, "adapter.decoder_hidden_dim", ">= 0", a.decoder_hidden_dim)
     for name in ("alpha_kl", "beta", "gamma"):
         value = getattr(l, name)
-        _check(value >= 0, f"loss.{name}", "a weight >= 0", value)
+        _check(math.isfinite(value) and value >= 0, f"loss.{name}", "a finite weight >= 0", value)
+    _check(math.isfinite(a.logvar_bound) and a.logvar_bound > 0, "adapter.logvar_bound",
+           "a finite bound > 0", a.logvar_bound)
+    _check(math.isfinite(a.init_logit_bias), "adapter.init_logit_bias", "a finite number",
+           a.init_logit_bias)
     _check(l.num_hard_negatives >= 1, "loss.num_hard_negatives", "N_h >= 1", l.num_hard_negatives)
     _one_of("loss.neg_sigma_target", l.neg_sigma_target, ("label", "positive"))
+    _one_of("loss.reduction", l.reduction, ("pair_mean", "per_query", "balanced"))
+    _one_of("loss.neg_columns", l.neg_columns, ("all", "with_positive"))
     _check(o.lr > 0, "optim.lr", "> 0", o.lr)
     _check(o.weight_decay >= 0, "optim.weight_decay", ">= 0", o.weight_decay)
     _check(o.backbone_lr_mult >= 0, "optim.backbone_lr_mult", ">= 0", o.backbone_lr_mult)

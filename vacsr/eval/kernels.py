@@ -1,4 +1,4 @@
-"""Block scoring kernels for the chunked scorer (DESIGN.md sections 2.7 and 5).
+"""Block scoring kernels for the chunked scorer (W1 s_ij = d (W1 diag(v_i)) t_j, paper appendix D).
 
 `AdapterKernel` evaluates a VariationalSimilarityAdapter at inference on a block of pairs with one
 large 2-D GEMM per layer, the block's pairs stacked as the rows of each activation matrix, so the
@@ -7,9 +7,11 @@ work runs near the machine's matmul rate and no (pairs, d) similarity tensor exi
     first layer   W1 s_ij = d (W1 diag(v_i)) t_j: items (Nc, d+1) @ prepared queries^T
                   (d+1, Bq*H') = (Nc, Bq*H') == (Nc*Bq pairs, H'), in place relu
     fc2 (folded)  (P, H') @ (H', O'): per component the decoder's hidden pre-activations (its first
-                  Linear composed with the mu rows, exact since z = mu at inference), the L-mean of
-                  logvar, the mixture logit
-    tail          decoder remainder (block-diagonal over components), softmax, sigma_hat
+                  Linear composed with the mu rows, exact since z = mu at inference), the logvar
+                  rows, the mixture logit
+    tail          decoder remainder (block-diagonal over components), the logvar bound and its
+                  L-mean (the bound is not linear, so it cannot be folded into fc2), softmax,
+                  sigma_hat
 
 H' = H + 1 (+ zero padding): the extra unit is constantly 1 and carries the fc2 bias.
 `GenericKernel` wraps any head with `score_block(queries, items) -> (logits, sigma_hat | None)`.
@@ -37,8 +39,9 @@ class AdapterKernel:
 
     def __init__(self, head: VariationalSimilarityAdapter, device: torch.device, dtype: torch.dtype):
         self.device, self.dtype = torch.device(device), dtype
-        self.k = head.num_components
+        self.k, self.latent = head.num_components, head.latent_dim
         self.bounded = head.bounded_sigma
+        self.logvar_bound = head.logvar_bound
         first, rest = self._split_decoder(head.decoder)
         self.dec_hidden = first.out_features
         with torch.no_grad():
@@ -77,7 +80,7 @@ class AdapterKernel:
         return layers[0], layers[1:]
 
     def _fold_second_layer(self, head, first: nn.Linear) -> torch.Tensor:
-        """(O', H+1) rows [dec pre-acts (K*Dh) | mean_l logvar (K) | mix logits (K)], bias last."""
+        """(O', H+1) rows [dec pre-acts (K*Dh) | logvar (K*L) | mix logits (K)], bias last."""
         k, l = head.num_components, head.latent_dim
         w2 = torch.cat([head.fc2.weight.double(), head.fc2.bias.double()[:, None]], 1)  # (K(2L+1), H+1)
         wd, bd = first.weight.double(), first.bias.double()  # (Dh, L), (Dh,)
@@ -86,7 +89,7 @@ class AdapterKernel:
             block = wd @ w2[c * l:(c + 1) * l]  # (Dh, H+1)
             block[:, -1] += bd
             rows.append(block)
-        rows.append(w2[k * l:2 * k * l].view(k, l, -1).mean(1))  # (K, H+1) L-mean of logvar rows
+        rows.append(w2[k * l:2 * k * l])  # (K*L, H+1) logvar rows
         rows.append(w2[2 * k * l:])  # (K, H+1) mixture logits
         return torch.cat(rows)
 
@@ -179,8 +182,11 @@ class AdapterKernel:
             rows = out[:, :kd].float()  # (P, K*Dh) decoder hidden pre-activations, all components
             for layer in self.rest:
                 rows = rows.relu_() if layer is None else torch.addmm(layer[1], rows, layer[0].T)
-            extra = out[:, kd:].float()  # (P, 2K): mean_l logvar_k, then mixture logits
-            return self._mix(rows, extra[:, :k], extra[:, k:])
+            kl = k * self.latent
+            bound = self.logvar_bound  # the adapter's smooth bound, then the mean over L
+            logvar = out[:, kd:kd + kl].float().div_(bound).tanh_().mul_(bound)  # (P, K*L)
+            pooled = logvar.view(-1, k, self.latent).mean(dim=2)  # (P, K)
+            return self._mix(rows, pooled, out[:, kd + kl:kd + kl + k].float())
 
     def _mix(self, component_logits, pooled_logvar, mix_logits):
         """(P, K) each -> logit m = sum_k alpha_k m_k and sigma_hat (P,); a loop over the few

@@ -1,9 +1,16 @@
-"""The variational similarity adapter (paper section 3.1, DESIGN.md section 2) and the baseline head.
+"""The variational similarity adapter (paper section 3.1, Fig. 2) and the baseline head.
 
 A pair (v_i, t_j) meets through the Hadamard product s_ij = d * (v_i * t_j). The encoder maps s_ij to
 a K-component Gaussian mixture over a latent z; the decoder maps z to a match logit; sigma_hat is the
 pair's bounded uncertainty. The first encoder layer is evaluated in GEMM form,
 W1 s_ij = d * (W1 diag(v_i)) t_j, so the (B, B', d) tensor of similarity vectors never exists.
+
+logvar is kept in [-logvar_bound, logvar_bound] by a smooth bound (b * tanh(x / b)): the uncertainty
+loss L_sigma = (t - p)^2 / (2 sigma_hat) + log sigma_hat (section 3.2) is unbounded below as
+sigma_hat -> 0, so without a bound training can lower the loss without end by shrinking sigma_hat
+on pairs it already fits instead of learning to rank (measured: the "positive" reading of
+appendix E.1 collapsed below chance and went non-finite). The bound gives
+log sigma_hat >= log sigmoid(-logvar_bound) and also bounds the sampling noise exp(logvar / 2).
 """
 from __future__ import annotations
 
@@ -31,9 +38,13 @@ class VariationalSimilarityAdapter(nn.Module):
 
     def __init__(self, *, embed_dim: int, hidden_dim: int = 512, latent_dim: int = 32,
                  num_components: int = 2, decoder_hidden_dim: int = 64,
-                 bounded_sigma: bool = True) -> None:
+                 bounded_sigma: bool = True, logvar_bound: float = 8.0,
+                 init_logit_bias: float = -4.0) -> None:
         super().__init__()
+        if not (logvar_bound > 0 and math.isfinite(logvar_bound)):
+            raise ValueError(f"logvar_bound: expected a finite value > 0, got {logvar_bound!r}")
         self.embed_dim = embed_dim
+        self.logvar_bound = float(logvar_bound)
         self.latent_dim = latent_dim
         self.num_components = num_components
         self.bounded_sigma = bounded_sigma
@@ -45,6 +56,8 @@ class VariationalSimilarityAdapter(nn.Module):
                                          nn.Linear(decoder_hidden_dim, 1))
         else:
             self.decoder = nn.Linear(latent_dim, 1)
+        last = [m for m in self.decoder.modules() if isinstance(m, nn.Linear)][-1]
+        nn.init.constant_(last.bias, init_logit_bias)
 
     # ------------------------------------------------------------------ encoder
     def first_layer(self, image_feats: torch.Tensor, text_feats: torch.Tensor) -> torch.Tensor:
@@ -66,7 +79,8 @@ class VariationalSimilarityAdapter(nn.Module):
         k, l = self.num_components, self.latent_dim
         mu, logvar, mix_logits = out.split([k * l, k * l, k], dim=-1)
         mu = mu.unflatten(-1, (k, l))
-        logvar = logvar.unflatten(-1, (k, l))
+        bound = self.logvar_bound  # smooth, keeps gradients: see module docstring
+        logvar = bound * torch.tanh(logvar.unflatten(-1, (k, l)) / bound)
         return mu, logvar, torch.softmax(mix_logits, dim=-1)
 
     def encode_pairs(self, similarity: torch.Tensor):
@@ -75,7 +89,8 @@ class VariationalSimilarityAdapter(nn.Module):
 
     # ------------------------------------------------------------------ heads
     def uncertainty(self, logvar: torch.Tensor, mix_weights: torch.Tensor) -> torch.Tensor:
-        """sigma_hat = sigmoid(sum_k alpha_k mean_l logvar_kl); exp(.) when not bounded."""
+        """sigma_hat = sigmoid(sum_k alpha_k mean_l logvar_kl); exp(.) when not bounded
+        ("w/o sigmoid" of Table 6)."""
         pooled = (mix_weights * logvar.mean(dim=-1)).sum(dim=-1)  # (...,)
         return torch.sigmoid(pooled) if self.bounded_sigma else torch.exp(pooled)
 
@@ -106,6 +121,11 @@ class VariationalSimilarityAdapter(nn.Module):
         """Inference scores of a (N_q, N_g) block: (logits, sigma_hat), z = mu (no noise)."""
         mu, logvar, mix_weights = self.encode_hidden(self.first_layer(queries, items))
         return self.decode(mu, mix_weights), self.uncertainty(logvar, mix_weights)
+
+    def min_log_sigma(self) -> float:
+        """The smallest log sigma_hat the bounded logvar allows (the floor of L_sigma per pair)."""
+        low = -self.logvar_bound
+        return -math.log1p(math.exp(-low)) if self.bounded_sigma else low
 
     def flops_per_pair(self) -> int:
         """Multiply-adds x2 of one pair's score (first layer GEMM, second layer, decoder)."""
@@ -139,13 +159,15 @@ class SigmoidBaselineHead(nn.Module):
 
 def build_head(*, kind: str, embed_dim: int, hidden_dim: int = 512, latent_dim: int = 32,
                num_components: int = 2, decoder_hidden_dim: int = 64,
-               bounded_sigma: bool = True) -> nn.Module:
+               bounded_sigma: bool = True, logvar_bound: float = 8.0,
+               init_logit_bias: float = -4.0) -> nn.Module:
     """Factory: the VACSR adapter or the sigmoid baseline, from plain keyword arguments."""
     if kind == "vacsr":
         return VariationalSimilarityAdapter(
             embed_dim=embed_dim, hidden_dim=hidden_dim, latent_dim=latent_dim,
             num_components=num_components, decoder_hidden_dim=decoder_hidden_dim,
-            bounded_sigma=bounded_sigma)
+            bounded_sigma=bounded_sigma, logvar_bound=logvar_bound,
+            init_logit_bias=init_logit_bias)
     if kind == "sigmoid_baseline":
         return SigmoidBaselineHead()
     raise ValueError(f"unknown head kind {kind!r}")

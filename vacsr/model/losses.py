@@ -1,4 +1,4 @@
-"""VACSR losses (paper section 3.2, appendix B; DESIGN.md section 2.5) and the sigmoid baseline.
+"""VACSR losses (paper section 3.2, appendix B) and the sigmoid baseline (Table 6 "w/o all").
 
 Every loss returns (loss, dict of named parts). Labels are a (B, B') {0, 1} matrix y_ij.
 """
@@ -62,35 +62,74 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / count
 
 
+REDUCTIONS = ("pair_mean", "per_query", "balanced")
+NEG_COLUMNS = ("all", "with_positive")
+
+
+def _reduce(recon, sigma_pos, sigma_neg, positives, row_mask, col_mask, reduction: str):
+    """Per-pair terms (B, B') -> (L_recon, L_sigma^P, L_sigma^N) scalars.
+
+    The paper (sec. 3.2) does not state its reductions, and they set the weight gamma carries:
+    - pair_mean: L_recon a mean over all B x B' pairs, L_sigma^P and L_sigma^N means over their own
+      few pairs; gamma = 1 then weighs one positive's L_sigma about B' times its L_recon.
+    - per_query: one shared normaliser, every term summed over its pairs and divided by the number
+      of queries B (the SigLIP reduction); gamma = 1 weighs a pair's L_sigma like its L_recon.
+    - balanced: L_recon = mean over positives + mean over negatives (each class of pair weighs
+      the same whatever B'), L_sigma terms means over their own pairs.
+    """
+    negatives = ~positives
+    if reduction == "pair_mean":
+        l_recon = recon.mean()
+    elif reduction == "balanced":
+        l_recon = _masked_mean(recon, positives) + _masked_mean(recon, negatives)
+    elif reduction == "per_query":
+        rows = recon.shape[0]
+        return (recon.sum() / rows, (sigma_pos * positives).sum() / rows,
+                ((sigma_neg * row_mask).sum() + (sigma_neg * col_mask).sum()) / rows)
+    else:
+        raise ValueError(f"reduction: expected one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+    l_pos = _masked_mean(sigma_pos, positives)
+    # Both directions: a pair hardest for its row and for its column counts twice.
+    num_neg = row_mask.sum() + col_mask.sum()
+    l_neg = ((sigma_neg * row_mask).sum() + (sigma_neg * col_mask).sum()) / num_neg.clamp(min=1)
+    return l_recon, l_pos, l_neg
+
+
 def vacsr_loss(output: AdapterOutput, labels: torch.Tensor, *, alpha_kl: float = 0.0005,
                beta: float = 1.0, gamma: float = 1.0, num_hard_negatives: int = 1,
                straight_through: bool = True, neg_sigma_target: str = "label",
-               use_kl: bool = True, use_sigma_loss: bool = True):
-    """L = alpha L_KL + beta (L_recon + gamma (L_sigma^P + L_sigma^N))  (paper eq. for L, sec. 3.2).
+               use_kl: bool = True, use_sigma_loss: bool = True, reduction: str = "per_query",
+               neg_columns: str = "all"):
+    """L = alpha L_KL + beta (L_recon + gamma (L_sigma^P + L_sigma^N))  (paper sec. 3.2, eq. for L).
 
-    output: the adapter's (B, B') block; labels (B, B') in {0, 1}.
+    output: the adapter's (B, B') block; labels (B, B') in {0, 1}. L_sigma^N covers the
+    `num_hard_negatives` highest-scoring negatives of every row (query) and every column; with
+    neg_columns="with_positive" only columns that have a positive in the block (classification:
+    classes present in the batch) contribute column terms. neg_sigma_target: the target of the
+    negatives' L_sigma, "label" (y = 0) or "positive" (1, the literal reading of appendix E.1).
     """
     labels = labels.to(output.logits.dtype)
     positives = labels.bool()
     prob = match_probability(output.logits, straight_through)  # (B, B')
-    recon = 0.5 * (labels - prob).pow(2).mean()  # L_recon over all pairs
     kl = kl_upper_bound(output.mu, output.logvar, output.mix_weights).mean()
-
     row_mask, col_mask = hard_negative_masks(output.logits, labels, num_hard_negatives)
+    if neg_columns == "with_positive":
+        col_mask = col_mask & positives.any(dim=0, keepdim=True)
+    elif neg_columns != "all":
+        raise ValueError(f"neg_columns: expected one of {', '.join(NEG_COLUMNS)}, "
+                         f"got {neg_columns!r}")
     neg_target = labels if neg_sigma_target == "label" else torch.ones_like(labels)
-    sigma_pos = _masked_mean(sigma_loss(labels, prob, output.sigma_hat), positives)
-    neg_values = sigma_loss(neg_target, prob, output.sigma_hat)
-    # Both directions: a pair hardest for its row and for its column counts twice.
-    sigma_neg = (neg_values * row_mask).sum() + (neg_values * col_mask).sum()
-    num_neg = row_mask.sum() + col_mask.sum()
-    sigma_neg = sigma_neg / num_neg if num_neg > 0 else neg_values.sum() * 0.0
-
+    recon, sigma_pos, sigma_neg = _reduce(
+        0.5 * (labels - prob).pow(2), sigma_loss(labels, prob, output.sigma_hat),
+        sigma_loss(neg_target, prob, output.sigma_hat), positives, row_mask, col_mask, reduction)
     inner = recon + (gamma * (sigma_pos + sigma_neg) if use_sigma_loss else 0.0)
     loss = beta * inner + (alpha_kl * kl if use_kl else 0.0)
+    sigma_hat = output.sigma_hat.detach()
     parts = {"loss": loss.detach(), "kl": kl.detach(), "recon": recon.detach(),
              "sigma_pos": sigma_pos.detach(), "sigma_neg": sigma_neg.detach(),
-             "sigma_hat_pos": _masked_mean(output.sigma_hat.detach(), positives),
-             "sigma_hat_neg": _masked_mean(output.sigma_hat.detach(), ~positives)}
+             "sigma_hat_pos": _masked_mean(sigma_hat, positives),
+             "sigma_hat_neg": _masked_mean(sigma_hat, ~positives),
+             "sigma_hat_hard_neg": _masked_mean(sigma_hat, row_mask | col_mask)}
     return loss, parts
 
 

@@ -35,5 +35,6 @@ def build_model(config) -> VACSRModel:
     a = config.adapter
     head = build_head(kind=a.kind, embed_dim=backbone.embed_dim, hidden_dim=a.hidden_dim,
                       latent_dim=a.latent_dim, num_components=a.num_components,
-                      decoder_hidden_dim=a.decoder_hidden_dim, bounded_sigma=a.bounded_sigma)
+                      decoder_hidden_dim=a.decoder_hidden_dim, bounded_sigma=a.bounded_sigma,
+                      logvar_bound=a.logvar_bound, init_logit_bias=a.init_logit_bias)
     return VACSRModel(backbone, head)
