@@ -53,10 +53,9 @@ def cmd_eval(args) -> int:
     extra = {}
     if config.data.task == "retrieval":
         extra["uncertainty_plot"] = out.with_suffix(".uncertainty.png")
-        if config.data.dataset == "coco" and args.split == "test":
-            extra["num_folds"] = 5  # COCO 1K: mean over the 5 folds of the 5K test images
         if args.two_stage:
             extra["two_stage_k"] = args.two_stage
+    # a retrieval test split also gets the COCO 1K recalls (5 folds; evaluate_checkpoint)
     metrics = evaluate_checkpoint(config, checkpoint, split=args.split, **extra)
     print(format_metrics(metrics))
     write_json(out, {"checkpoint": str(checkpoint), "dataset": config.data.dataset,

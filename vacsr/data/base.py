@@ -19,18 +19,27 @@ ImageRef = Union[str, Path, Image.Image]
 
 @dataclass
 class RetrievalData:
-    """Images and captions; caption j describes image caption_to_image[j]."""
+    """Images and captions; caption j describes image caption_to_image[j].
+
+    image_groups (optional, one integer per image): images of equal group show the same content, so
+    a caption of one is a correct match for all of them (extended ground truth, as ECCV Caption adds
+    to COCO; paper appendix C.1). A caption's group is its image's group. None = binary ground
+    truth only (real COCO); the synthetic data fills it with the scene index.
+    """
 
     images: list[ImageRef]
     captions: list[str]
     caption_to_image: list[int]
     image_ids: list[int] = field(default_factory=list)  # e.g. COCO image ids (for ECCV/CxC)
     caption_ids: list[int] = field(default_factory=list)  # e.g. COCO caption annotation ids
+    image_groups: list[int] | None = None  # semantic group per image (extended ground truth)
 
     def __post_init__(self) -> None:
         if len(self.captions) != len(self.caption_to_image):
             raise DataError(f"{len(self.captions)} captions but {len(self.caption_to_image)} "
                             "caption-to-image indices")
+        if self.image_groups is not None and len(self.image_groups) != len(self.images):
+            raise DataError(f"{len(self.images)} images but {len(self.image_groups)} image groups")
 
 
 @dataclass

@@ -5,11 +5,16 @@ Layout under data.root:
     coco/images/<filepath>/<filename>   (e.g. images/val2014/COCO_val2014_000000391895.jpg)
 or, without an images/ folder, coco/<filepath>/<filename>.
 
-Splits (DESIGN.md section 4): train = train + restval (113,287 images), val and test 5,000 images
-each, 5 captions per image (the first five sentences; a few COCO images have six or seven).
+Karpathy's splits (paper appendix C.1): train = train + restval (113,287 images), val and test
+5,000 images each, 5 captions per image (the first five sentences; a few COCO images have six or
+seven).
 Image ids are COCO image ids (`cocoid`) and caption ids are the caption annotation ids (`sentid`),
 in Karpathy order, 5 consecutive per image: the order and keys of `eccv_caption.Metrics().coco_ids`,
 so ECCV Caption and CxC ground truth can be matched by id.
+
+An optional integer field `"scene"` per image entry (not in the real file; the synthetic COCO of
+vacsr.data.generate writes it) is the image's semantic group: images of one scene share all their
+captions' meaning, so RetrievalData.image_groups carries it as extended ground truth.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from vacsr.errors import DataError
 
 CAPTIONS_PER_IMAGE = 5
 KARPATHY_FILE = "dataset_coco.json"
+GROUP_FIELD = "scene"  # optional per-image semantic group (synthetic COCO only)
 SPLITS = {"train": ("train", "restval"), "val": ("val",), "test": ("test",)}
 KARPATHY_EXPECTED = ("Karpathy's split: {'images': [{'filepath', 'filename', 'cocoid', 'split', "
                      "'sentences': [{'raw', 'sentid'}, ...]}, ...]}")
@@ -37,6 +43,7 @@ class KarpathyImage:
     split: str
     captions: tuple[str, ...]
     sentids: tuple[int, ...]
+    group: int | None = None  # the entry's GROUP_FIELD, None when absent (real COCO)
 
 
 def _parse_image(entry, path: Path, index: int) -> KarpathyImage:
@@ -46,7 +53,9 @@ def _parse_image(entry, path: Path, index: int) -> KarpathyImage:
         image = KarpathyImage(path=f"{entry['filepath']}/{entry['filename']}",
                               cocoid=int(entry["cocoid"]), split=str(entry["split"]),
                               captions=tuple(str(s["raw"]).strip() for s in sentences),
-                              sentids=tuple(int(s["sentid"]) for s in sentences))
+                              sentids=tuple(int(s["sentid"]) for s in sentences),
+                              group=None if entry.get(GROUP_FIELD) is None
+                              else int(entry[GROUP_FIELD]))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DataError(f"{where}: missing or malformed field ({exc.__class__.__name__}: {exc}); "
                         f"expected {KARPATHY_EXPECTED}") from None
@@ -62,7 +71,12 @@ def read_karpathy(path: Path) -> list[KarpathyImage]:
     entries = data.get("images") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:
         raise DataError(f"{path}: no non-empty 'images' list; expected {KARPATHY_EXPECTED}")
-    return [_parse_image(entry, path, index) for index, entry in enumerate(entries)]
+    images = [_parse_image(entry, path, index) for index, entry in enumerate(entries)]
+    grouped = sum(image.group is not None for image in images)
+    if 0 < grouped < len(images):
+        raise DataError(f"{path}: {grouped} of {len(images)} images have a {GROUP_FIELD!r} field; "
+                        "expected it on every image or on none")
+    return images
 
 
 def image_root(dataset_dir: Path) -> Path:
@@ -71,15 +85,18 @@ def image_root(dataset_dir: Path) -> Path:
 
 
 def to_retrieval(images: list[KarpathyImage], root: Path) -> RetrievalData:
-    """Five consecutive captions per image, with COCO image and caption ids."""
+    """Five consecutive captions per image, with COCO image and caption ids (and semantic groups
+    when the file has them)."""
     captions, caption_to_image, caption_ids = [], [], []
     for index, image in enumerate(images):
         captions.extend(image.captions)
         caption_to_image.extend([index] * len(image.captions))
         caption_ids.extend(image.sentids)
+    groups = [image.group for image in images]
     return RetrievalData(images=[str(root / image.path) for image in images], captions=captions,
                          caption_to_image=caption_to_image,
-                         image_ids=[image.cocoid for image in images], caption_ids=caption_ids)
+                         image_ids=[image.cocoid for image in images], caption_ids=caption_ids,
+                         image_groups=None if None in groups else groups)
 
 
 def load_coco(root: str | Path, *, noise_ratio: float = 0.0, seed: int = 0,

@@ -20,7 +20,8 @@ from typing import Callable
 from PIL import Image, ImageDraw, ImageOps
 
 from vacsr.data.classification import DATASETS
-from vacsr.data.synthetic import Scene, all_scenes, captions_for, render
+from vacsr.data.coco import GROUP_FIELD
+from vacsr.data.synthetic import Scene, all_scenes, captions_for, render, scene_index
 
 BAND_COLORS = {"cyan": (0, 200, 200), "brown": (120, 70, 20), "navy": (10, 10, 110),
                "lime": (150, 250, 60)}
@@ -237,7 +238,11 @@ def write_imagenet_variant(root: str | Path, name: str, *, seed: int = 0, per_cl
 
 def write_coco(root: str | Path, *, seed: int = 0, num_train: int = 40, num_restval: int = 10,
                num_val: int = 10, num_test: int = 25, size: int = 32) -> Path:
-    """coco/dataset_coco.json (Karpathy format) + coco/images/{train2014,val2014}/*.jpg."""
+    """coco/dataset_coco.json (Karpathy format) + coco/images/{train2014,val2014}/*.jpg.
+
+    Each image entry also has `"scene"` (vacsr.data.coco.GROUP_FIELD), its scene index: captions
+    describe only the scene, so that is the extended ground truth the loader hands to evaluation.
+    """
     rng = random.Random(f"{seed}-coco")
     dataset_dir = Path(root) / "coco"
     scenes = all_scenes()
@@ -259,7 +264,7 @@ def write_coco(root: str | Path, *, seed: int = 0, num_train: int = 40, num_rest
                               "sentid": sentid})
         entries.append({"filepath": subset, "filename": filename, "imgid": imgid, "split": split,
                         "cocoid": cocoid, "sentids": [s["sentid"] for s in sentences],
-                        "sentences": sentences})
+                        "sentences": sentences, GROUP_FIELD: scene_index(scene)})
     (dataset_dir / "dataset_coco.json").write_text(json.dumps({"images": entries,
                                                                "dataset": "coco"}))
     return dataset_dir

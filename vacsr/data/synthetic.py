@@ -47,6 +47,12 @@ def all_scenes() -> list[Scene]:
     return [Scene(c, s, p) for c in COLORS for s in SHAPES for p in SIDES]
 
 
+def scene_index(scene: Scene) -> int:
+    """Position of `scene` in all_scenes(): its semantic group (same scene = same captions)."""
+    return (list(COLORS).index(scene.color) * len(SHAPES) + SHAPES.index(scene.shape)) \
+        * len(SIDES) + SIDES.index(scene.side)
+
+
 def render(scene: Scene, size: int, rng: random.Random) -> Image.Image:
     """Draw `scene` with random jitter in size, position and background tint."""
     tint = rng.randint(100, 150)
@@ -80,12 +86,17 @@ def captions_for(scene: Scene, count: int, rng: random.Random) -> list[str]:
 
 def synthetic_retrieval(num_images: int, *, captions_per_image: int = 5, image_size: int = 32,
                         seed: int = 0, id_offset: int = 0) -> RetrievalData:
-    """`num_images` random scenes with `captions_per_image` captions each (5 consecutive)."""
+    """`num_images` random scenes with `captions_per_image` captions each (5 consecutive).
+
+    Captions describe only the scene, so images of the same scene are true false negatives of each
+    other's captions: image_groups holds each image's scene index (into all_scenes()).
+    """
     rng = random.Random(seed)
     scenes = all_scenes()
-    images, captions, caption_to_image = [], [], []
+    images, captions, caption_to_image, image_groups = [], [], [], []
     for index in range(num_images):
         scene = rng.choice(scenes)
+        image_groups.append(scene_index(scene))
         images.append(render(scene, image_size, rng))
         for caption in captions_for(scene, captions_per_image, rng):
             captions.append(caption)
@@ -93,7 +104,7 @@ def synthetic_retrieval(num_images: int, *, captions_per_image: int = 5, image_s
     image_ids = [id_offset + i for i in range(num_images)]
     caption_ids = [id_offset * 10 + j for j in range(len(captions))]
     return RetrievalData(images=images, captions=captions, caption_to_image=caption_to_image,
-                         image_ids=image_ids, caption_ids=caption_ids)
+                         image_ids=image_ids, caption_ids=caption_ids, image_groups=image_groups)
 
 
 def synthetic_classification(per_class: int, *, classnames: list[str] | None = None,

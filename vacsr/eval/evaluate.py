@@ -1,4 +1,4 @@
-"""Evaluation entry points: features + head -> a flat dict of metrics (DESIGN.md sections 4-5).
+"""Evaluation entry points: features + head -> a flat dict of metrics (paper sec. 4, appendices C-D).
 
 These are what the CLI, the trainers and the sweep call. Scoring goes through a scorer object:
 a local `ChunkedScorer` by default, or anything with the same `score(queries, items, ...)` method
@@ -17,6 +17,7 @@ from vacsr.eval import eccv
 from vacsr.eval.metrics import (accuracy_from_predictions, coco_fold_recalls, coco_recalls,
                                 fold_groups)
 from vacsr.eval.scorer import ChunkedScorer, ScoreResult
+from vacsr.eval.semantic import semantic_depth, semantic_metrics
 from vacsr.eval.two_stage import two_stage_score
 from vacsr.eval.uncertainty import plot_uncertainty, uncertainty_analysis
 
@@ -40,28 +41,27 @@ def evaluate_retrieval_detailed(image_feats: torch.Tensor, text_feats: torch.Ten
                                 ks: Sequence[int] = (1, 5, 10), num_folds: int | None = None,
                                 eccv_metrics: bool | None = None, two_stage_k: int | None = None,
                                 memory_budget_bytes: int = 256 * 2**20, device=None,
-                                scorer=None, uncertainty_plot=None,
-                                num_bins: int = 10) -> RetrievalEvaluation:
+                                scorer=None, uncertainty_plot=None, num_bins: int = 10,
+                                image_groups=None) -> RetrievalEvaluation:
     """image_feats (N_i, d), text_feats (N_c, d), caption_to_image (N_c,) image index per caption.
 
     - R@K both directions and RSUM over the whole set (COCO 5K when it is COCO test);
     - num_folds=5: COCO 1K, the mean over 5 folds of N_i / 5 images (coco1k_*);
     - ECCV Caption (mAP@R, R-P, R@1) and CxC R@K when image_ids / caption_ids (COCO ids) cover the
       COCO 5K test set: eccv_metrics None = when they do, True = required, False = never;
+    - image_groups (N_i,) semantic group per image (extended ground truth, e.g. the synthetic
+      scene): the same mAP@R, R-P and R@1 with positives = the query's whole group (sem_*);
     - two_stage_k=k': cosine top-k' candidates re-ranked by the head instead of exact scoring;
     - uncertainty (Fig. 3) Pearson r per direction when the head has sigma_hat; with
       uncertainty_plot=path also the PNG.
     scorer: a ChunkedScorer or EvalPool to use (head, memory_budget_bytes and device then unused).
     """
     use_eccv = _want_eccv(eccv_metrics, image_ids, caption_ids)
-    depth_i2t, depth_t2i = max(ks), max(ks)
-    if use_eccv:
-        need = eccv.eccv_depth()
-        depth_i2t, depth_t2i = max(depth_i2t, need["i2t"]), max(depth_t2i, need["t2i"])
+    depth_i2t, depth_t2i = _depths(ks, use_eccv, image_groups, caption_to_image)
     groups = {}
     if num_folds:
-        image_groups, caption_groups = fold_groups(caption_to_image, image_feats.shape[0], num_folds)
-        groups = {"query_groups": image_groups, "item_groups": caption_groups}
+        image_folds, caption_folds = fold_groups(caption_to_image, image_feats.shape[0], num_folds)
+        groups = {"query_groups": image_folds, "item_groups": caption_folds}
     scorer = scorer or ChunkedScorer(head, memory_budget_bytes=memory_budget_bytes, device=device)
     if two_stage_k:
         result = two_stage_score(scorer, image_feats, text_feats, k=depth_i2t, k_items=depth_t2i,
@@ -77,6 +77,8 @@ def evaluate_retrieval_detailed(image_feats: torch.Tensor, text_feats: torch.Ten
     if use_eccv:
         metrics.update(eccv.eccv_caption_metrics(i2t, t2i, image_ids, caption_ids))
         metrics.update(eccv.cxc_recalls(i2t, t2i, image_ids, caption_ids, ks))
+    if image_groups is not None:
+        metrics.update(semantic_metrics(i2t, t2i, image_groups, caption_to_image))
     analysis = None
     if result.query_topk.sigma is not None:
         analysis = uncertainty_analysis(result, caption_to_image, num_bins)
@@ -88,6 +90,16 @@ def evaluate_retrieval_detailed(image_feats: torch.Tensor, text_feats: torch.Ten
             plot_uncertainty(analysis, uncertainty_plot)
     metrics["eval_seconds"] = float(result.stats.get("seconds", float("nan")))
     return RetrievalEvaluation(metrics=metrics, result=result, uncertainty=analysis)
+
+
+def _depths(ks: Sequence[int], use_eccv: bool, image_groups, caption_to_image) -> tuple[int, int]:
+    """Top-k depth (i2t, t2i) the scorer keeps: max K, and the largest R of the mAP@R metrics."""
+    needs = [{"i2t": max(ks), "t2i": max(ks)}]
+    if use_eccv:
+        needs.append(eccv.eccv_depth())
+    if image_groups is not None:
+        needs.append(semantic_depth(image_groups, caption_to_image))
+    return max(n["i2t"] for n in needs), max(n["t2i"] for n in needs)
 
 
 def _want_eccv(requested: bool | None, image_ids, caption_ids) -> bool:

@@ -12,12 +12,25 @@ from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval
 from vacsr.model.vacsr import VACSRModel
 
 
+COCO_1K_FOLDS = 5
+
+
+def coco1k_folds(task: str, split: str, num_images: int) -> int | None:
+    """Folds of the COCO 1K recalls (coco1k_*, paper Tables 1-3): 5 on a retrieval test split whose
+    images split into 5 equal folds (COCO 5K: 1,000 each); None elsewhere (val stays cheap)."""
+    if (task == "retrieval" and split == "test" and num_images >= COCO_1K_FOLDS
+            and num_images % COCO_1K_FOLDS == 0):
+        return COCO_1K_FOLDS
+    return None
+
+
 @torch.no_grad()
 def evaluate_split(model: VACSRModel, data, *, task: str, device, batch_size: int = 128,
                    autocast=nullcontext, scorer=None, **engine_kwargs) -> dict[str, float]:
     """Encode a split, then score it with the evaluation engine (chunked scorer, or the Ray
     EvalPool passed as `scorer`). Retrieval: R@K both ways, RSUM (COCO 1K / ECCV / CxC when the
-    ids say COCO test); classification: accuracy. Both with sigma_hat of the top-1 item."""
+    ids say COCO test; semantic mAP@R / R-P / R@1, sem_*, when the data has image_groups);
+    classification: accuracy. Both with sigma_hat of the top-1 item."""
     was_training = model.training
     model.eval()
     try:
@@ -28,7 +41,8 @@ def evaluate_split(model: VACSRModel, data, *, task: str, device, batch_size: in
             text_feats = encode_texts(model.backbone, data.captions, **encode)
             return evaluate_retrieval(image_feats, text_feats, model.head, data.caption_to_image,
                                       data.image_ids or None, data.caption_ids or None,
-                                      device=device, scorer=scorer, **engine_kwargs)
+                                      image_groups=data.image_groups, device=device,
+                                      scorer=scorer, **engine_kwargs)
         assert isinstance(data, ClassificationData)
         text_feats = encode_texts(model.backbone, data.prompts(), **encode)
         return evaluate_classification(image_feats, text_feats, model.head, data.labels,
@@ -57,5 +71,8 @@ def evaluate_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
     model.load_state_dict(load_checkpoint(checkpoint_path, device)["model"])
     if split not in splits:
         raise DataError(f"{data.dataset}: no {split!r} split (has: {', '.join(splits)})")
+    folds = coco1k_folds(data.task, split, len(splits[split].images))
+    if folds and "num_folds" not in engine_kwargs:
+        engine_kwargs["num_folds"] = folds
     return evaluate_split(model, splits[split], task=data.task, device=device,
                           batch_size=max(config.train.batch_size, 64), **engine_kwargs)

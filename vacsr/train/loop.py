@@ -24,7 +24,7 @@ from vacsr.model.vacsr import VACSRModel, build_model
 from vacsr.seed import epoch_seed, seed_everything
 from vacsr.tasks import ClassificationTask, RetrievalTask
 from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
-from vacsr.train.evaluate import evaluate_split
+from vacsr.train.evaluate import coco1k_folds, evaluate_split
 from vacsr.train.optim import build_optimizer, lr_factor, set_learning_rates
 
 EpochCallback = Callable[[int, dict, Path], None]
@@ -179,9 +179,11 @@ class Trainer:
         return metrics
 
     def evaluate(self, split: str) -> dict[str, float]:
-        return evaluate_split(self.model, self.splits[split], task=self.config.data.task,
-                              device=self.device, batch_size=max(self.config.train.batch_size, 64),
-                              autocast=self.autocast)
+        data, task = self.splits[split], self.config.data.task
+        folds = coco1k_folds(task, split, len(data.images))  # retrieval test: COCO 1K too
+        return evaluate_split(self.model, data, task=task, device=self.device,
+                              batch_size=max(self.config.train.batch_size, 64),
+                              autocast=self.autocast, **({"num_folds": folds} if folds else {}))
 
     def eval_splits(self, epoch: int) -> list[str]:
         last = epoch == self.config.train.epochs - 1
