@@ -36,7 +36,9 @@ def _assert_same_run(a, b):
     assert [h["epoch"] for h in a.history] == [h["epoch"] for h in b.history]
     for key, value in a.final_metrics.items():
         if not key.endswith("eval_seconds"):  # wall-clock time, not a result
-            assert b.final_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+            # nan = nan: a Fig. 3 correlation over too few filled bins is nan in both runs
+            assert b.final_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-5,
+                                                         nan_ok=True), key
     wa, wb = _weights(a.checkpoint), _weights(b.checkpoint)
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], rtol=1e-4, atol=1e-5, msg=name)

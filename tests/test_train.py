@@ -16,9 +16,8 @@ def _config(tmp_path, weights, *extra):
 
 @pytest.mark.slow
 def test_short_training_lowers_loss_and_raises_recall(tmp_path, tiny_weights):
-    # gamma 0.3: at the paper's gamma = 1 the hardest-negative L_sigma term can hold every pair at
-    # p ~= 0.5 when the starting features are as weak as the tiny synthetic CLIP's (see README)
-    trainer = Trainer(_config(tmp_path, tiny_weights, "train.epochs=3", "loss.gamma=0.3"))
+    # the paper's defaults (gamma = 1, K = 2, N_h = 1, alpha 0.0005, beta 1)
+    trainer = Trainer(_config(tmp_path, tiny_weights, "train.epochs=3"))
     before = trainer.evaluate("test")
     result = trainer.fit()
     first, last = result.history[0], result.history[-1]
@@ -48,7 +47,9 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, tiny_weight
     assert [h["epoch"] for h in resumed.history] == [1, 2]  # no epoch lost or repeated
     for key, value in straight.final_metrics.items():
         if not key.endswith("eval_seconds"):  # wall-clock time, not a result
-            assert resumed.final_metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+            # nan = nan: a Fig. 3 correlation over too few filled bins is nan in both runs
+            assert resumed.final_metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6,
+                                                               nan_ok=True), key
     a = load_checkpoint(straight.checkpoint)["model"]
     b = load_checkpoint(resumed.checkpoint)["model"]
     for name in a:

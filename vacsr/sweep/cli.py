@@ -11,12 +11,36 @@ from vacsr.errors import ConfigError, VacsrError
 
 BASE2NOVEL = ("imagenet", "caltech101", "oxford_pets", "stanford_cars", "oxford_flowers",
               "food101", "fgvc_aircraft", "sun397", "dtd", "eurosat", "ucf101")
+# Per kind: datasets, task, selection metric, the fixed training protocol (paper appendix C.2) and
+# the kind's additions to the embedded profile. Order: protocol, embedded, --epochs, --set (wins);
+# --range can still search any key.
 KINDS = {
-    "base2novel": {"datasets": BASE2NOVEL, "metric": "val/acc", "task": "classification"},
+    # MMA's recipe (Yang et al., 2024): cosine; blocks and epochs are searched (C.2)
+    "base2novel": {"datasets": BASE2NOVEL, "metric": "val/acc", "task": "classification",
+                   "protocol": {"optim.schedule": "cosine"},
+                   "embedded": {"train.epochs": 1}},  # searched 4-8 by the embedded ranges
+    # C.2: first 2 image and 3 text blocks, 5 epochs, cosine annealing
     "domain_generalization": {"datasets": ("imagenet",), "metric": "val/acc",
-                              "task": "classification"},
-    "retrieval": {"datasets": ("coco",), "metric": "val/rsum", "task": "retrieval"},
+                              "task": "classification",
+                              "protocol": {"model.trainable_image_blocks": 2,
+                                           "model.trainable_text_blocks": 3,
+                                           "train.epochs": 5, "optim.schedule": "cosine"}},
+    # C.2 (PCME++ recipe): AdamP, lr 5e-4 decayed to 10% at epoch 15 (step_decay_epoch), 25 epochs
+    "retrieval": {"datasets": ("coco",), "metric": "val/rsum", "task": "retrieval",
+                  "protocol": {"optim.schedule": "step", "optim.lr": 5e-4,
+                               "optim.decay_factor": 0.1, "train.epochs": 25},
+                  "embedded": {"train.epochs": 1}},
 }
+EMBEDDED = {"adapter.hidden_dim": 64, "train.batch_size": 32}  # no --data-root: tiny runs
+PAPER_DECAY_EPOCH, PAPER_EPOCHS = 15, 25  # retrieval, appendix C.2
+
+
+def step_decay_epoch(epochs: int) -> int:
+    """Epoch of the step decay: 15 of the paper's 25 (C.2); a shorter run decays at the same
+    fraction, 15/25 = 60% of its epochs, rounded, at least 1."""
+    if epochs >= PAPER_EPOCHS:
+        return PAPER_DECAY_EPOCH
+    return max(1, round(epochs * PAPER_DECAY_EPOCH / PAPER_EPOCHS))
 
 
 def build_parser(kind: str) -> argparse.ArgumentParser:
@@ -29,7 +53,8 @@ def build_parser(kind: str) -> argparse.ArgumentParser:
     p.add_argument("--model", default="vacsr-tiny", help="open_clip model name")
     p.add_argument("--pretrained", help="open_clip tag or local weights file")
     p.add_argument("--trials", type=int, help="trials per dataset (default 2 embedded, 24 real)")
-    p.add_argument("--epochs", type=int, help="epochs when not searched (default 1 embedded)")
+    p.add_argument("--epochs", type=int, help="epochs when not searched (default: the paper's "
+                                              "protocol, 5 for DG; 1 embedded otherwise)")
     p.add_argument("--shots", type=int, help="few-shot K (default 16; embedded 2)")
     p.add_argument("--seeds", help="seeds of the final re-runs (default 1,2,3; embedded: 1)")
     p.add_argument("--name", default=f"{kind}", help="sweep name (its folder and MLflow run)")
@@ -116,24 +141,44 @@ def _or(value, default):
     return default if value is None else value
 
 
+def _assign(values: dict) -> list[str]:
+    return [f"{key}={value}" for key, value in values.items()]
+
+
 def _overrides(args, kind: str, dataset: str, root: Path, pretrained: str | None,
                embedded: bool) -> list[str]:
-    task = KINDS[kind]["task"]
-    out = [f"data.task={task}", f"data.dataset={dataset}", f"data.root={root}",
+    """Config overrides of one dataset: sweep plumbing, the kind's protocol, the embedded
+    profile, --epochs, the step decay epoch, then --set (last, so it wins)."""
+    entry = KINDS[kind]
+    out = [f"data.task={entry['task']}", f"data.dataset={dataset}", f"data.root={root}",
            f"model.name={args.model}", "train.progress=false", "train.resume=true",
            f"train.workers={args.workers}", f"train.gpus_per_worker={args.gpus_per_worker}",
            f"train.cpus_per_worker={_or(args.cpus_per_worker, 0.5 if embedded else 1.0)}",
-           "optim.schedule=cosine", "train.max_failures=1"]
+           "train.max_failures=1"]
     if pretrained:
         out.append(f"model.pretrained={pretrained}")
-    if task == "classification":
+    if entry["task"] == "classification":
         out += ["model.use_gpo=false", f"data.shots={args.shots or (2 if embedded else 16)}",
                 f"data.subsample_classes={'base' if kind == 'base2novel' else 'all'}"]
+    out += _assign(entry["protocol"])
     if embedded:
-        out += [f"train.epochs={args.epochs or 1}", "adapter.hidden_dim=64", "train.batch_size=32"]
-    elif args.epochs:
+        out += _assign({**EMBEDDED, **entry.get("embedded", {})})
+    if args.epochs:
         out.append(f"train.epochs={args.epochs}")
-    return out + list(args.set)
+    return out + _step_decay(out, list(args.set)) + list(args.set)
+
+
+def _step_decay(fixed: list[str], user: list[str]) -> list[str]:
+    """optim.decay_epochs of a step schedule from the run's epochs (--set included), unless
+    --set gives it. A searched train.epochs (--range) keeps the base config's decay epoch."""
+    from vacsr.config import load_config, parse_override
+
+    if any(parse_override(text)[0] == "optim.decay_epochs" for text in user):
+        return []
+    config = load_config(overrides=fixed + user)  # bad --set values fail here, before any trial
+    if config.optim.schedule != "step":
+        return []
+    return [f"optim.decay_epochs=[{step_decay_epoch(config.train.epochs)}]"]
 
 
 def spec_from_args(kind: str, args):
@@ -145,14 +190,16 @@ def spec_from_args(kind: str, args):
     datasets = _datasets(kind, args.datasets)
     embedded = args.data_root is None
     # the embedded default keeps runs short (4-8 epochs of a few steps, at most one trainable
-    # block), the lr high enough to learn in that many steps, and gamma low: from the tiny CLIP's
-    # weak features, gamma >= 1 settles every pair at p = 0.5
+    # block, where the kind's protocol does not fix them) and the lr high enough to learn in that
+    # many steps; the loss weights keep the paper's search ranges
     defaults = (["train.epochs=int:4:8", "optim.lr=log:0.001:0.003",
-                 "model.trainable_image_blocks=int:0:1", "model.trainable_text_blocks=int:0:1",
-                 "loss.gamma=log:0.1:0.5"] if embedded and kind != "retrieval" else [])
-    ranges = dict(parse_range(r) for r in defaults + list(args.range))
-    for dataset in datasets:
-        space_for(kind, dataset, ranges)  # empty or inverted ranges fail here
+                 "model.trainable_image_blocks=int:0:1", "model.trainable_text_blocks=int:0:1"]
+                if embedded and kind != "retrieval" else [])
+    fixed = KINDS[kind]["protocol"]  # the protocol's keys stay fixed unless --range names them
+    ranges = {k: v for k, v in map(parse_range, defaults) if k not in fixed}
+    ranges.update(parse_range(r) for r in args.range)
+    for dataset in datasets:  # empty or inverted ranges fail here
+        space_for(kind, dataset, ranges, workers=args.workers)
     storage = sweep_folder(args.storage, args.name)
     tracking_uri = prepare_tracking(args.tracking_uri, storage)
     try:

@@ -1,5 +1,5 @@
 """The sweep driver: per dataset a Tune + Optuna search of Ray Train trials, then the best config
-re-run on seeds, evaluated, tabulated and recorded in MLflow (DESIGN.md sections 4 and 6).
+re-run on seeds, evaluated, tabulated and recorded in MLflow (paper sec. 4.1, appendix C).
 
 State that a restarted driver needs (`--resume`) lives in <sweep folder>/sweep_state.json: the
 MLflow run ids and each finished dataset's results; Tune's own experiment folders and the Optuna
@@ -155,8 +155,9 @@ def _tuner(spec: SweepSpec, dataset: str, parent_run_id: str, trainable,
         return tune.Tuner.restore(folder, trainable=trainable, resume_unfinished=True,
                                   restart_errored=True)
     base = load_config(overrides=spec.overrides[dataset])
-    space = clamp_blocks(space_for(spec.kind, dataset, spec.space_overrides), 3, 3) \
-        if base.model.name == "vacsr-tiny" else space_for(spec.kind, dataset, spec.space_overrides)
+    space = space_for(spec.kind, dataset, spec.space_overrides, workers=base.train.workers)
+    if base.model.name == "vacsr-tiny":
+        space = clamp_blocks(space, 3, 3)
     search = OptunaSearch(DefineByRun(space), metric=spec.metric, mode=spec.mode,
                           storage=optuna_storage(spec), study_name=f"{spec.name}-{dataset}",
                           seed=spec.sampler_seed)

@@ -10,7 +10,7 @@ from statistics import mean
 
 from vacsr.eval.metrics import harmonic_mean
 
-# 11-dataset averages (base, novel, H), DESIGN.md section 4.
+# 11-dataset averages (base, novel, H) as published (paper Table 5 and the cited papers).
 PUBLISHED = {
     "zero-shot CLIP": (69.34, 74.22, 71.70), "CoCoOp": (80.47, 71.69, 75.83),
     "MaPLe": (82.28, 75.14, 78.55), "MMA": (83.20, 76.80, 79.87), "MMRL": (85.68, 77.16, 81.20),

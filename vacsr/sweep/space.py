@@ -1,4 +1,4 @@
-"""Search spaces of the sweeps, in one place; every key is a config key (DESIGN.md section 6).
+"""Search spaces of the sweeps, in one place; every key is a config key (paper appendix C.2, E).
 
 A space is data (ranges and choices); `suggest` turns it into Optuna suggestions inside a
 define-by-run function, and `validate_space` rejects empty or inverted ranges before any trial.
@@ -41,7 +41,7 @@ Domain = Union[LogFloat, Float, Int, Choice]
 BATCH_SIZES: dict[str, tuple[int, ...]] = {
     "imagenet": (64, 128), "caltech101": (16, 32), "oxford_pets": (16, 32),
     "stanford_cars": (16, 32), "oxford_flowers": (16, 32), "food101": (16, 32),
-    "fgvc_aircraft": (16, 32), "sun397": (64, 128), "dtd": (16, 32), "eurosat": (4, 6),
+    "fgvc_aircraft": (16, 32), "sun397": (64, 128), "dtd": (16, 32), "eurosat": (4, 5, 6),
     "ucf101": (16, 32),
 }
 
@@ -51,6 +51,8 @@ _ADAPTER_SPACE: dict[str, Domain] = {
     "loss.gamma": LogFloat(0.1, 10.0),
     "adapter.num_components": Choice((1, 2, 3, 4)),
     "loss.num_hard_negatives": Choice((1, 2, 4, 8)),
+    # appendix E.1 says the negatives' variance term "still uses positive labels": searched
+    "loss.neg_sigma_target": Choice(("label", "positive")),
 }
 
 SPACES: dict[str, dict[str, Domain]] = {
@@ -59,10 +61,8 @@ SPACES: dict[str, dict[str, Domain]] = {
                    "model.trainable_text_blocks": Int(0, 4),
                    "train.epochs": Int(2, 10),
                    "optim.lr": LogFloat(1e-4, 3e-3)},
-    "domain_generalization": {**_ADAPTER_SPACE,
-                              "model.trainable_image_blocks": Int(0, 3),
-                              "model.trainable_text_blocks": Int(0, 4),
-                              "optim.lr": LogFloat(1e-4, 3e-3)},
+    # trainable blocks and epochs are fixed by the DG protocol (appendix C.2; sweep/cli.py KINDS)
+    "domain_generalization": {**_ADAPTER_SPACE, "optim.lr": LogFloat(1e-4, 3e-3)},
     "retrieval": {**_ADAPTER_SPACE,
                   "optim.lr": LogFloat(1e-4, 1e-3),
                   "optim.backbone_lr_mult": LogFloat(0.01, 0.3)},
@@ -70,14 +70,20 @@ SPACES: dict[str, dict[str, Domain]] = {
 
 
 def space_for(kind: str, dataset: str | None = None, overrides: dict[str, Domain] | None = None,
-              batch_sizes: tuple[int, ...] | None = None) -> dict[str, Domain]:
-    """The space of a sweep kind, with the dataset's batch-size list and user overrides."""
+              batch_sizes: tuple[int, ...] | None = None, workers: int = 1) -> dict[str, Domain]:
+    """The space of a sweep kind, with the dataset's batch-size list (only sizes that split evenly
+    over `workers`) and user overrides."""
     if kind not in SPACES:
         raise ConfigError(f"sweep kind {kind!r}: expected one of {', '.join(SPACES)}")
     space = dict(SPACES[kind])
     sizes = batch_sizes or BATCH_SIZES.get(dataset or "", ())
-    if sizes:
-        space["train.batch_size"] = Choice(tuple(sizes))
+    if sizes and "train.batch_size" not in (overrides or {}):
+        even = tuple(s for s in sizes if s % max(workers, 1) == 0)
+        if not even:
+            raise ConfigError(f"train.batch_size: none of {dataset}'s batch sizes {sizes} is a "
+                              f"multiple of train.workers ({workers}); pass --range "
+                              "train.batch_size=choice:...")
+        space["train.batch_size"] = Choice(even)
     space.update(overrides or {})
     validate_space(space)
     return space

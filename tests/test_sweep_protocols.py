@@ -1,0 +1,94 @@
+"""The sweeps follow the paper's training protocols (appendix C.2) and search the loss reading
+of appendix E.1; retrieval test evaluation reports the COCO 1K recalls."""
+import pytest
+
+from vacsr.config import load_config
+from vacsr.sweep.space import BATCH_SIZES, SPACES, Choice, space_for
+from vacsr.train.optim import lr_factor
+
+
+def _spec(kind, tmp_path, monkeypatch, argv=(), embedded=False):
+    from vacsr.sweep import cli
+
+    if embedded:  # the embedded profile without writing data or pretraining the tiny CLIP
+        monkeypatch.setattr(cli, "_embedded", lambda args, storage, kind, datasets:
+                            (tmp_path / "data", None))
+    root = [] if embedded else ["--data-root", str(tmp_path / "data")]
+    args = cli.build_parser(kind).parse_args([*root, "--storage", str(tmp_path), *argv])
+    return cli.spec_from_args(kind, args)
+
+
+def _config(spec, dataset):
+    return load_config(overrides=spec.overrides[dataset])
+
+
+@pytest.mark.parametrize("kind", sorted(SPACES))
+def test_every_space_searches_the_negative_sigma_target(kind):
+    assert space_for(kind)["loss.neg_sigma_target"] == Choice(("label", "positive"))
+
+
+@pytest.mark.parametrize("embedded", [False, True])
+def test_domain_generalization_fixes_the_paper_protocol(tmp_path, monkeypatch, embedded):
+    space = space_for("domain_generalization", "imagenet")
+    assert not {"model.trainable_image_blocks", "model.trainable_text_blocks",
+                "train.epochs"} & set(space)
+    spec = _spec("domain_generalization", tmp_path, monkeypatch, embedded=embedded)
+    assert not {"model.trainable_image_blocks", "model.trainable_text_blocks",
+                "train.epochs"} & set(spec.space_overrides)
+    config = _config(spec, "imagenet")
+    assert (config.model.trainable_image_blocks, config.model.trainable_text_blocks) == (2, 3)
+    assert (config.train.epochs, config.optim.schedule) == (5, "cosine")
+
+
+def test_set_and_range_still_override_the_protocol(tmp_path, monkeypatch):
+    spec = _spec("domain_generalization", tmp_path, monkeypatch,
+                 ["--set", "train.epochs=7", "--set", "model.trainable_image_blocks=1",
+                  "--range", "model.trainable_text_blocks=int:0:2"])
+    config = _config(spec, "imagenet")
+    assert (config.train.epochs, config.model.trainable_image_blocks) == (7, 1)
+    assert "model.trainable_text_blocks" in spec.space_overrides
+
+
+@pytest.mark.parametrize("argv, embedded, epochs, decay", [
+    ([], False, 25, 15),                  # paper C.2: 25 epochs, decay at 15
+    (["--epochs", "10"], False, 10, 6),   # shorter: at 60% of the epochs
+    (["--set", "train.epochs=5"], False, 5, 3),
+    ([], True, 1, 1),                     # embedded default: one epoch
+    (["--set", "optim.decay_epochs=[2]", "--epochs", "4"], False, 4, 2),  # --set wins
+])
+def test_retrieval_uses_the_step_schedule(tmp_path, monkeypatch, argv, embedded, epochs, decay):
+    config = _config(_spec("retrieval", tmp_path, monkeypatch, argv, embedded), "coco")
+    assert (config.optim.schedule, config.train.epochs) == ("step", epochs)
+    assert config.optim.decay_epochs == [decay] and config.optim.lr == 5e-4
+    factor = lr_factor(decay, epochs=epochs, schedule=config.optim.schedule,
+                       decay_epochs=config.optim.decay_epochs)
+    assert factor == pytest.approx(0.1)  # to 10% at the decay epoch
+
+
+def test_base_to_novel_keeps_cosine(tmp_path, monkeypatch):
+    spec = _spec("base2novel", tmp_path, monkeypatch, ["--datasets", "eurosat"])
+    assert _config(spec, "eurosat").optim.schedule == "cosine"
+
+
+def test_eurosat_batch_sizes_include_five(tmp_path, monkeypatch):
+    assert 5 in BATCH_SIZES["eurosat"]
+    assert 5 in space_for("base2novel", "eurosat")["train.batch_size"].options
+    # sizes that do not split over the Ray Train workers are left out
+    assert space_for("base2novel", "eurosat", workers=2)["train.batch_size"].options == (4, 6)
+    spec = _spec("base2novel", tmp_path, monkeypatch,
+                 ["--datasets", "eurosat", "--set", "train.batch_size=5"])
+    assert _config(spec, "eurosat").train.batch_size == 5  # validates with one worker
+
+
+def test_retrieval_training_reports_coco_1k_recalls(tmp_path):
+    from vacsr.train.loop import Trainer
+
+    config = load_config(overrides=[
+        f"train.output_dir={tmp_path / 'run'}", "train.epochs=1", "train.progress=false",
+        "train.batch_size=16", "data.num_train=16", "data.num_test=10", "adapter.hidden_dim=16",
+        "model.trainable_image_blocks=0", "model.trainable_text_blocks=0"])
+    final = Trainer(config).fit().final_metrics
+    for key in ("i2t_r1", "t2i_r1", "i2t_r10", "rsum"):
+        assert f"test/coco1k_{key}" in final, sorted(final)
+    assert 0 <= final["test/coco1k_i2t_r1"] <= 100
+    assert not any(k.startswith("val/coco1k_") for k in final)  # val stays cheap
