@@ -1,4 +1,4 @@
-"""The library core imports no ray, mlflow or optuna (DESIGN.md section 7)."""
+"""The library core imports no ray, mlflow or optuna."""
 import pkgutil
 import subprocess
 import sys

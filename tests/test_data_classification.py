@@ -1,4 +1,4 @@
-"""Every classification loader on generated data in its real layout (DESIGN.md section 4)."""
+"""Every classification loader on generated data in its real layout (paper appendix C.1)."""
 from __future__ import annotations
 
 import pickle

@@ -1,4 +1,4 @@
-"""COCO Karpathy loading, 1K folds and noisy correspondence (DESIGN.md section 4)."""
+"""COCO Karpathy loading, 1K folds and noisy correspondence (paper appendix C.1)."""
 from __future__ import annotations
 
 import json

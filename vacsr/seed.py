@@ -1,4 +1,4 @@
-"""Seeding of python, numpy and torch (DESIGN.md section 3: seeded runs)."""
+"""Seeding of python, numpy and torch (every run is seeded: runs repeat exactly)."""
 from __future__ import annotations
 
 import random

@@ -1,4 +1,4 @@
-"""MLflow tracking: the only library module that imports mlflow (DESIGN.md sections 6 and 7).
+"""MLflow tracking: the only library module that imports mlflow (the library core never does).
 
 - `resolve_tracking_uri` / `check_tracking_uri`: pick the store (SQLite next to the runs by default,
   always as an absolute path because Ray trials change their working directory) and fail fast with a

@@ -2,7 +2,7 @@
 
 `build_retrieval` and `build_classification` turn a DataConfig into named splits; the training code
 needs nothing else from this package. With `data.root` set, the dataset names below read the real
-layouts (DESIGN.md section 4); `vacsr.data.generate.generate_all(root)` writes synthetic data in
+layouts (paper appendix C.1); `vacsr.data.generate.generate_all(root)` writes synthetic data in
 those layouts. `dataset="synthetic"` without a root keeps the in-memory synthetic data.
 """
 from __future__ import annotations

@@ -8,8 +8,9 @@ renames (EuroSAT's "Annual Crop Land", Caltech's "airplane", SUN397's "indoor ap
 "Apply_Eye_Makeup") were applied when the split files were written; underscores become spaces only
 in the prompt (`ClassificationData.prompts`).
 
-`load_classification` returns the protocol's splits (DESIGN.md section 4): few-shot train and val,
-the full test split, restricted to the base or novel half and relabelled 0..k-1.
+`load_classification` returns the splits of the CoOp / CoCoOp protocol (paper appendix C.1):
+few-shot train and val, the full test split, restricted to the base or novel half and relabelled
+0..k-1.
 """
 from __future__ import annotations
 

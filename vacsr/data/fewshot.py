@@ -1,10 +1,11 @@
 """Few-shot sampling and the base/novel class split of the CoOp / CoCoOp / MaPLe protocol.
 
 Reproduces Dassl's `generate_fewshot_dataset` and CoOp's `OxfordPets.subsample_classes` exactly
-(DESIGN.md section 4): with the run seed, items are grouped by label in order of first occurrence,
-`random.sample(items, K)` is drawn per class (all items if fewer), train first and then val with
-min(K, 4) shots from the same generator. `random.Random(seed)` yields the same stream as
-`random.seed(seed)` followed by module-level calls, without touching global state.
+(CoOp's protocol, paper appendix C.1): with the run seed, items are grouped by label in order
+of first occurrence, `random.sample(items, K)` is drawn per class (all items if fewer), train
+first and then val with min(K, 4) shots from the same generator. `random.Random(seed)` yields
+the same stream as `random.seed(seed)` followed by module-level calls, without touching global
+state.
 
 The sample is cached as `split_fewshot/shot_{K}-seed_{S}.pkl` in the dataset folder with paths
 relative to that folder, so the cache survives moving the data. Caches written by CoOp-family code
@@ -66,7 +67,7 @@ def val_from_remaining_train(train: Sequence[Item], few_train: Sequence[Item], s
                              seed: int) -> list[Item]:
     """Few-shot val for datasets without a val split (ImageNet).
 
-    CoOp evaluates ImageNet's "val" on the test set; DESIGN.md forbids selecting on test, so val is
+    CoOp evaluates ImageNet's "val" on the test set; selecting on test would leak it, so val is
     min(K, 4) per class from the train images not in the few-shot train set. A fresh generator
     seeded with the run seed makes it independent of who wrote the cached train sample.
     """

@@ -1,4 +1,4 @@
-"""Ray evaluation actors (DESIGN.md section 5).
+"""Ray evaluation actors (the chunked scorer on Ray actors).
 
 Each `EvalWorker` actor holds the item (gallery / class-text) features and the head weights, sent
 once, and runs a `ChunkedScorer` on the query shards it is given. `EvalPool` starts one actor per

@@ -1,4 +1,4 @@
-"""ECCV Caption and CxC metrics on the COCO 5K test set (DESIGN.md section 4).
+"""ECCV Caption and CxC metrics on the COCO 5K test set (paper appendix C.1, Table 2).
 
 The ground truth is the one shipped in the `eccv_caption` package (MIT), read from its data files:
 COCO caption ids in Karpathy test order (5 consecutive per image) and, per dataset, query id ->

@@ -1,4 +1,4 @@
-"""Retrieval and classification metrics (DESIGN.md section 4), exact to the official protocol.
+"""Retrieval and classification metrics (paper appendix C.1: COCO R@K, ECCV Caption, CxC), exact to the official protocol.
 
 Rankings are deterministic: scores descending, exact ties broken by the lower item index. Every
 metric can start from a dense score matrix or from top-k rankings (item indices, -1 = no item),

@@ -1,4 +1,4 @@
-"""Chunked pairwise scorer (DESIGN.md section 5).
+"""Chunked pairwise scorer (chunk-based inference, paper appendix D).
 
 Walks the (N_q, N_g) pair matrix block by block (Bq queries x Nc items, sized from a memory
 budget), scores each block with a kernel from `vacsr.eval.kernels`, and keeps only what the metrics

@@ -1,5 +1,5 @@
-"""Two-stage scoring (DESIGN.md section 5): cosine similarity picks the top-k' candidates of every
-query and of every item; the adapter scores only the union of those candidate pairs, and each row's
+"""Two-stage scoring (an option of the chunked scorer, paper appendix D): cosine similarity picks
+the top-k' candidates of every query and of every item; the adapter scores only the union of those candidate pairs, and each row's
 top-k is taken among all scored pairs that involve it. Cost: N_q N_g cosine dot products plus about
 (N_q + N_g) k' adapter pairs instead of N_q N_g.
 """

@@ -1,4 +1,4 @@
-"""Uncertainty analysis of paper Fig. 3 (DESIGN.md section 5).
+"""Uncertainty analysis of paper Fig. 3 (sec. 4.4).
 
 Per query, the sigma_hat of its top-1 item is the confidence of that retrieval. Queries are split
 into equal-width sigma_hat bins (10 by default, over the observed range), R@1 is computed per bin,

@@ -1,5 +1,5 @@
 """Generalized Pooling Operator (Chen et al. 2021, "Learning the best pooling strategy for visual
-semantic embedding"), as DESIGN.md section 3 specifies.
+semantic embedding"), as the PCME++ retrieval recipe the paper follows uses it (appendix C.2).
 
 Per feature dimension the valid tokens are sorted in descending order; a bidirectional GRU over
 sinusoidal encodings of the sorted positions yields one weight per position (softmax of score / 0.1),
