@@ -176,3 +176,22 @@ def test_reused_trial_checkpoint_is_one_final_run_across_driver_restarts(tmp_pat
     assert runs[0].data.tags["vacsr.reused_trial"] == "abc"
     history = parent.client.get_metric_history(runs[0].info.run_id, "test/acc")
     assert [(m.step, m.value) for m in history] == [(3, 42.0)]
+
+
+def test_the_first_trial_is_the_base_config_clamped_into_the_space():
+    from vacsr.config import load_config
+    from vacsr.sweep.space import space_for, start_point
+
+    base = load_config(overrides=["train.epochs=1", "optim.lr=5e-4"])
+    space = space_for("base2novel", "eurosat", {"train.epochs": Int(4, 8),
+                                                "optim.lr": LogFloat(1e-3, 3e-3)})
+    point = start_point(space, base)
+    assert set(point) == set(space)
+    # the paper's loss defaults (appendix E), untouched
+    assert (point["loss.gamma"], point["loss.beta"], point["loss.alpha_kl"]) == (1.0, 1.0, 0.0005)
+    assert point["adapter.num_components"] == 2 and point["loss.num_hard_negatives"] == 1
+    assert point["loss.neg_sigma_target"] == "label"
+    # values outside a range are clamped into it; a choice missing the value takes the first
+    assert point["train.epochs"] == 4 and point["optim.lr"] == 1e-3
+    assert point["model.trainable_image_blocks"] == 0  # -1 (all) -> the range's low end
+    assert point["train.batch_size"] == 4  # 128 is not among eurosat's (4, 5, 6)

@@ -25,7 +25,7 @@ from vacsr.config import flatten, load_config, save_config
 from vacsr.distributed.cluster import ensure_ray
 from vacsr.distributed.train import CHECKPOINT_FILE
 from vacsr.errors import ConfigError
-from vacsr.sweep.space import DefineByRun, clamp_blocks, space_for
+from vacsr.sweep.space import DefineByRun, clamp_blocks, space_for, start_point
 from vacsr.sweep.trial import run_trial, trial_config_to_config
 from vacsr.tracking import (MlflowTracker, redact_uri, check_tracking_uri,
                             resolve_tracking_uri)
@@ -160,7 +160,7 @@ def _tuner(spec: SweepSpec, dataset: str, parent_run_id: str, trainable,
         space = clamp_blocks(space, 3, 3)
     search = OptunaSearch(DefineByRun(space), metric=spec.metric, mode=spec.mode,
                           storage=optuna_storage(spec), study_name=f"{spec.name}-{dataset}",
-                          seed=spec.sampler_seed)
+                          seed=spec.sampler_seed, points_to_evaluate=[start_point(space, base)])
     max_epochs = max(base.train.epochs, getattr(space.get("train.epochs"), "high", 0))
     meta = {"trial_root": str(spec.storage / "trials" / dataset), "dataset": dataset,
             "ray_storage": spec.ray_path("trials", dataset),

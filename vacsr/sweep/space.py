@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Union
 
-from vacsr.config import Config, set_value
+from vacsr.config import Config, flatten, set_value
 from vacsr.errors import ConfigError
 
 
@@ -160,6 +160,21 @@ class DefineByRun:
 
     def __call__(self, trial) -> None:
         suggest(trial, self.space)
+
+
+def start_point(space: dict[str, Domain], config: Config) -> dict[str, Any]:
+    """The base config's own values of the searched keys, clamped into the space: the first trial
+    every search runs (the paper's defaults, appendix E), so a short search never does worse than
+    them on the selection split."""
+    values = flatten(config)
+    point = {}
+    for key, domain in space.items():
+        value = values[key]
+        if isinstance(domain, Choice):
+            point[key] = value if value in domain.options else domain.options[0]
+        else:
+            point[key] = type(domain.low)(min(max(value, domain.low), domain.high))
+    return point
 
 
 def clamp_blocks(space: dict[str, Domain], image_depth: int, text_depth: int) -> dict[str, Domain]:
