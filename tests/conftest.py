@@ -15,6 +15,18 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _mlflow_uri_stays_put():
+    """mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI: keep it from reaching later tests
+    (and their subprocesses, whose sweeps would record into another test's store)."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 @pytest.fixture(scope="session")
 def tiny_weights(tmp_path_factory):
     """The tiny CLIP pretrained contrastively on synthetic data, as a local weights file."""

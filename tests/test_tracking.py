@@ -1,11 +1,10 @@
 """MLflow tracking against a real SQLite store in a tmp folder (no server, no network)."""
 from __future__ import annotations
 
-import http.server
 import json
+import logging
 import pickle
 import shutil
-import threading
 
 import pytest
 
@@ -17,8 +16,8 @@ from mlflow import MlflowClient  # noqa: E402
 from vacsr.config import flatten, load_config, to_dict  # noqa: E402
 from vacsr.errors import ConfigError  # noqa: E402
 from vacsr.tracking import (  # noqa: E402
-    RUN_STATE_FILE, MlflowTracker, TrackingCallback, check_tracking_uri, metric_name,
-    resolve_tracking_uri,
+    EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, PARAMS_CHANGED_TAG, RUN_STATE_FILE, MlflowTracker,
+    TrackingCallback, check_tracking_uri, metric_name, resolve_tracking_uri,
 )
 
 
@@ -168,6 +167,7 @@ def test_resumed_training_continues_the_same_run(tracking_uri, tmp_path):
     first = TrackingCallback.start(cfg, experiment="resume-cb")
     first(0, {"epoch": 1, "train/loss": 2.0}, tmp_path / "run" / "last.ckpt")
     assert json.loads((tmp_path / "run" / RUN_STATE_FILE).read_text())["run_id"] == first.run_id
+    assert not list((tmp_path / "run").glob(f".{RUN_STATE_FILE}*"))  # no temporary file left
 
     again = TrackingCallback.start(cfg, experiment="resume-cb")
     assert again.run_id == first.run_id
@@ -197,22 +197,42 @@ def test_unreachable_tracking_uris_raise_config_error_naming_them(tmp_path):
     assert good.parent.is_dir() and not good.exists()
 
 
-class _Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (http.server's naming)
-        self.send_response(200 if self.path == "/health" else 404)
-        self.end_headers()
+def test_experiments_are_tagged_as_model_training(tracking_uri):
+    client = MlflowClient()
+    with MlflowTracker() as tracker:
+        tracker.start("kind-new", "run")
+    assert client.get_experiment_by_name("kind-new").tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    assert (EXPERIMENT_KIND_TAG, EXPERIMENT_KIND) == ("mlflow.experimentKind",
+                                                      "custom_model_development")
 
-    def log_message(self, *args):
-        pass
+    untagged = client.create_experiment("kind-old")  # made before the tag existed
+    chosen = client.create_experiment("kind-chosen", tags={EXPERIMENT_KIND_TAG: "finetuning"})
+    tracker = MlflowTracker()
+    assert tracker.experiment_id("kind-old") == untagged
+    assert tracker.experiment_id("kind-chosen") == chosen
+    reread = MlflowClient(tracking_uri=tracking_uri)  # from the SQLite file, not a cache
+    assert reread.get_experiment(untagged).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    assert reread.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "finetuning"
 
 
-def test_answering_server_passes_the_check():
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Health)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:  # user:password in the URI must not break the health request
-        check_tracking_uri(f"http://user:pw@127.0.0.1:{server.server_address[1]}/", timeout_s=2.0)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+def test_log_params_keeps_first_values_and_warns_on_changes(tracking_uri, caplog):
+    client = MlflowClient()
+    with MlflowTracker() as tracker:
+        run_id = tracker.start("params", "run")
+        assert tracker.log_params({"lr": 0.1, "opt/name": "adam", "bad key!": None}) == []
+        assert tracker.log_params({"lr": 0.1, "epochs": 3}) == []  # equal value: skipped
+        with caplog.at_level(logging.WARNING, logger="vacsr.tracking"):
+            assert tracker.log_params({"lr": 0.2, "seed": 1}) == ["lr"]
+    assert "lr" in caplog.text and run_id in caplog.text
+    run = client.get_run(run_id)
+    assert run.data.params == {"lr": "0.1", "opt/name": "adam", "bad key_": "None",
+                               "epochs": "3", "seed": "1"}
+    assert run.data.tags[PARAMS_CHANGED_TAG] == "lr"
+
+    resumed = MlflowTracker()  # a new process: learns the run's params from the store
+    resumed.resume(run_id)
+    assert resumed.log_params({"epochs": 5, "seed": 1, "extra": "x"}) == ["epochs"]
+    resumed.finish()
+    run = client.get_run(run_id)
+    assert run.data.params["epochs"] == "3" and run.data.params["extra"] == "x"
+    assert run.data.tags[PARAMS_CHANGED_TAG] == "epochs"

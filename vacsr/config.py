@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from vacsr.atomic import atomic_write_text
 from vacsr.errors import ConfigError
 
 
@@ -128,7 +129,7 @@ class TrainConfig:
 
 @dataclass
 class TrackingConfig:
-    """MLflow tracking (vacsr/tracking.py); rank 0 logs."""
+    """MLflow tracking (vacsr/tracking/); rank 0 logs."""
 
     enabled: bool = False
     uri: str | None = None  # None = $MLFLOW_TRACKING_URI, else sqlite:///<abs>/mlflow.db
@@ -280,11 +281,7 @@ def from_dict(mapping: dict[str, Any]) -> Config:
 
 def save_config(config: Config, path: str | Path) -> None:
     """Write the resolved config as YAML, atomically; `load_config` reads it back unchanged."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
-    tmp.replace(path)
+    atomic_write_text(path, yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
 # ---------------------------------------------------------------- validation
@@ -301,6 +298,7 @@ def validate(config: Config) -> Config:
     """Raise ConfigError for the first invalid value; return the config unchanged otherwise."""
     m, a, l, o, d, t = (config.model, config.adapter, config.loss, config.optim, config.data,
                         config.train)
+    _validate_strings(config)
     _check(bool(m.name), "model.name", "a model name", m.name)
     _check(m.trainable_image_blocks >= -1, "model.trainable_image_blocks", "-1 (all) or >= 0",
            m.trainable_image_blocks)
@@ -322,18 +320,7 @@ def validate(config: Config) -> Config:
     _one_of("loss.neg_sigma_target", l.neg_sigma_target, ("label", "positive"))
     _one_of("loss.reduction", l.reduction, ("pair_mean", "per_query", "balanced"))
     _one_of("loss.neg_columns", l.neg_columns, ("all", "with_positive"))
-    _check(o.lr > 0, "optim.lr", "> 0", o.lr)
-    _check(o.weight_decay >= 0, "optim.weight_decay", ">= 0", o.weight_decay)
-    _check(o.backbone_lr_mult >= 0, "optim.backbone_lr_mult", ">= 0", o.backbone_lr_mult)
-    _one_of("optim.schedule", o.schedule, ("step", "cosine", "constant"))
-    if o.schedule == "step":
-        _check(len(o.decay_epochs) > 0, "optim.decay_epochs", "a non-empty list of epochs",
-               o.decay_epochs)
-        _check(all(e >= 1 for e in o.decay_epochs), "optim.decay_epochs", "epochs >= 1",
-               o.decay_epochs)
-    _check(0 < o.decay_factor <= 1, "optim.decay_factor", "in (0, 1]", o.decay_factor)
-    _check(o.warmup_epochs >= 0, "optim.warmup_epochs", ">= 0", o.warmup_epochs)
-    _check(o.grad_clip >= 0, "optim.grad_clip", ">= 0 (0 disables)", o.grad_clip)
+    _validate_optim(o)
     _one_of("data.task", d.task, ("retrieval", "classification"))
     _check(d.image_size >= 8, "data.image_size", ">= 8", d.image_size)
     _check(d.num_train >= 1, "data.num_train", ">= 1", d.num_train)
@@ -355,3 +342,34 @@ def validate(config: Config) -> Config:
     _check(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"), "train.device",
            "auto, cpu, cuda or cuda:N", t.device)
     return config
+
+
+def _validate_optim(o: OptimConfig) -> None:
+    _check(math.isfinite(o.lr) and o.lr > 0, "optim.lr", "a finite rate > 0", o.lr)
+    _check(math.isfinite(o.weight_decay) and o.weight_decay >= 0, "optim.weight_decay",
+           "a finite number >= 0", o.weight_decay)
+    _check(math.isfinite(o.backbone_lr_mult) and o.backbone_lr_mult >= 0,
+           "optim.backbone_lr_mult", "a finite number >= 0", o.backbone_lr_mult)
+    _one_of("optim.schedule", o.schedule, ("step", "cosine", "constant"))
+    if o.schedule == "step":
+        _check(len(o.decay_epochs) > 0, "optim.decay_epochs", "a non-empty list of epochs",
+               o.decay_epochs)
+        _check(all(e >= 1 for e in o.decay_epochs), "optim.decay_epochs", "epochs >= 1",
+               o.decay_epochs)
+    _check(0 < o.decay_factor <= 1, "optim.decay_factor", "in (0, 1]", o.decay_factor)
+    _check(o.warmup_epochs >= 0, "optim.warmup_epochs", ">= 0", o.warmup_epochs)
+    _check(math.isfinite(o.grad_clip) and o.grad_clip >= 0, "optim.grad_clip",
+           "a finite norm >= 0 (0 disables)", o.grad_clip)
+
+
+def _validate_strings(config: Config) -> None:
+    """An empty string never stands for a default: optional keys take null, the others a value
+    (an empty output_dir or root would otherwise quietly mean the current folder)."""
+    for section, values in to_dict(config).items():
+        types = _section_types(section)
+        for name, value in values.items():
+            if isinstance(value, str) and not value.strip():
+                optional = type(None) in typing.get_args(types[name])
+                _check(False, f"{section}.{name}",
+                       "a non-empty value" + (" or null for the default" if optional else ""),
+                       value)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
+from vacsr.atomic import atomic_write_bytes
 from vacsr.errors import DataError
 
 
@@ -86,20 +86,6 @@ def check_files_exist(paths: Iterable[Path], source: str) -> None:
         if names is None or path.name not in names:
             raise DataError(f"{path}: image file not found (listed in {source}); "
                             "expected the image the split file names")
-
-
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see a partial file,
-    and concurrent writers (parallel trials) simply replace each other with identical content."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def atomic_pickle(path: Path, obj: Any) -> None:

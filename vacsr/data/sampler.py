@@ -4,6 +4,11 @@ The epoch's permutation is drawn from a generator seeded by the caller (the same
 global batch s is permutation[s*G:(s+1)*G] and rank r takes its r-th contiguous slice. Gathering
 the ranks' features in rank order rebuilds the single-process batch in the same order, so a
 distributed step computes the same loss as a local one.
+
+Last-partial-batch policy: dropped. Every step sees a full global batch, so every rank gets an
+equal slice and the loss is always taken over G items; the dropped items differ from epoch to
+epoch, as the permutation does. A split smaller than one batch therefore yields no step at all,
+which `require_one_batch` turns into an error before training starts.
 """
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ from typing import Iterator
 
 import torch
 from torch.utils.data import Sampler
+
+from vacsr.errors import ConfigError
 
 
 class GlobalBatchSampler(Sampler[list[int]]):
@@ -34,3 +41,14 @@ class GlobalBatchSampler(Sampler[list[int]]):
         for step in range(len(self)):
             start = step * self.global_batch + self.rank * local
             yield order[start:start + local].tolist()
+
+
+def require_one_batch(num_items: int, global_batch: int, *, what: str, remedy: str) -> None:
+    """Raise ConfigError when `num_items` fill no full batch: with the partial batch dropped, the
+    epoch would have zero steps and "training" would save the initial weights."""
+    if num_items >= global_batch:
+        return
+    smaller = f"set train.batch_size <= {num_items} or " if num_items >= 2 else ""
+    raise ConfigError(f"{what}, fewer than one batch of train.batch_size={global_batch} (each "
+                      "epoch drops its last partial batch, so no training step would run); "
+                      f"{smaller}use {remedy}")

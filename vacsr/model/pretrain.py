@@ -8,7 +8,8 @@ own checkpoint takes.
 """
 from __future__ import annotations
 
-import os
+import contextlib
+import logging
 import sys
 from pathlib import Path
 
@@ -16,8 +17,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from vacsr.atomic import atomic_write
 from vacsr.data.base import CaptionPairDataset
 from vacsr.data.synthetic import synthetic_retrieval
+from vacsr.errors import ConfigError
 from vacsr.model.backbone import create_clip
 from vacsr.seed import seed_everything
 
@@ -32,13 +35,35 @@ def clip_loss(image_feats: torch.Tensor, text_feats: torch.Tensor, logit_scale: 
     return (loss_i2t + loss_t2i) / 2
 
 
+@contextlib.contextmanager
+def _random_init_expected():
+    """open_clip warns (root logger) that no pretrained weights were loaded: here that is the
+    point, so the notice is dropped."""
+    notice = logging.Filter()
+    notice.filter = lambda record: "No pretrained weights loaded" not in record.getMessage()
+    root = logging.getLogger()
+    root.addFilter(notice)
+    try:
+        yield
+    finally:
+        root.removeFilter(notice)
+
+
 def pretrain_clip(out_path: str | Path, *, name: str = "vacsr-tiny", num_images: int = 1024,
                   epochs: int = 6, batch_size: int = 128, lr: float = 2e-3, seed: int = 0,
                   image_size: int = 32, progress: bool = True) -> Path:
     """Train `name` from scratch with InfoNCE on synthetic pairs; save an open_clip state dict."""
+    per_image = 5  # captions of each synthetic image
+    if epochs < 1 or num_images * per_image < batch_size:  # OneCycleLR needs at least one step
+        raise ConfigError(f"pretraining needs epochs >= 1 and num_images >= "
+                          f"{-(-batch_size // per_image)} (one batch of {batch_size} image-caption "
+                          f"pairs; the last partial batch is dropped), got epochs={epochs}, "
+                          f"num_images={num_images}")
     seed_everything(seed)
-    model, train_transform, _, tokenizer = create_clip(name)
-    data = synthetic_retrieval(num_images, image_size=image_size, seed=seed + 777)
+    with _random_init_expected():
+        model, train_transform, _, tokenizer = create_clip(name)
+    data = synthetic_retrieval(num_images, captions_per_image=per_image, image_size=image_size,
+                               seed=seed + 777)
     loader = torch.utils.data.DataLoader(
         CaptionPairDataset(data, train_transform), batch_size=batch_size, shuffle=True,
         drop_last=True, generator=torch.Generator().manual_seed(seed))
@@ -61,9 +86,5 @@ def pretrain_clip(out_path: str | Path, *, name: str = "vacsr-tiny", num_images:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
     bar.close()
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
-    torch.save(model.state_dict(), tmp)
-    os.replace(tmp, out_path)
-    return out_path
+    state = model.state_dict()
+    return atomic_write(out_path, lambda tmp: torch.save(state, tmp))

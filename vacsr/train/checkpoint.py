@@ -1,23 +1,30 @@
-"""Checkpoints: written atomically (temp file, then rename), read back with weights_only=True."""
+"""Checkpoints: written atomically, read back with weights_only=True, and checked against the
+config about to load them, so that a checkpoint of another architecture fails with one line
+naming the differing keys instead of a state-dict traceback."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
+from vacsr.atomic import atomic_write
+from vacsr.config import to_dict
 from vacsr.errors import CheckpointError
+
+# config keys that change the model's parameter names or shapes
+ARCHITECTURE_KEYS = ("model.name", "model.use_gpo", "adapter.kind", "adapter.hidden_dim",
+                     "adapter.latent_dim", "adapter.num_components", "adapter.decoder_hidden_dim")
+# config keys that change which parameters train, hence the optimizer's parameter groups
+TRAINABLE_KEYS = ("model.trainable_image_blocks", "model.trainable_text_blocks",
+                  "model.train_projections", "model.train_embeddings")
+_UNKNOWN = object()
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
-    """Write `state` to `path`; a crash mid-write leaves the previous file intact."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-    return path
+    """Write `state` to `path`; a crash or a full disk leaves the previous file intact."""
+    return atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -29,3 +36,68 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     except Exception as exc:  # torch raises many types for truncated or foreign files
         raise CheckpointError(f"{path}: not a readable vacsr checkpoint "
                               f"({exc.__class__.__name__})") from None
+
+
+def _show(value: Any) -> str:
+    """A value as it is written in a `key=value` override."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
+
+
+def config_differences(stored: dict, current: dict, keys: tuple[str, ...]
+                       ) -> list[tuple[str, Any, Any]]:
+    """(key, stored value, current value) for each of `keys` the two nested configs disagree on;
+    keys an older checkpoint does not record are skipped."""
+    diffs = []
+    for key in keys:
+        section, name = key.split(".")
+        old = stored.get(section, {}).get(name, _UNKNOWN)
+        new = current[section][name]
+        if old is not _UNKNOWN and old != new:
+            diffs.append((key, old, new))
+    return diffs
+
+
+def check_same_architecture(path: str | Path, state: dict, config, *,
+                            keys: tuple[str, ...] = ARCHITECTURE_KEYS,
+                            hint: str = "pass the same value or a matching checkpoint") -> None:
+    """Raise CheckpointError naming every key of `keys` on which the config stored in `state`
+    and `config` differ (nothing to compare when the checkpoint stores no config)."""
+    stored = state.get("config")
+    if not isinstance(stored, dict):
+        return
+    diffs = config_differences(stored, to_dict(config), keys)
+    if not diffs:
+        return
+    if len(diffs) == 1:
+        key, old, new = diffs[0]
+        raise CheckpointError(f"{path}: built with {key}={_show(old)}, this config has "
+                              f"{_show(new)}; {hint}")
+    built = ", ".join(f"{k}={_show(old)}" for k, old, _ in diffs)
+    has = ", ".join(f"{k}={_show(new)}" for k, _, new in diffs)
+    raise CheckpointError(f"{path}: built with {built}; this config has {has}; "
+                          f"{hint.replace('the same value', 'the same values')}")
+
+
+def _first_problem(exc: RuntimeError) -> str:
+    """The first entry of load_state_dict's multi-line report, shortened to fit one line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    problem = lines[1] if len(lines) > 1 else (lines[0] if lines else type(exc).__name__)
+    return problem if len(problem) <= 160 else problem[:157] + "..."
+
+
+def load_model_state(model: nn.Module, state: dict, path: str | Path, config, *,
+                     keys: tuple[str, ...] = ARCHITECTURE_KEYS,
+                     hint: str = "pass the same value or a matching checkpoint") -> None:
+    """Load `state["model"]` into `model` after checking the stored config's `keys`; a checkpoint
+    without a stored config that still does not fit fails with load_state_dict's first problem."""
+    check_same_architecture(path, state, config, keys=keys, hint=hint)
+    if "model" not in state:
+        raise CheckpointError(f"{path}: holds no model weights (not a vacsr training checkpoint)")
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        raise CheckpointError(f"{path}: does not fit the model of this config "
+                              f"({_first_problem(exc)}); pass the config it was trained with "
+                              "or a matching checkpoint") from None

@@ -5,7 +5,6 @@ is stopped and started again with the same output_dir continues and ends with th
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -15,15 +14,18 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from vacsr.atomic import atomic_write_json
 from vacsr.config import Config, save_config, to_dict
 from vacsr.data import build_classification, build_retrieval
 from vacsr.data.base import CaptionPairDataset, LabelledImageDataset
 from vacsr.data.loader import make_loader
-from vacsr.data.sampler import GlobalBatchSampler
+from vacsr.data.sampler import GlobalBatchSampler, require_one_batch
+from vacsr.errors import CheckpointError, TrainingDiverged
 from vacsr.model.vacsr import VACSRModel, build_model
 from vacsr.seed import epoch_seed, seed_everything
 from vacsr.tasks import ClassificationTask, RetrievalTask
-from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
+from vacsr.train.checkpoint import (ARCHITECTURE_KEYS, TRAINABLE_KEYS, load_checkpoint,
+                                    load_model_state, save_checkpoint)
 from vacsr.train.evaluate import coco1k_folds, evaluate_split
 from vacsr.train.optim import build_optimizer, lr_factor, set_learning_rates
 
@@ -63,6 +65,7 @@ class Trainer:
         seed_everything(config.train.seed)
         self.model: VACSRModel = build_model(config).to(self.device)
         self.splits = self._build_splits()
+        self._require_one_batch()
         self.task = self._build_task()
         self.optimizer = build_optimizer(self.model, config.optim)
         self.output_dir = Path(config.train.output_dir).expanduser().resolve()
@@ -75,6 +78,22 @@ class Trainer:
         if data.task == "retrieval":
             return build_retrieval(data, seed)
         return build_classification(data, seed)
+
+    def _require_one_batch(self) -> None:
+        """Stop before training (here, so the Ray Train workers stop too) when the training split
+        is smaller than one global batch: the sampler would yield no step and the run would save
+        an untrained model as its result."""
+        data, train = self.config.data, self.splits["train"]
+        if data.task == "retrieval":
+            size, unit = len(train.captions), "image-caption pairs"
+            more = "data.num_train" if data.dataset == "synthetic" and data.root is None else None
+            remedy = f"more training data ({more})" if more else "more training data"
+        else:
+            size, unit = len(train.labels), f"images ({data.shots} per class)"
+            remedy = "more shots (data.shots)"
+        require_one_batch(size, self.config.train.batch_size,
+                          what=f"{data.dataset}: the training split has {size} {unit}",
+                          remedy=remedy)
 
     def _build_task(self):
         if self.config.data.task == "retrieval":
@@ -113,15 +132,28 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(), "history": self.history,
                 "config": to_dict(self.config)}
 
-    def load_state(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+    def load_state(self, state: dict, source: str | Path = "resumed checkpoint") -> None:
+        """Continue from `state`; a checkpoint of another architecture or trainable set fails
+        with one line naming the differing config keys (`source` names the file)."""
+        missing = [key for key in ("model", "optimizer", "epoch", "history") if key not in state]
+        if missing:
+            raise CheckpointError(f"{source}: not a vacsr training checkpoint (no "
+                                  f"{', '.join(missing)}); use {FRESH_START}")
+        load_model_state(self.model, state, source, self.config,
+                         keys=ARCHITECTURE_KEYS + TRAINABLE_KEYS, hint=RESUME_HINT)
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (KeyError, ValueError) as exc:
+            raise CheckpointError(f"{source}: its optimizer state does not fit this config's "
+                                  f"trainable parameters ({exc.__class__.__name__}); use "
+                                  f"{FRESH_START}") from None
         self.history = list(state["history"])
         self.start_epoch = int(state["epoch"]) + 1
 
     def maybe_resume(self) -> bool:
         if self.config.train.resume and self.checkpoint_path.is_file():
-            self.load_state(load_checkpoint(self.checkpoint_path, self.device))
+            self.load_state(load_checkpoint(self.checkpoint_path, self.device),
+                            source=self.checkpoint_path)
             return True
         return False
 
@@ -163,8 +195,9 @@ class Trainer:
                 warmup_epochs=optim.warmup_epochs))
             batch = [b.to(self.device, non_blocking=True) for b in batch]
             loss, parts = loss_fn(batch, epoch_seed(self.config.train.seed, epoch) * 10_007 + step)
-            if not math.isfinite(loss.item()):
-                raise FloatingPointError(f"non-finite loss at epoch {epoch + 1} step {step}")
+            if not math.isfinite(loss_value := loss.item()):
+                raise TrainingDiverged(divergence_message(epoch, step, steps, loss_value, parts,
+                                                          optim.lr))
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if optim.grad_clip > 0:
@@ -174,6 +207,11 @@ class Trainer:
                 totals[name] = totals.get(name, 0.0) + float(value)
             bar.set_postfix({k: f"{v / (step + 1):.4f}" for k, v in totals.items()
                              if k in ("loss", "recon", "kl", "sigma_pos", "sigma_neg")})
+        if steps and (broken := first_non_finite(self.model)) is not None:
+            # the loss of the last step was finite, but its update was not: stop before evaluating
+            raise TrainingDiverged(f"training diverged at epoch {epoch + 1} step {steps}/{steps}: "
+                                   f"its update made parameter {broken} non-finite; "
+                                   f"{divergence_hint(optim.lr)}")
         metrics = {f"train/{k}": v / max(steps, 1) for k, v in totals.items()}
         metrics.update(rates if steps else {})
         return metrics
@@ -196,9 +234,9 @@ class Trainer:
 
     # ---------------------------------------------------------------- run
     def fit(self, callbacks: tuple[EpochCallback, ...] = ()) -> TrainResult:
+        self.maybe_resume()  # first: a mismatched checkpoint must not get this config beside it
         self.output_dir.mkdir(parents=True, exist_ok=True)
         save_config(self.config, self.output_dir / "config.yaml")
-        self.maybe_resume()
         for epoch in range(self.start_epoch, self.config.train.epochs):
             metrics = {"epoch": epoch + 1, **self.train_epoch(epoch, self.train_loader(epoch))}
             for split in self.eval_splits(epoch):
@@ -213,10 +251,39 @@ class Trainer:
                            checkpoint=self.checkpoint_path)
 
 
+LOSS_TERMS = ("kl", "recon", "sigma_pos", "sigma_neg", "sigmoid")  # the parts a loss sums
+FRESH_START = "another train.output_dir, or train.resume=false to start afresh"
+RESUME_HINT = f"pass the same value, {FRESH_START}"
+
+
+def divergence_message(epoch: int, step: int, steps: int, loss: float, parts: dict,
+                       lr: float) -> str:
+    """One line: where the loss went non-finite, which of its parts did, and what to change."""
+    bad = {name: float(value) for name, value in parts.items() if not math.isfinite(float(value))}
+    bad["loss"] = loss
+    # the terms the loss sums, not the sigma_hat diagnostics; the total when every term is finite
+    names = ([n for n in bad if n in LOSS_TERMS] or [n for n in bad if n != "loss"]
+             or ["loss"])
+    shown = ", ".join(f"{name}={bad[name]}" for name in names)
+    return (f"training diverged at epoch {epoch + 1} step {step + 1}/{steps}: non-finite loss "
+            f"parts {shown}; {divergence_hint(lr)}")
+
+
+def divergence_hint(lr: float) -> str:
+    return (f"lower optim.lr (now {lr:g}) or check the loss weights (loss.alpha_kl, loss.beta, "
+            "loss.gamma)")
+
+
+def first_non_finite(model: torch.nn.Module) -> str | None:
+    """The name of the first trainable parameter holding a nan or inf, else None."""
+    for name, param in model.named_parameters():
+        if param.requires_grad and not torch.isfinite(param).all():
+            return name
+    return None
+
+
 def write_json(path: Path, payload: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2))
-    tmp.replace(path)
+    atomic_write_json(path, payload)
 
 
 def train(config: Config, callbacks: tuple[EpochCallback, ...] = ()) -> TrainResult:

@@ -1,0 +1,120 @@
+"""check_tracking_uri against local HTTP servers: only an MLflow tracking server passes."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import json
+import socket
+import threading
+
+import pytest
+
+pytest.importorskip("mlflow")
+
+from vacsr.errors import ConfigError  # noqa: E402
+from vacsr.tracking import check_tracking_uri  # noqa: E402
+from vacsr.tracking.uri import MLFLOW_PROBE_PATH  # noqa: E402
+
+
+@contextlib.contextmanager
+def _serving(handler):
+    """A server on a free local port in a thread, always shut down."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+class _FakeMlflow(http.server.BaseHTTPRequestHandler):
+    """Answers like `mlflow server` when the asked experiment does not exist."""
+    paths: list[str] = []
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        type(self).paths.append(self.path)
+        body = json.dumps({"error_code": "RESOURCE_DOES_NOT_EXIST",
+                           "message": "Could not find experiment with name 'Default'"}).encode()
+        self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _answering(status: int, content_type: str, body: bytes):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    return Handler
+
+
+def _error(uri: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        check_tracking_uri(uri, timeout_s=2.0)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_plain_web_server_is_refused_naming_the_uri(tmp_path):
+    (tmp_path / "index.html").write_text("<html><body>not mlflow</body></html>")
+    with _serving(functools.partial(_Quiet, directory=str(tmp_path))) as uri:
+        message = _error(uri)
+    assert message.startswith(f"MLflow tracking URI {uri}: answered, but not as an MLflow "
+                              "tracking server (HTTP 404, text/html)")
+    assert message.endswith("expected an MLflow server (mlflow server / mlflow ui)")
+
+
+def test_html_200_is_refused_and_the_password_hidden():
+    with _serving(_answering(200, "text/html; charset=utf-8", b"<html>hi</html>")) as uri:
+        message = _error(uri.replace("//", "//user:secret@"))
+    assert "(HTTP 200, text/html)" in message
+    assert "secret" not in message and "user:***@" in message
+
+
+def test_mlflow_like_server_passes_with_credentials_and_a_path_prefix():
+    _FakeMlflow.paths = []
+    with _serving(_FakeMlflow) as uri:
+        check_tracking_uri(uri.replace("//", "//user:pw@") + "/", timeout_s=2.0)
+        check_tracking_uri(uri + "/mlflow", timeout_s=2.0)
+    assert _FakeMlflow.paths == [f"{MLFLOW_PROBE_PATH}?experiment_name=Default",
+                                 f"/mlflow{MLFLOW_PROBE_PATH}?experiment_name=Default"]
+
+
+def test_auth_wall_passes_and_server_errors_fail():
+    with _serving(_answering(401, "text/plain", b"You are not authenticated")) as uri:
+        check_tracking_uri(uri, timeout_s=2.0)  # MLflow reports bad credentials itself
+    with _serving(_answering(503, "text/plain", b"--artifacts-only")) as uri:
+        assert _error(uri).endswith(": server answered HTTP 503")
+    body = json.dumps({"error_code": "INTERNAL_ERROR", "message": "database is locked"}).encode()
+    with _serving(_answering(500, "application/json", body)) as uri:
+        assert _error(uri).endswith(": server answered HTTP 500: database is locked")
+
+
+def test_closed_port_is_not_answering():
+    with socket.socket() as sock:  # a port that was free a moment ago, now closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    message = _error(f"http://127.0.0.1:{port}")
+    assert message.startswith(f"MLflow tracking URI http://127.0.0.1:{port}: server not answering "
+                              "within 2 s")

@@ -1,0 +1,81 @@
+"""One way to write a file: to a temporary name beside it, then rename.
+
+Readers never see a partial file, a crash mid-write leaves the previous file intact, concurrent
+writers (parallel trials) replace each other with whole files, and the temporary file is removed on
+any failure, so a full disk is not kept full by our own leftovers. ENOSPC, EDQUOT, EIO and EROFS
+become one StorageError line naming the path.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from vacsr.errors import StorageError
+
+_STORAGE_ERRNOS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EIO: "input/output error",
+    errno.EROFS: "read-only file system",
+}
+
+_UMASK = os.umask(0o022)  # read once (it can only be read by setting it), then restored
+os.umask(_UMASK)
+
+
+def _storage_errno(exc: BaseException) -> int | None:
+    """The errno of the first OSError in `exc`'s chain (torch wraps ENOSPC in a RuntimeError)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
+            return exc.errno
+        if "No space left on device" in str(exc) or "unexpected pos" in str(exc):
+            return errno.ENOSPC
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
+    """Call `write(tmp_path)`, then rename the temporary file onto `path`."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        os.chmod(tmp_name, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide results from other users
+    except OSError as exc:
+        raise _as_storage_error(path, exc) from None
+    tmp = Path(tmp_name)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        code = _storage_errno(exc)
+        if code is not None:
+            raise StorageError(f"{path}: cannot write ({_STORAGE_ERRNOS[code]}); "
+                               "free space or choose another output folder") from None
+        raise
+    return path
+
+
+def _as_storage_error(path: Path, exc: OSError) -> BaseException:
+    reason = _STORAGE_ERRNOS.get(exc.errno or 0, exc.strerror or exc.__class__.__name__)
+    return StorageError(f"{path}: cannot write ({reason})")
+
+
+def atomic_write_bytes(path: str | Path, payload: bytes) -> Path:
+    return atomic_write(path, lambda tmp: tmp.write_bytes(payload))
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def atomic_write_json(path: str | Path, payload: Any) -> Path:
+    return atomic_write_text(path, json.dumps(payload, indent=2))

@@ -1,0 +1,140 @@
+"""The per-epoch training callback and the run-state file that lets a resumed training continue
+its MLflow run instead of starting a second one beside it."""
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from vacsr.atomic import atomic_write_json
+from vacsr.config import Config
+from vacsr.errors import ConfigError
+from vacsr.plots import plot_training_curves
+from vacsr.tracking.run import MlflowTracker
+from vacsr.tracking.uri import _absolute, check_tracking_uri, resolve_tracking_uri
+
+RUN_STATE_FILE = "mlflow_run.json"  # in a training output_dir: the run a resumed training continues
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def best_entry(history: Sequence[Mapping[str, Any]], metric: str | None,
+               mode: str = "max") -> Mapping[str, Any]:
+    """The epoch entry with the best finite `metric`; the last entry when `metric` is None or
+    never logged (the final metrics then stand for the run)."""
+    scored = [h for h in history if metric is not None and _finite(h.get(metric))]
+    if not scored:
+        return history[-1] if history else {}
+    pick = max if mode == "max" else min
+    return pick(scored, key=lambda h: h[metric])
+
+
+class TrackingCallback:
+    """Per-epoch MLflow logging for `Trainer.fit(callbacks=(callback,))`, then `finish(...)`.
+
+    Build it with `TrackingCallback.start(config, experiment=...)` in the driver: the run is
+    created (or resumed) there, and the callback carries only plain data (URI, run id, paths), so
+    it pickles into Ray workers, each of which attaches its own client to the same run.
+    """
+
+    def __init__(self, tracking_uri: str, run_id: str, output_dir: str | Path, *,
+                 metric: str | None = None, mode: str = "max") -> None:
+        if mode not in ("max", "min"):
+            raise ConfigError(f"tracking mode: expected max or min, got {mode!r}")
+        self.tracking_uri = tracking_uri
+        self.run_id = run_id
+        self.output_dir = str(_absolute(output_dir))
+        self.metric = metric
+        self.mode = mode
+        self._tracker: MlflowTracker | None = None
+        self._ended = False  # finish() or fail() ran in this process: never reopen the run
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tracker": None}  # clients hold DB engines: rebuilt per process
+
+    @classmethod
+    def start(cls, config: Config, *, experiment: str, run_name: str | None = None,
+              tracking_uri: str | None = None, parent_run_id: str | None = None,
+              tags: Mapping[str, Any] | None = None, metric: str | None = None,
+              mode: str = "max", resume: bool | None = None) -> "TrackingCallback":
+        """Check the store, then create the run (or, when resuming — `resume`, default
+        `config.train.resume` — and the output folder names one, continue that run) and log the
+        config. Writes output_dir/mlflow_run.json."""
+        uri = resolve_tracking_uri(tracking_uri)
+        check_tracking_uri(uri)
+        output_dir = _absolute(config.train.output_dir)
+        tracker = MlflowTracker(uri)
+        resume = config.train.resume if resume is None else resume
+        stored = _stored_run_id(output_dir, uri) if resume else None
+        if stored is not None and not tracker.run_exists(stored):
+            stored = None  # the store was reset or the run deleted: start afresh
+        run_id = tracker.start(experiment, run_name or output_dir.name, run_id=stored,
+                               parent_run_id=parent_run_id,
+                               tags={"vacsr.output_dir": str(output_dir), **(tags or {})})
+        # record the run first: a process killed while the config is being logged must leave a
+        # run that its restart continues, not an orphan beside a second one
+        _write_run_state(output_dir, {"run_id": run_id, "tracking_uri": uri,
+                                      "experiment": experiment})
+        tracker.log_config(config)
+        callback = cls(uri, run_id, output_dir, metric=metric, mode=mode)
+        callback._tracker = tracker
+        return callback
+
+    def tracker(self) -> MlflowTracker:
+        """This process's tracker, attached to the run on first use."""
+        if self._ended:
+            raise RuntimeError(f"MLflow run {self.run_id} already ended by this callback")
+        if self._tracker is None:
+            self._tracker = MlflowTracker(self.tracking_uri)
+            self._tracker.resume(self.run_id)
+        return self._tracker
+
+    def __call__(self, epoch: int, metrics: Mapping[str, Any], checkpoint_path: Path) -> None:
+        # Step = 1-based epoch number, the same as the history's "epoch" entry.
+        self.tracker().log_epoch(int(metrics.get("epoch", epoch + 1)), metrics)
+
+    def finish(self, result, output_dir: str | Path | None = None) -> None:
+        """After `fit`: fill any epoch missing from the run, log metrics.json, config.yaml, the
+        training curves and the best epoch's metrics as `best_*`, then end the run FINISHED.
+        `result` is a TrainResult (its `history` and `final_metrics` are used)."""
+        tracker, folder = self.tracker(), Path(output_dir or self.output_dir)
+        history = list(result.history)
+        tracker.sync_history(history)
+        if (folder / "metrics.json").is_file():
+            tracker.log_artifact(folder / "metrics.json")
+        else:
+            tracker.log_json("metrics.json", {"final": result.final_metrics, "history": history})
+        if (folder / "config.yaml").is_file():
+            tracker.log_artifact(folder / "config.yaml")
+        with tempfile.TemporaryDirectory() as tmp:
+            tracker.log_artifact(plot_training_curves(history, Path(tmp) / "training_curves.png"),
+                                 "plots")
+        last_epoch = int(history[-1]["epoch"]) if history else 0
+        tracker.log_best(best_entry(history, self.metric, self.mode), step=last_epoch)
+        tracker.finish("FINISHED")
+        self._ended = True
+
+    def fail(self, status: str = "FAILED") -> None:
+        """End the run as FAILED (or KILLED) when training raised; a no-op once ended."""
+        if not self._ended:
+            self.tracker().finish(status)
+            self._ended = True
+
+
+def _stored_run_id(output_dir: Path, tracking_uri: str) -> str | None:
+    """The run id a previous start wrote for this output folder and store, if any."""
+    try:
+        state = json.loads((output_dir / RUN_STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return state.get("run_id") if state.get("tracking_uri") == tracking_uri else None
+
+
+def _write_run_state(output_dir: Path, state: dict) -> None:
+    """Whole or not at all: a half-written file would make the restart lose its run."""
+    atomic_write_json(output_dir / RUN_STATE_FILE, state)

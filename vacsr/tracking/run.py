@@ -1,0 +1,264 @@
+"""One MLflow run, driven through `MlflowClient` and its run id, never the fluent global "active
+run", so a sweep can hold a parent, per-dataset children and trials in one process.
+
+Metric logging is idempotent per (metric, epoch), param logging per key: a resumed run never
+repeats or loses an epoch and never trips over MLflow's refusal to change a param.
+"""
+from __future__ import annotations
+
+import logging
+import numbers
+import re
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+
+from vacsr.config import Config, flatten, save_config
+from vacsr.errors import ConfigError
+from vacsr.tracking.uri import _absolute, redact_uri, resolve_tracking_uri, sqlite_path
+
+log = logging.getLogger(__name__)
+
+ARTIFACTS_DIR = "mlartifacts"  # next to the SQLite file, like `mlflow server`'s default
+PARENT_TAG = "mlflow.parentRunId"
+PARAMS_CHANGED_TAG = "vacsr.params_changed_on_resume"
+# The experiment kind MLflow 3.x's UI reads to choose between its GenAI views (traces) and its
+# model-training views (runs, charts). 3.17's UI follows its sidebar switch instead (a link can
+# carry `?workflowType=machine_learning`), but the tag still marks what the experiment holds.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+# MLflow's limits (mlflow.utils.validation); exceeding them makes log_batch fail.
+MAX_KEY_LENGTH = 250
+MAX_PARAM_VALUE_LENGTH = 6000
+MAX_PARAMS_PER_BATCH = 100
+MAX_METRICS_PER_BATCH = 1000
+
+
+_BAD_NAME_CHARS = re.compile(r"[^\w./\- ]")  # MLflow also allows ":" except on Windows
+
+
+def metric_name(key: Any) -> str:
+    """`key` as a name MLflow accepts: allowed characters, no empty, "." or ".." path parts."""
+    name = _BAD_NAME_CHARS.sub("_", str(key))
+    parts = ["__" if part == ".." else part for part in name.split("/") if part not in ("", ".")]
+    return "/".join(parts)[:MAX_KEY_LENGTH].rstrip("/") or "_"
+
+
+def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric entries of `metrics` under sanitised names (bools and strings dropped)."""
+    out = {}
+    for key, value in metrics.items():
+        if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # numpy / torch scalar
+            value = value.item()
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            out[metric_name(key)] = float(value)
+    return out
+
+
+def param_value(value: Any) -> str:
+    """A config value as the string MLflow stores ("None", "[15]"), cut to MLflow's limit."""
+    return str(value)[:MAX_PARAM_VALUE_LENGTH]
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[start:start + size] for start in range(0, len(items), size)]
+
+
+# ---------------------------------------------------------------- one MLflow run
+class MlflowTracker:
+    """One MLflow run, addressed by run id through its own MlflowClient.
+
+    `with MlflowTracker(uri) as tracker: tracker.start(...)` ends the run FINISHED, or FAILED
+    (KILLED on Ctrl-C) when the block raises.
+    """
+
+    def __init__(self, tracking_uri: str | None = None, *, default_dir: str | Path = ".") -> None:
+        self.tracking_uri = resolve_tracking_uri(tracking_uri, default_dir)
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        self.run_id: str | None = None
+        self._read_store = False  # the run may hold data this tracker did not log itself
+        self._steps: dict[str, set[int]] = {}  # metric -> steps known to be in the run
+        self._params: dict[str, str] | None = None  # params known to be in the run
+        self._changed: set[str] = set()  # param keys whose later values were not kept
+
+    def __enter__(self) -> "MlflowTracker":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.finish("FINISHED")
+        else:
+            self.finish("KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED")
+        return False
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self, experiment: str, run_name: str, *, parent_run_id: str | None = None,
+              tags: Mapping[str, Any] | None = None, run_id: str | None = None) -> str:
+        """Create a run in `experiment` (created if missing), or resume `run_id`; return its id."""
+        if self.run_id is not None:
+            raise RuntimeError(f"tracker already holds run {self.run_id}; finish() it first")
+        all_tags = {k: str(v) for k, v in (tags or {}).items()}
+        if parent_run_id:
+            all_tags[PARENT_TAG] = parent_run_id
+        if run_id is not None:
+            return self.resume(run_id, tags=all_tags)
+        run = self.client.create_run(self.experiment_id(experiment), run_name=run_name,
+                                     tags=all_tags)
+        self._attach(run.info.run_id, read_store=False)
+        return self.run_id
+
+    def resume(self, run_id: str, *, tags: Mapping[str, Any] | None = None) -> str:
+        """Continue the existing run `run_id` (status back to RUNNING); return its id."""
+        if self.run_id is not None:
+            raise RuntimeError(f"tracker already holds run {self.run_id}; finish() it first")
+        if not self.run_exists(run_id):
+            raise ConfigError(f"MLflow run {run_id} not found in {redact_uri(self.tracking_uri)}")
+        self._attach(run_id, read_store=True)
+        self.client.update_run(run_id, status="RUNNING")
+        if tags:
+            self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        return run_id
+
+    def _attach(self, run_id: str, *, read_store: bool) -> None:
+        self.run_id, self._read_store = run_id, read_store
+        self._steps, self._params, self._changed = {}, None, set()
+
+    def run_exists(self, run_id: str) -> bool:
+        """True when `run_id` is a live (not deleted) run of this store."""
+        try:
+            return self.client.get_run(run_id).info.lifecycle_stage != "deleted"
+        except MlflowException:
+            return False
+
+    def experiment_id(self, name: str) -> str:
+        """Id of experiment `name`, created (or restored) if needed; safe against a racing trial.
+        An experiment without a kind gets the model-training kind, so the UI opens on its runs;
+        a kind someone chose is left alone."""
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is None:
+            try:
+                return self.client.create_experiment(
+                    name, artifact_location=self._artifact_root(name),
+                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+            except MlflowException:  # another process created it first
+                experiment = self.client.get_experiment_by_name(name)
+                if experiment is None:
+                    raise
+        if experiment.lifecycle_stage == "deleted":
+            self.client.restore_experiment(experiment.experiment_id)
+        if EXPERIMENT_KIND_TAG not in experiment.tags:
+            self.client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG,
+                                           EXPERIMENT_KIND)
+        return experiment.experiment_id
+
+    def _artifact_root(self, experiment: str) -> str | None:
+        """SQLite store: artifacts next to the database, absolute (MLflow's default "./mlruns"
+        follows the working directory, which Ray moves). Servers choose their own location."""
+        db = sqlite_path(self.tracking_uri)
+        if db is None:
+            return None
+        slug = re.sub(r"[^\w.\-]", "_", experiment).strip(".") or "experiment"
+        return (_absolute(db).parent / ARTIFACTS_DIR / slug).as_uri()
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """End the run with `status`; a no-op when no run is held."""
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, status=status)
+            self.run_id = None
+
+    def _require_run(self) -> str:
+        if self.run_id is None:
+            raise RuntimeError("no MLflow run: call start() first")
+        return self.run_id
+
+    # ------------------------------------------------------------ params
+    def log_params(self, params: Mapping[str, Any]) -> list[str]:
+        """Log the params not yet in the run. MLflow refuses to change a param, so an equal value
+        is skipped and a different one keeps the first: those keys are warned about, listed in
+        tag `vacsr.params_changed_on_resume` and returned."""
+        run_id = self._require_run()
+        if self._params is None:  # read once: this tracker logs every later param itself
+            self._params = dict(self.client.get_run(run_id).data.params) if self._read_store else {}
+        values = {metric_name(k): param_value(v) for k, v in params.items()}
+        new = [Param(k, v) for k, v in values.items() if k not in self._params]
+        for chunk in _chunks(new, MAX_PARAMS_PER_BATCH):
+            self.client.log_batch(run_id, params=chunk)
+        self._params.update((p.key, p.value) for p in new)
+        changed = sorted(k for k, v in values.items() if self._params[k] != v)
+        if changed:
+            log.warning("MLflow run %s already holds params %s with other values; the params keep "
+                        "the first values", run_id, ", ".join(changed))
+            self._changed.update(changed)
+            self.client.set_tag(run_id, PARAMS_CHANGED_TAG, ",".join(sorted(self._changed)))
+        return changed
+
+    def log_config(self, config: Config) -> None:
+        """Params = flatten(config) (see log_params: a resumed run keeps its first values); also
+        the resolved config as artifact `config.yaml`."""
+        self.log_params(flatten(config))
+        with tempfile.TemporaryDirectory() as tmp:
+            save_config(config, Path(tmp) / "config.yaml")
+            self.client.log_artifact(self._require_run(), str(Path(tmp) / "config.yaml"))
+
+    # ------------------------------------------------------------ metrics
+    def _logged_steps(self, key: str) -> set[int]:
+        """Steps of `key` already in the run: read once per key unless this tracker created the
+        run and so logged all of it itself."""
+        if key not in self._steps:
+            history = self.client.get_metric_history(self.run_id, key) if self._read_store else []
+            self._steps[key] = {int(m.step) for m in history}
+        return self._steps[key]
+
+    def _log_new(self, metrics: Mapping[str, float], step: int) -> int:
+        """Log the (metric, step) pairs not yet in the run; return how many were logged."""
+        run_id, now = self._require_run(), int(time.time() * 1000)
+        batch = [Metric(k, v, now, step) for k, v in metrics.items()
+                 if step not in self._logged_steps(k)]
+        for chunk in _chunks(batch, MAX_METRICS_PER_BATCH):
+            self.client.log_batch(run_id, metrics=chunk)
+        for metric in batch:
+            self._steps[metric.key].add(step)
+        return len(batch)
+
+    def log_epoch(self, epoch: int, metrics: Mapping[str, Any]) -> int:
+        """Log the numeric entries of one epoch's metrics at step `epoch` (1-based, as the
+        history's "epoch" entry). Pairs already logged are skipped; returns how many were new."""
+        values = numeric_metrics({k: v for k, v in metrics.items() if k != "epoch"})
+        return self._log_new(values, int(epoch))
+
+    def sync_history(self, history: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Log the epochs of `history` (entries with an "epoch" key) missing from the run, e.g.
+        after a crash between a checkpoint and its logging. Returns the epochs that got metrics.
+        Reads the run's metric steps afresh: copies of a callback in other processes (Ray
+        workers) may have logged to the same run since this tracker last looked."""
+        self._read_store, self._steps = True, {}
+        synced = []
+        for index, entry in enumerate(history):
+            if "epoch" not in entry:
+                raise ValueError(f"history[{index}] has no 'epoch' entry")
+            if self.log_epoch(int(entry["epoch"]), entry):
+                synced.append(int(entry["epoch"]))
+        return synced
+
+    def log_best(self, metrics: Mapping[str, Any], step: int = 0) -> None:
+        """Log `metrics` as `best_<name>`: search_runs compares a metric's latest value, so the
+        best epoch's values must be logged last under their own names."""
+        values = numeric_metrics({f"best_{k}": v for k, v in metrics.items()})
+        self._log_new(values, int(step))
+
+    # ------------------------------------------------------------ artifacts
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self._require_run(), str(path), artifact_path)
+
+    def log_json(self, name: str, payload: Mapping[str, Any]) -> None:
+        self.client.log_dict(self._require_run(), dict(payload), name)
+
+    def log_figure(self, fig, name: str) -> None:
+        """Log a matplotlib figure as artifact `name` (e.g. "plots/curves.png")."""
+        self.client.log_figure(self._require_run(), fig, name)

@@ -1,0 +1,213 @@
+"""Tracking URIs: pick the store and fail fast before any training starts.
+
+The default store is SQLite next to the runs, always as an absolute path because Ray trials change
+their working directory. `check_tracking_uri` turns an unreachable or wrong store into one
+ConfigError line naming the URI: MLflow itself retries an absent server for minutes and then fails
+deep inside a worker.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import socket
+import sqlite3
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from vacsr.errors import ConfigError
+
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+DB_NAME = "mlflow.db"
+DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+# Any MLflow tracking server serves this endpoint and answers it in JSON, even with an error body
+# (RESOURCE_DOES_NOT_EXIST) when the experiment is missing.
+MLFLOW_PROBE_PATH = "/api/2.0/mlflow/experiments/get-by-name"
+_PROBE_QUERY = "experiment_name=Default"
+_MAX_PROBE_BYTES = 1 << 16
+
+
+def _absolute(path: str | Path) -> Path:
+    """Absolute, user-expanded, without following symlinks (the folder may not exist yet)."""
+    return Path(os.path.abspath(os.path.expanduser(str(path))))
+
+
+def _scheme(uri: str) -> str | None:
+    """Lower-case URI scheme, or None for a bare path (a one-letter "scheme" is a drive letter)."""
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.\-]*):", uri)
+    return match.group(1).lower() if match and len(match.group(1)) > 1 else None
+
+
+_SQLITE = re.compile(r"^(sqlite(?:\+\w+)?:///)([^?]*)(\?.*)?$", re.IGNORECASE)
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of an `sqlite:///...` URI; None for in-memory and non-SQLite URIs."""
+    match = _SQLITE.match(uri)
+    if not match or match.group(2) in ("", ":memory:"):
+        return None
+    return Path(urllib.parse.unquote(match.group(2)))
+
+
+def _absolute_sqlite(uri: str) -> str:
+    match, path = _SQLITE.match(uri), sqlite_path(uri)
+    if match is None or path is None or (path.is_absolute() and not str(path).startswith("~")):
+        return uri
+    # "sqlite:///" + "/abs/path" is SQLAlchemy's spelling of an absolute path.
+    return f"{match.group(1)}{_absolute(path)}{match.group(3) or ''}"
+
+
+def _absolute_file(uri: str) -> str:
+    parts = urllib.parse.urlsplit(uri)
+    if parts.netloc not in ("", "localhost") or parts.path.startswith("/"):
+        return uri
+    return _absolute(urllib.parse.unquote(parts.path)).as_uri()
+
+
+def resolve_tracking_uri(uri: str | None = None, default_dir: str | Path = ".") -> str:
+    """The tracking URI to use, with every local path made absolute.
+
+    Order: `uri`, else env MLFLOW_TRACKING_URI, else `sqlite:///<abs default_dir>/mlflow.db`.
+    A bare path names the folder that holds `mlflow.db` (or the database itself if it ends in .db).
+    """
+    chosen = (uri or os.environ.get(TRACKING_URI_ENV) or "").strip()
+    if not chosen:
+        return f"sqlite:///{_absolute(default_dir) / DB_NAME}"
+    scheme = _scheme(chosen)
+    if scheme is None:
+        path = _absolute(chosen)
+        return f"sqlite:///{path if path.suffix == '.db' else path / DB_NAME}"
+    if scheme.startswith("sqlite"):
+        return _absolute_sqlite(chosen)
+    if scheme == "file":
+        return _absolute_file(chosen)
+    return chosen
+
+
+def redact_uri(uri: str) -> str:
+    """The URI without a password, fit for an error message."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _unreachable(uri: str, reason: Any) -> ConfigError:
+    reason = " ".join(str(reason).split())  # one line, whatever the OS error text holds
+    return ConfigError(f"MLflow tracking URI {redact_uri(uri)}: {reason}")
+
+
+def check_tracking_uri(uri: str | None, timeout_s: float = 5.0) -> None:
+    """Raise ConfigError naming the URI unless its store can be reached and written.
+
+    Call before training or trials start. Creates the folder of an SQLite database (SQLite will
+    not).
+    """
+    resolved = resolve_tracking_uri(uri)
+    shown = uri or resolved
+    scheme = _scheme(resolved) or ""
+    if scheme in ("http", "https"):
+        _check_http(shown, resolved, timeout_s)
+    elif scheme.startswith("sqlite"):
+        _check_sqlite(shown, resolved, timeout_s)
+    elif scheme == "file":
+        if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
+            raise _unreachable(shown, "the file store is refused by MLflow >= 3.13 (use sqlite:///"
+                                      "<folder>/mlflow.db or set MLFLOW_ALLOW_FILE_STORE=true)")
+        _check_folder(shown, _absolute(urllib.parse.urlsplit(resolved).path))
+    elif scheme.split("+")[0] in DB_PORTS:
+        _check_tcp(shown, resolved, timeout_s)
+    else:
+        raise _unreachable(shown, f"unsupported scheme {scheme!r} (use sqlite, http(s), "
+                                  "postgresql, mysql or mssql)")
+
+
+def _check_http(shown: str, uri: str, timeout_s: float) -> None:
+    """Ask an MLflow REST endpoint: any web server answers something, but only MLflow answers it
+    in JSON, so a wrong port (a notebook, a static file server) fails here and not at the first
+    logged metric with an HTML page in the error."""
+    parts = urllib.parse.urlsplit(uri)  # urllib cannot parse user:password@ hosts: drop them
+    probe = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1], query=_PROBE_QUERY,
+                           path=parts.path.rstrip("/") + MLFLOW_PROBE_PATH, fragment="")
+    try:
+        status, kind, body = _http_get(urllib.parse.urlunsplit(probe), timeout_s)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise _unreachable(shown, f"server not answering within {timeout_s:g} s "
+                                  f"({getattr(exc, 'reason', exc)})") from None
+    except http.client.HTTPException as exc:  # something answered, but not in HTTP
+        raise _unreachable(shown, f"answered, but not in HTTP ({exc.__class__.__name__}); "
+                                  "expected an MLflow server (mlflow server / mlflow ui)") from None
+    if status in (401, 403):  # an auth layer answered first; MLflow reports credentials itself
+        return
+    answer = _json_object(body)
+    if status >= 500:
+        detail = f": {str(answer.get('message', ''))[:200]}" if answer else ""
+        raise _unreachable(shown, f"server answered HTTP {status}{detail}")
+    if answer is None:
+        raise _unreachable(shown, f"answered, but not as an MLflow tracking server (HTTP {status}, "
+                                  f"{kind}); expected an MLflow server (mlflow server / mlflow ui)")
+
+
+def _http_get(url: str, timeout_s: float) -> tuple[int, str, bytes]:
+    """(status, media type, start of the body) of a GET; an error status still has a body."""
+    try:
+        response = urllib.request.urlopen(url, timeout=timeout_s)
+    except urllib.error.HTTPError as exc:
+        response = exc
+    with response:
+        kind = (response.headers.get("Content-Type") or "").split(";")[0].strip()
+        return response.getcode(), kind or "no content type", response.read(_MAX_PROBE_BYTES)
+
+
+def _json_object(body: bytes) -> dict | None:
+    try:
+        answer = json.loads(body)
+    except ValueError:  # also UnicodeDecodeError
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def _check_folder(shown: str, folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):  # a real write: os.access lies for root
+            pass
+    except OSError as exc:
+        raise _unreachable(shown, f"folder {folder} is not writable "
+                                  f"({exc.strerror or exc.__class__.__name__})") from None
+
+
+def _check_sqlite(shown: str, uri: str, timeout_s: float) -> None:
+    path = sqlite_path(uri)
+    if path is None:  # in-memory database: nothing on disk to check
+        return
+    _check_folder(shown, _absolute(path).parent)
+    if not path.exists():
+        return
+    try:  # mode=rw: open an existing file for writing, never create one
+        conn = sqlite3.connect(f"file:{urllib.parse.quote(str(_absolute(path)))}?mode=rw",
+                               uri=True, timeout=timeout_s)
+        try:
+            conn.execute("PRAGMA schema_version").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise _unreachable(shown, f"{path} is not a writable SQLite database ({exc})") from None
+
+
+def _check_tcp(shown: str, uri: str, timeout_s: float) -> None:
+    parts = urllib.parse.urlsplit(uri)
+    if not parts.hostname:  # a local socket given in the query: let the driver report it
+        return
+    port = parts.port or DB_PORTS[_scheme(uri).split("+")[0]]
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise _unreachable(shown, f"database server {parts.hostname}:{port} not answering "
+                                  f"({exc.strerror or exc})") from None
