@@ -10,10 +10,12 @@ from PIL import Image
 
 from vacsr.config import DataConfig
 from vacsr.data import build_retrieval
-from vacsr.data.coco import coco_1k_folds, fold_arrays, load_coco
+from vacsr.data.coco import load_coco
 from vacsr.data.generate import write_coco
 from vacsr.data.noise import load_noise, make_noisy_index, noisy_caption_to_image
 from vacsr.errors import DataError
+from vacsr.eval.metrics import fold_groups
+from vacsr.train.evaluate import coco1k_folds
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +62,23 @@ def test_images_found_without_images_folder(root, tmp_path):
     assert len(load_coco(tmp_path)["test"].images) == 25
 
 
-def test_1k_folds():
-    folds = coco_1k_folds(5000)
-    assert len(folds) == 5
-    assert folds[1] == (range(1000, 2000), range(5000, 10000))
-    images, captions = fold_arrays(25)[4]
-    assert images.tolist() == list(range(20, 25)) and captions.tolist() == list(range(100, 125))
-    with pytest.raises(DataError):
-        coco_1k_folds(24)
+def test_1k_folds(root):
+    """The folds the evaluation uses (fold_groups): 5 consecutive image blocks of the test split,
+    each caption in its image's fold (COCO 5K: images 1000-1999 with captions 5000-9999, ...)."""
+    assert coco1k_folds("retrieval", "test", 5000) == 5
+    images, captions = fold_groups(np.repeat(np.arange(5000), 5), 5000, 5)
+    assert np.flatnonzero(images.numpy() == 1).tolist() == list(range(1000, 2000))
+    assert np.flatnonzero(captions.numpy() == 1).tolist() == list(range(5000, 10000))
+    test = load_coco(root)["test"]  # 25 images, 125 captions
+    assert coco1k_folds("retrieval", "test", len(test.images)) == 5
+    images, captions = fold_groups(test.caption_to_image, len(test.images), 5)
+    assert np.flatnonzero(images.numpy() == 4).tolist() == list(range(20, 25))
+    assert np.flatnonzero(captions.numpy() == 4).tolist() == list(range(100, 125))
+    # a test split that does not split into 5 equal folds gets no COCO 1K metrics
+    assert coco1k_folds("retrieval", "test", 24) is None
+    assert coco1k_folds("retrieval", "val", 5000) is None
+    with pytest.raises(ValueError):
+        fold_groups(list(range(24)), 24, 5)
 
 
 @pytest.mark.parametrize("ratio", [0.2, 0.5])

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from vacsr.eval.eccv import cxc_recalls, eccv_caption_metrics, eccv_depth, load_coco_test_ground_truth
-from vacsr.eval.metrics import (INVALID_KEY, accuracy, coco_fold_recalls, coco_recalls, decode_keys,
+from vacsr.eval.metrics import (INVALID_KEY, coco_fold_recalls, coco_recalls, decode_keys,
                                 fold_rankings, harmonic_mean, map_at_r, rank_topk, retrieval_metrics,
-                                score_keys, seed_averaged_h)
+                                score_keys)
+from vacsr.sweep.report import table_rows
 
 
 # ---------------------------------------------------------------- ranking keys
@@ -64,14 +65,18 @@ def test_map_at_r_hand_example():
         map_at_r(relevance, torch.tensor([5]))  # ranking too short for R
 
 
-def test_accuracy_ties_to_lower_class_and_h():
-    logits = torch.tensor([[1.0, 1.0, 0.0], [0.0, 2.0, 2.0], [0.0, 0.0, 3.0]])
-    assert accuracy(logits, [0, 2, 2]) == pytest.approx(200 / 3)
+def test_h_is_taken_from_the_seed_averaged_base_and_novel():
+    """The sweep's table (paper sec. 4.1): H of a row = H(mean base, mean novel), not the mean of
+    the per-seed H."""
     assert harmonic_mean(0.0, 0.0) == 0.0
-    summary = seed_averaged_h([80.0, 60.0], [40.0, 80.0])
-    assert summary["base"] == 70.0 and summary["novel"] == 60.0
-    assert summary["h"] == pytest.approx(2 * 70 * 60 / 130)  # not the mean of per-seed H
-    assert summary["h"] != pytest.approx(np.mean([harmonic_mean(80, 40), harmonic_mean(60, 80)]))
+    spec = {"columns": [["base", "acc"], ["novel", "novel_acc"]], "harmonic": ["base", "novel"],
+            "published": {}}
+    results = {"ds": {"per_seed": [{"seed": 1, "acc": 80.0, "novel_acc": 40.0},
+                                   {"seed": 2, "acc": 60.0, "novel_acc": 80.0}], "val": 75.0}}
+    row = next(r for r in table_rows(spec, results) if r["dataset"] == "ds")
+    assert row["base"] == 70.0 and row["novel"] == 60.0
+    assert row["H"] == pytest.approx(2 * 70 * 60 / 130) == harmonic_mean(70.0, 60.0)
+    assert row["H"] != pytest.approx(np.mean([harmonic_mean(80, 40), harmonic_mean(60, 80)]))
 
 
 # ---------------------------------------------------------------- cross-check with eccv_caption

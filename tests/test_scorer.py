@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval_detailed
-from vacsr.eval.metrics import accuracy, rank_topk, retrieval_metrics
+from vacsr.eval.metrics import rank_topk, retrieval_metrics
 from vacsr.eval.scorer import ChunkedScorer, TopK, merge_topk, naive_score
 from vacsr.eval.two_stage import candidate_pairs, cosine_candidates, topk_from_pairs, two_stage_score
 from vacsr.eval.uncertainty import binned_recall, pearson
@@ -234,11 +234,27 @@ def test_evaluate_retrieval_matches_dense_metrics(tmp_path):
     assert sum(evaluation.uncertainty["t2i"]["counts"]) == 100
 
 
+def _reference_accuracy(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """Micro accuracy (percent) of the top-1 class; argmax keeps the first (lower) of tied maxima."""
+    return 100.0 * (int((scores.argmax(dim=1) == labels).sum()) / len(labels))
+
+
 def test_evaluate_classification_matches_accuracy():
     head = _adapter()
     images, classes = _features(40, 32, 22), _features(6, 32, 23)
     labels = torch.randint(0, 6, (40,), generator=torch.Generator().manual_seed(0))
     scores, _ = head.score_block(images, classes)
     metrics = evaluate_classification(images, classes, head, labels, device="cpu")
-    assert metrics["acc"] == accuracy(scores, labels)
+    assert metrics["acc"] == _reference_accuracy(scores, labels)
     assert metrics["num_samples"] == 40
+
+
+def test_evaluate_classification_ties_to_the_lower_class():
+    # cosine logits [[a, a, 0], [0, a, a], [0, 0, 1]]: the first two images tie between classes
+    a = 2 ** -0.5
+    images = torch.tensor([[a, a, 0.0], [0.0, a, a], [0.0, 0.0, 1.0]])
+    classes = torch.eye(3)
+    metrics = evaluate_classification(images, classes, SigmoidBaselineHead(), [0, 1, 1],
+                                      device="cpu")
+    # predictions 0, 1, 2 (ties to the higher class would give 1, 2, 2 and 0 correct)
+    assert metrics["acc"] == pytest.approx(200 / 3)

@@ -68,10 +68,6 @@ for _name, (_folder, _images, _count) in VARIANTS.items():
 CLASSIFICATION_DATASETS = tuple(DATASETS)
 
 
-def template_for(name: str) -> str:
-    return _spec(name).template
-
-
 def _spec(name: str) -> DatasetSpec:
     if name not in DATASETS:
         raise ConfigError(f"data.dataset: unknown classification dataset {name!r} "
@@ -196,6 +192,9 @@ def load_classification(root: str | Path, name: str, *, shots: int, seed: int,
     names = {"train": train, "val": val, "test": test}
     if subsample == "novel":
         names.pop("train")
-    _check_images(dataset_dir, source, *names.values())
+    # ImageNet's items are its folder listing (kept current by the listing cache's fingerprints):
+    # checking them would list its class folders again and undo the cache.
+    if name != "imagenet":
+        _check_images(dataset_dir, source, *names.values())
     return {key: to_data(items, dataset_dir, classnames, spec.template)
             for key, items in names.items()}

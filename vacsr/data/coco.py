@@ -21,8 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from vacsr.data.base import RetrievalData
 from vacsr.data.files import check_files_exist, read_json, require_dir
 from vacsr.data.noise import default_noise_path, noisy_caption_to_image
@@ -129,20 +127,3 @@ def load_coco(root: str | Path, *, noise_ratio: float = 0.0, seed: int = 0,
                                                         path).tolist()
     return splits
 
-
-def coco_1k_folds(num_images: int, num_folds: int = 5,
-                  captions_per_image: int = CAPTIONS_PER_IMAGE) -> list[tuple[range, range]]:
-    """COCO 1K: (image indices, caption indices) of each of 5 consecutive folds of the 5K test set
-    (images 0-999 with captions 0-4999, ...), the folds eccv_caption's coco_1k_recalls uses."""
-    if num_images % num_folds:
-        raise DataError(f"{num_images} test images do not split into {num_folds} equal folds")
-    size = num_images // num_folds
-    return [(range(f * size, (f + 1) * size),
-             range(f * size * captions_per_image, (f + 1) * size * captions_per_image))
-            for f in range(num_folds)]
-
-
-def fold_arrays(num_images: int, num_folds: int = 5) -> list[tuple[np.ndarray, np.ndarray]]:
-    """`coco_1k_folds` as index arrays, ready for fancy indexing of feature matrices."""
-    return [(np.fromiter(i, dtype=np.int64), np.fromiter(c, dtype=np.int64))
-            for i, c in coco_1k_folds(num_images, num_folds)]

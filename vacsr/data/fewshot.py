@@ -199,9 +199,3 @@ def subsample_classes(*splits: Sequence[Item], subsample: str) -> tuple[list[Ite
     relabel = {old: new for new, old in enumerate(selected)}
     return tuple([Item(i.path, relabel[i.label], i.classname) for i in split if i.label in relabel]
                  for split in splits)
-
-
-def base_novel_counts(num_classes: int) -> tuple[int, int]:
-    """(base, novel) class counts for a dataset of `num_classes` classes: 37 -> (19, 18)."""
-    base = math.ceil(num_classes / 2)
-    return base, num_classes - base

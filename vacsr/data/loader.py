@@ -15,8 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from vacsr.data.base import (CaptionPairDataset, ClassificationData, ImageDataset,
-                             LabelledImageDataset, RetrievalData)
+from vacsr.data.base import ImageDataset
 from vacsr.errors import VacsrError
 
 
@@ -80,30 +79,6 @@ def make_loader(dataset: Dataset, *, batch_size: int, shuffle: bool = False, see
         dataset, batch_size=batch_size, shuffle=shuffle if sampler is None else False,
         sampler=sampler, num_workers=num_workers, pin_memory=wants_pinning(device),
         drop_last=drop_last, collate_fn=collate_fn, generator=generator, **extra)
-
-
-def transform_for(backbone, train: bool) -> Callable:
-    """The open_clip preprocessing of the backbone's model: augmenting for training, resize +
-    centre crop + the model's mean/std normalisation for evaluation."""
-    return backbone.train_transform if train else backbone.eval_transform
-
-
-def classification_loader(data: ClassificationData, transform: Callable, *, batch_size: int,
-                          train: bool, seed: int = 0, num_workers: int = 0,
-                          device: str | torch.device | None = None) -> DataLoader:
-    """(images, labels) batches; training loaders shuffle and drop the last partial batch."""
-    return make_loader(LabelledImageDataset(data, transform), batch_size=batch_size, shuffle=train,
-                       seed=seed, num_workers=num_workers, device=device,
-                       drop_last=train and len(data.labels) > batch_size)
-
-
-def caption_loader(data: RetrievalData, transform: Callable, *, batch_size: int, train: bool,
-                   seed: int = 0, num_workers: int = 0,
-                   device: str | torch.device | None = None) -> DataLoader:
-    """(images, caption texts, image indices) batches, one item per caption."""
-    return make_loader(CaptionPairDataset(data, transform), batch_size=batch_size, shuffle=train,
-                       seed=seed, num_workers=num_workers, device=device,
-                       drop_last=train and len(data.captions) > batch_size)
 
 
 def image_loader(images, transform: Callable, *, batch_size: int, num_workers: int = 0,

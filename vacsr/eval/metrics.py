@@ -241,12 +241,6 @@ def retrieval_metrics(scores: torch.Tensor, caption_to_image, ks=(1, 5, 10),
 
 
 # ---------------------------------------------------------------- classification
-def accuracy(logits: torch.Tensor, labels) -> float:
-    """Micro accuracy (percent): correct / total, ties to the lower class index."""
-    predictions = rank_topk(logits.detach().cpu(), 1)[:, 0]
-    return accuracy_from_predictions(predictions, labels)
-
-
 def accuracy_from_predictions(predictions, labels) -> float:
     """Micro accuracy (percent) of predicted class indices (N,) against labels (N,)."""
     predictions = torch.as_tensor(np.asarray(predictions)).cpu().long()
@@ -257,11 +251,3 @@ def accuracy_from_predictions(predictions, labels) -> float:
 def harmonic_mean(base: float, novel: float) -> float:
     """H = 2 B N / (B + N); 0 when both are 0."""
     return 0.0 if base + novel == 0 else 2.0 * base * novel / (base + novel)
-
-
-def seed_averaged_h(base_by_seed: Sequence[float], novel_by_seed: Sequence[float]) -> dict[str, float]:
-    """Base-to-novel summary: H from the seed-averaged base and novel accuracies (not mean of H)."""
-    if len(base_by_seed) != len(novel_by_seed) or not base_by_seed:
-        raise ValueError("need one base and one novel accuracy per seed")
-    base, novel = float(np.mean(base_by_seed)), float(np.mean(novel_by_seed))
-    return {"base": base, "novel": novel, "h": harmonic_mean(base, novel)}

@@ -253,12 +253,6 @@ class _Walk:
 
 # ---------------------------------------------------------------- references
 @torch.no_grad()
-def brute_force_scores(head: nn.Module, queries: torch.Tensor, items: torch.Tensor):
-    """Reference: the head's own score_block on the whole matrix -> (logits, sigma) (N_q, N_g)."""
-    return head.score_block(queries, items)
-
-
-@torch.no_grad()
 def naive_score(head: nn.Module, queries: torch.Tensor, items: torch.Tensor,
                 query_chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The naive scorer: expand s = d (v_i * t_j) for (queries x items x d) and run the explicit
