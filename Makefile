@@ -26,3 +26,8 @@ test: $(STAMP)
 
 clean:
 	rm -rf demo_data runs .pytest_cache
+
+# The checks that need a GPU (benchmarks/gpu_check.sh); without CUDA it says so and exits 0.
+.PHONY: gpu-check
+gpu-check:
+	PY=$(PY) bash benchmarks/gpu_check.sh

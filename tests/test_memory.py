@@ -1,0 +1,87 @@
+"""The training-step memory estimate (vacsr/model/memory.py) against hand counts and torch."""
+from __future__ import annotations
+
+import contextlib
+
+import open_clip
+import pytest
+import torch
+from open_clip.transformer import ResidualAttentionBlock
+
+from vacsr.config import load_config
+from vacsr.model.backbone import register_model_configs
+from vacsr.model.memory import (C_FROZEN, C_TRAINABLE, estimate_for_config, estimate_step_memory,
+                                towers)
+
+# vacsr-tiny by hand: W = 64, 3 blocks per tower, 8 px patches of 32 px images, embed 64
+BLOCK = 12 * 64 * 64 + 13 * 64  # in_proj 3W^2+3W, out_proj W^2+W, 2 LN 4W, MLP 8W^2+5W
+IMAGE = 3 * BLOCK + 3 * 8 * 8 * 64 + 64 + 17 * 64 + 4 * 64 + 64 * 64  # conv1 cls pos LNs proj
+TEXT = 3 * BLOCK + 49408 * 64 + 16 * 64 + 2 * 64 + 64 * 64 + 1  # tokens pos ln_final proj scale
+ADAPTER = (64 * 512 + 512) + (512 * 2 * 65 + 2 * 65) + (32 * 64 + 64) + (64 + 1)  # fc1 fc2 dec
+GPO_PARAMS = 2 * 3 * (32 * 32 + 32 * 32 + 2 * 32) + 32  # bidirectional GRU 32 -> 32, score
+
+
+def test_parameter_part_matches_a_hand_count_and_open_clip():
+    assert (IMAGE, TEXT) == (167_744, 3_317_313)
+    image, text, embed = towers("vacsr-tiny")
+    assert (image.params(), text.params(), embed) == (IMAGE, TEXT, 64)
+    register_model_configs()
+    model = open_clip.create_model("vacsr-tiny")
+    assert sum(p.numel() for p in model.parameters()) == IMAGE + TEXT
+
+    parts = estimate_step_memory("vacsr-tiny", batch_size=8, dtype="bf16")
+    assert parts["weights"] == 4 * (IMAGE + TEXT + ADAPTER + 2 * GPO_PARAMS)
+    trainable = 6 * BLOCK + 2 * (2 * 64 + 64 * 64) + ADAPTER + 2 * GPO_PARAMS  # + projections
+    assert parts["optimizer"] == 12 * trainable  # fp32 grad + AdamP's two moments
+    assert parts["casts"] == 2 * 6 * BLOCK
+    frozen = estimate_step_memory("vacsr-tiny", batch_size=8, image_blocks=0, text_blocks=0,
+                                  train_projections=False)
+    assert frozen["optimizer"] == 12 * (ADAPTER + 2 * GPO_PARAMS) and frozen["casts"] == 0
+
+
+def test_estimate_grows_with_batch_and_activation_bytes():
+    small, large = (estimate_step_memory("ViT-B-16", batch_size=b) for b in (64, 128))
+    assert large["total"] > small["total"]
+    assert large["weights"] == small["weights"] and large["optimizer"] == small["optimizer"]
+    assert large["activations"] == 2 * small["activations"]  # linear in B (B' = B)
+    fp32 = estimate_step_memory("ViT-B-16", batch_size=128, dtype="fp32")
+    assert fp32["activations"] > large["activations"] and fp32["casts"] == 0
+    math_attention = estimate_step_memory("ViT-B-16", batch_size=128, fused_attention=False)
+    assert math_attention["activations"] - large["activations"] == 128 * 12 * (
+        12 * 197 ** 2 * 2 + 8 * 77 ** 2 * 2)  # B heads T^2 bf16, 12 + 12 blocks (12, 8 heads)
+    config = load_config(overrides=["model.name=ViT-B-16", "train.batch_size=128",
+                                    "adapter.hidden_dim=512"])
+    assert estimate_for_config(config) == large
+
+
+def _saved_bytes_per_token(trainable: bool, bf16: bool, batch: int, width: int = 64,
+                           tokens: int = 17) -> float:
+    """Bytes torch saves for backward in one open_clip block, per (B, T, D) element, excluding
+    parameters (the slope over two batch sizes removes constant terms such as weight casts)."""
+    sizes = []
+    for rows in (batch, 2 * batch):
+        block = ResidualAttentionBlock(width, 2).requires_grad_(trainable)
+        params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+        x = torch.randn(rows, tokens, width, requires_grad=True)
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            key = t.untyped_storage().data_ptr()
+            if key not in params:
+                saved[key] = t.untyped_storage().nbytes()
+            return t
+
+        cast = (torch.autocast("cpu", dtype=torch.bfloat16) if bf16
+                else contextlib.nullcontext())
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), cast:
+            block(x)
+        sizes.append(sum(saved.values()))  # the block input x is one of them
+    return (sizes[1] - sizes[0]) / (batch * tokens * width)
+
+
+@pytest.mark.parametrize("trainable, c", [(True, C_TRAINABLE), (False, C_FROZEN)])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_per_block_activation_count_matches_torch(trainable, c, bf16):
+    s, r = (2, 4) if bf16 else (4, 4)
+    measured = _saved_bytes_per_token(trainable, bf16, batch=4)
+    assert measured == pytest.approx((c - 2) * s + 2 * r, abs=0.5)  # + the (B, h, T) log-sum-exp
