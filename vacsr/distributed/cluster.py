@@ -1,25 +1,57 @@
-"""Connecting to Ray: the cluster named by RAY_ADDRESS (`ray job submit` sets it), else a local one."""
+"""Connecting to Ray: the cluster named by RAY_ADDRESS (`ray job submit` sets it) or --ray-address,
+else a local instance of our own (never one that `ray start` left running on this machine)."""
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 
 import ray
 
+# Loggers whose INFO output (Tune's tables and hints, Train's per-report lines, Optuna's study
+# notices) belongs in the log files, not on the researcher's console.
+CHATTY_LOGGERS = ("ray", "ray.tune", "ray.train", "ray.data", "optuna", "mlflow", "alembic")
+# a local instance of our own listens on loopback only: the token-auth notice asks nothing of
+# the user there
+NOTICE_LOGGERS = ("ray._private.authentication.authentication_token_setup",)
+
+
+def quiet_logging(verbose: bool = False) -> None:
+    """Warnings and errors only on the console, unless `verbose`."""
+    level = logging.INFO if verbose else logging.WARNING
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+    for name in NOTICE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.ERROR)
+    if not verbose:
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TensorBoard hints
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+        warnings.filterwarnings("ignore", module="ray")
+        try:
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+        except ImportError:
+            pass
+
 
 def ensure_ray(num_cpus: int | None = None, num_gpus: int | None = None,
-               include_dashboard: bool = True, address: str | None = None) -> None:
-    """ray.init once. With `address` (or RAY_ADDRESS, which `ray job submit` sets) join that
-    cluster; otherwise start a local instance with explicit resources (the dashboard stays on:
-    Train/Tune use its state API) on loopback."""
+               include_dashboard: bool = True, address: str | None = None,
+               log_to_driver: bool = True) -> None:
+    """ray.init once. With `address` (or RAY_ADDRESS) join that cluster; otherwise start a local
+    instance of our own (`address="local"`: a cluster recorded by `ray start` is not joined) with
+    explicit resources and the dashboard on loopback (Train/Tune use its state API)."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     address = address or os.environ.get("RAY_ADDRESS")
+    quiet = {} if log_to_driver else {"logging_level": logging.WARNING}
     if address:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=log_to_driver, **quiet)
         return
     # one machine is never preempted: skip Ray Train's per-run preemption-watcher actor
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus,
+    ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus,
              include_dashboard=include_dashboard, dashboard_host="127.0.0.1",
-             log_to_driver=True)
+             log_to_driver=log_to_driver, **quiet)
