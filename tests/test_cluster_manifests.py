@@ -111,6 +111,7 @@ def test_raycluster_manifest_structure():
 
 
 def test_rayjob_entrypoint_runs_an_existing_sweep_with_valid_arguments():
+    from sweeps.base2novel import SWEEP
     from vacsr.sweep.cli import _datasets, _ray_storage, build_parser
     from vacsr.sweep.space import parse_range
 
@@ -120,8 +121,8 @@ def test_rayjob_entrypoint_runs_an_existing_sweep_with_valid_arguments():
     argv = shlex.split(job["spec"]["entrypoint"])
     assert argv[0] == "python" and argv[1] == "sweeps/base2novel.py"
     assert (REPO / argv[1]).is_file()
-    args = build_parser("base2novel").parse_args(argv[2:])  # SystemExit on a bad flag
-    _datasets("base2novel", args.datasets)
+    args = build_parser(SWEEP).parse_args(argv[2:])  # SystemExit on a bad flag
+    _datasets(SWEEP, args.datasets)
     _ray_storage(args.ray_storage)
     for text in args.range:
         parse_range(text)

@@ -81,3 +81,38 @@ def test_pool_equals_local_scorer_and_follows_weight_updates(ray_local):
         _assert_same(staged.query_topk, staged_local.query_topk)
     finally:
         pool.shutdown()
+
+
+@pytest.mark.parametrize("task, dataset", [("retrieval", "synthetic"),
+                                           ("classification", "eurosat")])
+def test_checkpoint_evaluation_on_actors_equals_in_process(ray_local, tmp_path, task, dataset):
+    """`vacsr eval --actors 2` and the sweeps' final evaluation (encode once, score on the
+    EvalPool) give exactly the in-process metrics of the same checkpoint."""
+    from vacsr.config import load_config
+    from vacsr.data.generate import generate_all
+    from vacsr.distributed.eval_actor import EvalPool
+    from vacsr.train.evaluate import encode_checkpoint, evaluate_checkpoint, score_encoded
+    from vacsr.train.loop import Trainer
+
+    overrides = [f"train.output_dir={tmp_path / 'run'}", "train.epochs=1", "train.progress=false",
+                 "adapter.hidden_dim=16", "model.trainable_image_blocks=0",
+                 "model.trainable_text_blocks=0", f"data.task={task}", f"data.dataset={dataset}"]
+    if task == "classification":
+        generate_all(tmp_path / "data", datasets=[dataset], per_class=(4, 3, 2))
+        overrides += [f"data.root={tmp_path / 'data'}", "data.shots=2", "train.batch_size=4",
+                      "model.use_gpo=false"]
+    else:
+        overrides += ["data.num_train=32", "data.num_test=20", "train.batch_size=16"]
+    config = load_config(overrides=overrides)
+    checkpoint = Trainer(config).fit().checkpoint
+    expected = evaluate_checkpoint(config, checkpoint)
+    encoded = encode_checkpoint(config, checkpoint)
+    pool = EvalPool(encoded.head, encoded.items, num_actors=2, num_cpus_per_actor=0.5)
+    try:
+        got = score_encoded(encoded, scorer=pool)
+    finally:
+        pool.shutdown()
+    drop = {"eval_seconds"}
+    assert {k: v for k, v in got.items() if k not in drop} == \
+        {k: v for k, v in expected.items() if k not in drop}
+    assert ("rsum" if task == "retrieval" else "acc") in got

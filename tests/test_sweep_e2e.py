@@ -100,10 +100,11 @@ def mlflow_server(tmp_path):
 
 
 def _submit(address: str, args: list[str], job_id: str) -> str:
-    subprocess.run([str(BIN / "ray"), "job", "submit", f"--address={address}",
-                    f"--submission-id={job_id}", "--working-dir", str(REPO), "--no-wait", "--",
-                    "python", "sweeps/base2novel.py", *args],
-                   check=True, env=_env(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run([str(BIN / "ray"), "job", "submit", f"--address={address}",
+                          f"--submission-id={job_id}", "--working-dir", str(REPO), "--no-wait",
+                          "--", "python", "sweeps/base2novel.py", *args],
+                         env=_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return job_id
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from sweeps.domain_generalization import SWEEP as DG
+from sweeps.retrieval import SWEEP as RETRIEVAL
+
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
 
 
@@ -25,7 +28,7 @@ def _runs(uri: str, experiment: str):
     return mlflow.search_runs(experiment_names=[experiment])
 
 
-def _sweep(kind: str, tmp_path, weights, extra: list[str]) -> tuple[int, str]:
+def _sweep(kind, tmp_path, weights, extra: list[str]) -> tuple[int, str]:
     from vacsr.sweep.cli import main
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -35,7 +38,7 @@ def _sweep(kind: str, tmp_path, weights, extra: list[str]) -> tuple[int, str]:
 
 
 def test_retrieval_and_domain_generalization_sweeps(tmp_path, ray_local, tiny_weights, capsys):
-    code, uri = _sweep("retrieval", tmp_path / "ret", tiny_weights,
+    code, uri = _sweep(RETRIEVAL, tmp_path / "ret", tiny_weights,
                        ["--range", "model.trainable_image_blocks=int:0:0",
                         "--range", "model.trainable_text_blocks=int:0:0"])
     out = capsys.readouterr().out
@@ -47,7 +50,7 @@ def test_retrieval_and_domain_generalization_sweeps(tmp_path, ray_local, tiny_we
     assert dataset["metrics.best_val/rsum"] > 0 and dataset["metrics.best_test_rsum"] > 0
     assert (runs.status == "FINISHED").all()
 
-    code, uri = _sweep("domain_generalization", tmp_path / "dg", tiny_weights, [])
+    code, uri = _sweep(DG, tmp_path / "dg", tiny_weights, [])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     table = (tmp_path / "dg" / "domain_generalization" / "report" / "results.md").read_text()

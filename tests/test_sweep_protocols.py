@@ -2,51 +2,52 @@
 of appendix E.1; retrieval test evaluation reports the COCO 1K recalls."""
 import pytest
 
+from sweeps.base2novel import SWEEP as BASE2NOVEL
+from sweeps.domain_generalization import SWEEP as DG
+from sweeps.retrieval import SWEEP as RETRIEVAL
 from vacsr.config import load_config
-from vacsr.sweep.space import BATCH_SIZES, SPACES, Choice, space_for
+from vacsr.sweep.paper import BASE_TO_NOVEL_BATCH_SIZES
+from vacsr.sweep.space import Choice, dataset_space
 from vacsr.train.optim import lr_factor
 
+KINDS = {k.name: k for k in (BASE2NOVEL, DG, RETRIEVAL)}
 
-def _spec(kind, tmp_path, monkeypatch, argv=(), embedded=False):
+
+def _plan(kind, tmp_path, monkeypatch, argv=(), embedded=False):
     from vacsr.sweep import cli
 
     if embedded:  # the embedded profile without writing data or pretraining the tiny CLIP
-        monkeypatch.setattr(cli, "_embedded", lambda args, storage, kind, datasets:
-                            (tmp_path / "data", None))
+        monkeypatch.setattr(cli, "_embedded_data", lambda *a: None)
     root = [] if embedded else ["--data-root", str(tmp_path / "data")]
     args = cli.build_parser(kind).parse_args([*root, "--storage", str(tmp_path), *argv])
-    return cli.spec_from_args(kind, args)
+    return cli.plan_from_args(kind, args)
 
 
-def _config(spec, dataset):
-    return load_config(overrides=spec.overrides[dataset])
-
-
-@pytest.mark.parametrize("kind", sorted(SPACES))
-def test_every_space_searches_the_negative_sigma_target(kind):
-    assert space_for(kind)["loss.neg_sigma_target"] == Choice(("label", "positive"))
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_every_space_searches_the_negative_sigma_target(name):
+    assert KINDS[name].space["loss.neg_sigma_target"] == Choice(("label", "positive"))
 
 
 @pytest.mark.parametrize("embedded", [False, True])
 def test_domain_generalization_fixes_the_paper_protocol(tmp_path, monkeypatch, embedded):
-    space = space_for("domain_generalization", "imagenet")
-    assert not {"model.trainable_image_blocks", "model.trainable_text_blocks",
-                "train.epochs"} & set(space)
-    spec = _spec("domain_generalization", tmp_path, monkeypatch, embedded=embedded)
-    assert not {"model.trainable_image_blocks", "model.trainable_text_blocks",
-                "train.epochs"} & set(spec.space_overrides)
-    config = _config(spec, "imagenet")
+    fixed = {"model.trainable_image_blocks", "model.trainable_text_blocks", "train.epochs"}
+    plan = _plan(DG, tmp_path, monkeypatch, embedded=embedded)
+    assert not fixed & set(plan.spaces["imagenet"])  # not searched, even by the profile
+    config = plan.configs["imagenet"]
     assert (config.model.trainable_image_blocks, config.model.trainable_text_blocks) == (2, 3)
     assert (config.train.epochs, config.optim.schedule) == (5, "cosine")
+    assert config.data.subsample_classes == "all"
+    assert [e.dataset for e in DG.evaluations] == ["imagenetv2", "imagenet_sketch",
+                                                  "imagenet_a", "imagenet_r"]
 
 
 def test_set_and_range_still_override_the_protocol(tmp_path, monkeypatch):
-    spec = _spec("domain_generalization", tmp_path, monkeypatch,
+    plan = _plan(DG, tmp_path, monkeypatch,
                  ["--set", "train.epochs=7", "--set", "model.trainable_image_blocks=1",
                   "--range", "model.trainable_text_blocks=int:0:2"])
-    config = _config(spec, "imagenet")
+    config = plan.configs["imagenet"]
     assert (config.train.epochs, config.model.trainable_image_blocks) == (7, 1)
-    assert "model.trainable_text_blocks" in spec.space_overrides
+    assert "model.trainable_text_blocks" in plan.spaces["imagenet"]
 
 
 @pytest.mark.parametrize("argv, embedded, epochs, decay", [
@@ -57,7 +58,7 @@ def test_set_and_range_still_override_the_protocol(tmp_path, monkeypatch):
     (["--set", "optim.decay_epochs=[2]", "--epochs", "4"], False, 4, 2),  # --set wins
 ])
 def test_retrieval_uses_the_step_schedule(tmp_path, monkeypatch, argv, embedded, epochs, decay):
-    config = _config(_spec("retrieval", tmp_path, monkeypatch, argv, embedded), "coco")
+    config = _plan(RETRIEVAL, tmp_path, monkeypatch, argv, embedded).configs["coco"]
     assert (config.optim.schedule, config.train.epochs) == ("step", epochs)
     assert config.optim.decay_epochs == [decay] and config.optim.lr == 5e-4
     factor = lr_factor(decay, epochs=epochs, schedule=config.optim.schedule,
@@ -65,19 +66,22 @@ def test_retrieval_uses_the_step_schedule(tmp_path, monkeypatch, argv, embedded,
     assert factor == pytest.approx(0.1)  # to 10% at the decay epoch
 
 
-def test_base_to_novel_keeps_cosine(tmp_path, monkeypatch):
-    spec = _spec("base2novel", tmp_path, monkeypatch, ["--datasets", "eurosat"])
-    assert _config(spec, "eurosat").optim.schedule == "cosine"
+def test_base_to_novel_keeps_cosine_and_trains_on_base_classes(tmp_path, monkeypatch):
+    config = _plan(BASE2NOVEL, tmp_path, monkeypatch, ["--datasets", "eurosat"]).configs["eurosat"]
+    assert config.optim.schedule == "cosine" and config.data.subsample_classes == "base"
+    assert config.model.use_gpo is False  # classification: pooled CLIP features
 
 
 def test_eurosat_batch_sizes_include_five(tmp_path, monkeypatch):
-    assert 5 in BATCH_SIZES["eurosat"]
-    assert 5 in space_for("base2novel", "eurosat")["train.batch_size"].options
+    assert 5 in BASE_TO_NOVEL_BATCH_SIZES["eurosat"]
+    space = dataset_space(BASE2NOVEL.space, BASE_TO_NOVEL_BATCH_SIZES["eurosat"])
+    assert 5 in space["train.batch_size"].options
     # sizes that do not split over the Ray Train workers are left out
-    assert space_for("base2novel", "eurosat", workers=2)["train.batch_size"].options == (4, 6)
-    spec = _spec("base2novel", tmp_path, monkeypatch,
+    space = dataset_space(BASE2NOVEL.space, BASE_TO_NOVEL_BATCH_SIZES["eurosat"], workers=2)
+    assert space["train.batch_size"].options == (4, 6)
+    plan = _plan(BASE2NOVEL, tmp_path, monkeypatch,
                  ["--datasets", "eurosat", "--set", "train.batch_size=5"])
-    assert _config(spec, "eurosat").train.batch_size == 5  # validates with one worker
+    assert plan.configs["eurosat"].train.batch_size == 5  # validates with one worker
 
 
 def test_retrieval_training_reports_coco_1k_recalls(tmp_path):

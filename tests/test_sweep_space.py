@@ -1,18 +1,25 @@
-"""Sweep pieces that need no cluster: spaces, argument checks, val-only selection."""
+"""Sweep pieces that need no cluster: spaces, argument checks, val-only selection, storage."""
 from pathlib import Path
 
 import pytest
 
+from sweeps.base2novel import SWEEP as BASE2NOVEL
 from vacsr.errors import ConfigError
-from vacsr.sweep.driver import select_best
-from vacsr.sweep.space import (BATCH_SIZES, Choice, Int, LogFloat, parse_range, space_for,
-                               validate_space)
+from vacsr.sweep.paper import BASE_TO_NOVEL_BATCH_SIZES
+from vacsr.sweep.search import DatasetFailed, sampler_seed, select_best
+from vacsr.sweep.space import (Choice, Int, LogFloat, clamp_blocks, dataset_space, parse_range,
+                               start_point, tower_depths, validate_space)
+
+
+def _space(dataset, overrides=None, workers=1, kind=BASE2NOVEL):
+    return dataset_space(kind.space, kind.batch_sizes.get(dataset, ()), overrides, workers,
+                         dataset)
 
 
 def test_space_keys_are_config_keys_and_batch_sizes_follow_the_dataset():
-    space = space_for("base2novel", "eurosat")
-    assert space["train.batch_size"] == Choice(BATCH_SIZES["eurosat"])
-    assert space_for("base2novel", "sun397")["train.batch_size"].options[-1] == 128
+    space = _space("eurosat")
+    assert space["train.batch_size"] == Choice(BASE_TO_NOVEL_BATCH_SIZES["eurosat"])
+    assert _space("sun397")["train.batch_size"].options[-1] == 128
     assert space["loss.alpha_kl"] == LogFloat(1e-5, 1e-2)
     assert space["adapter.num_components"] == Choice((1, 2, 3, 4))
     assert space["loss.num_hard_negatives"] == Choice((1, 2, 4, 8))
@@ -28,7 +35,7 @@ def test_space_keys_are_config_keys_and_batch_sizes_follow_the_dataset():
 def test_empty_or_inverted_ranges_are_rejected(text, fragment):
     key, domain = parse_range(text)
     with pytest.raises(ConfigError, match=fragment):
-        space_for("base2novel", "dtd", {key: domain})
+        _space("dtd", {key: domain})
 
 
 def test_parse_range_forms():
@@ -40,69 +47,41 @@ def test_parse_range_forms():
         parse_range("loss.beta=0.5")
 
 
-def test_selection_uses_val_metrics_only():
+def test_block_ranges_follow_the_backbone_depth_not_its_name():
+    assert tower_depths("vacsr-tiny") == (3, 3) and tower_depths("ViT-B-32") == (12, 12)
+    assert tower_depths("no-such-model") is None
+    space = {"model.trainable_image_blocks": Int(0, 4), "model.trainable_text_blocks": Int(2, 8)}
+    assert clamp_blocks(space, (3, 3)) == {"model.trainable_image_blocks": Int(0, 3),
+                                           "model.trainable_text_blocks": Int(2, 3)}
+    assert clamp_blocks(space, (12, 12)) == space
+    assert clamp_blocks(space, None) == space
+
+
+def test_selection_uses_val_metrics_only_and_skips_failed_trials():
     trials = [
         {"config": "a", "metrics": {"val/acc": 70.0, "test/acc": 95.0}},  # best test, not val
         {"config": "b", "metrics": {"val/acc": 80.0, "test/acc": 60.0}},
         {"config": "c", "metrics": {"val/acc": 80.0, "test/acc": 90.0}},  # ties b: later loses
         {"config": "d", "metrics": {"test/acc": 99.0}},  # never reported val
+        {"config": "e", "metrics": {"val/acc": 99.0}, "error": "diverged"},  # failed after epoch 1
     ]
     assert select_best(trials, "val/acc")["config"] == "b"
     assert select_best(trials, "val/acc", mode="min")["config"] == "a"
     with pytest.raises(ValueError, match="val metric"):
         select_best(trials, "test/acc")
+    with pytest.raises(DatasetFailed, match=r"none of 2 trial\(s\) .* \(2 failed\): boom"):
+        select_best([{"metrics": {"val/acc": 1.0}, "error": "boom"},
+                     {"metrics": {}, "error": "boom"}], "val/acc")
 
 
-def _spec(argv, tmp_path):
-    from vacsr.sweep.cli import build_parser, spec_from_args
-
-    args = build_parser("base2novel").parse_args(argv + ["--storage", str(tmp_path)])
-    return spec_from_args("base2novel", args)
-
-
-def test_bad_input_fails_before_any_trial(tmp_path):
-    with pytest.raises(ConfigError, match="unknown dataset 'mnist'"):
-        _spec(["--datasets", "eurosat,mnist"], tmp_path)
-    with pytest.raises(ConfigError, match="inverted"):
-        _spec(["--datasets", "eurosat", "--range", "loss.gamma=log:5:1"], tmp_path)
-    with pytest.raises(ConfigError, match="127.0.0.1:9"):
-        _spec(["--datasets", "eurosat", "--tracking-uri", "http://127.0.0.1:9"], tmp_path)
-    with pytest.raises(ConfigError, match="loss.gamma"):
-        _spec(["--datasets", "eurosat", "--data-root", str(tmp_path), "--set", "loss.gamma=-1"],
-              tmp_path)
-    assert not (tmp_path / "base2novel" / "tune").exists()  # nothing started
-
-
-def test_bad_cluster_settings_fail_before_any_trial(tmp_path):
-    base = ["--datasets", "eurosat", "--data-root", str(tmp_path)]
-    with pytest.raises(ConfigError, match="--ray-storage 'nosuch://bucket'"):
-        _spec(base + ["--ray-storage", "nosuch://bucket"], tmp_path)
-    with pytest.raises(ConfigError, match="--optuna-storage"):
-        _spec(base + ["--optuna-storage", "postgresql://u:secret@127.0.0.1:9/db"], tmp_path)
-    with pytest.raises(ConfigError, match="--trial-cpus"):
-        _spec(base + ["--trial-cpus", "0"], tmp_path)
-    assert not (tmp_path / "base2novel" / "tune").exists()
-
-
-def test_cluster_settings_come_from_the_environment(tmp_path, monkeypatch):
-    from vacsr.sweep.cli import build_parser
-
-    monkeypatch.setenv("VACSR_SWEEP_STORAGE", "/shared/sweeps")
-    monkeypatch.setenv("VACSR_RAY_STORAGE", "s3://bucket/vacsr")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
-    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
-    args = build_parser("base2novel").parse_args([])
-    assert (args.storage, args.ray_storage) == ("/shared/sweeps", "s3://bucket/vacsr")
-    assert (args.tracking_uri, args.ray_address) == ("http://mlflow:5000", "http://head:8265")
-    spec = _spec(["--datasets", "eurosat", "--data-root", str(tmp_path),
-                  "--ray-storage", f"file://{tmp_path}/ray", "--tracking-uri",
-                  f"sqlite:///{tmp_path}/m.db"], tmp_path)
-    assert spec.ray_path("tune", "eurosat") == f"file://{tmp_path}/ray/tune/eurosat"
-    assert spec.storage == tmp_path / "base2novel"
+def test_each_dataset_samples_from_its_own_seed():
+    seeds = {sampler_seed(0, d) for d in BASE2NOVEL.datasets}
+    assert len(seeds) == len(BASE2NOVEL.datasets)  # datasets do not start identically
+    assert sampler_seed(0, "dtd") == sampler_seed(0, "dtd") != sampler_seed(1, "dtd")
 
 
 def test_storage_paths_and_copies_for_paths_and_uris(tmp_path):
-    from vacsr.sweep.driver import copy_from_storage, join_storage
+    from vacsr.sweep.storage import copy_from_storage, join_storage
 
     assert join_storage("s3://b/p/", "tune", "x") == "s3://b/p/tune/x"
     assert join_storage(str(tmp_path), "tune") == str(tmp_path / "tune")
@@ -115,76 +94,30 @@ def test_storage_paths_and_copies_for_paths_and_uris(tmp_path):
 
 
 @pytest.mark.parametrize("cpus,workers,cpw,trial_cpus,parallel,expected", [
-    (2, 1, 1.0, 1.0, 0, (1, 1)),      # 2 CPUs, a trial needs 2: one at a time
-    (2, 1, 0.5, 0.1, 0, (3, 1)),      # the embedded default: three datasets side by side
-    (64, 1, 4.0, 1.0, 0, (11, 1)),    # 12 slots over 11 datasets
+    (2, 1, 1.0, 1.0, None, (1, 1)),   # 2 CPUs, a trial needs 2: one at a time
+    (2, 1, 0.5, 0.1, None, (3, 1)),   # the embedded default: three datasets side by side
+    (64, 1, 4.0, 1.0, None, (11, 1)),  # 12 slots over 11 datasets
     (64, 1, 1.0, 1.0, 4, (4, 8)),     # 32 slots, 4 datasets at once: 8 trials each
     (8, 2, 1.0, 1.0, 20, (2, 1)),     # never more datasets than slots (no starved trials)
 ])
-def test_parallel_plan_never_oversubscribes(monkeypatch, cpus, workers, cpw, trial_cpus,
-                                            parallel, expected):
-    from vacsr.sweep import driver
+def test_parallel_plan_never_oversubscribes(cpus, workers, cpw, trial_cpus, parallel, expected):
+    from vacsr.config import load_config
+    from vacsr.sweep.plan import SweepPlan, plan_parallelism
 
-    monkeypatch.setattr(driver.ray, "cluster_resources", lambda: {"CPU": cpus})
-    spec = driver.SweepSpec(
-        kind="base2novel", name="t", datasets=[f"d{i}" for i in range(11)],
-        overrides={f"d{i}": [f"train.workers={workers}", f"train.cpus_per_worker={cpw}"]
-                   for i in range(11)},
-        metric="val/acc", storage=Path("/tmp"), tracking_uri="sqlite:///x.db",
-        parallel=parallel, trial_cpus=trial_cpus)
-    datasets_at_once, trials_each = driver.plan_parallelism(spec)
+    config = load_config(overrides=[f"train.workers={workers}", f"train.cpus_per_worker={cpw}"])
+    plan = SweepPlan(kind=BASE2NOVEL, name="t", configs={f"d{i}": config for i in range(11)},
+                     spaces={}, storage=Path("/tmp"), tracking_uri="sqlite:///x.db",
+                     parallel=parallel, trial_cpus=trial_cpus)
+    datasets_at_once, trials_each = plan_parallelism(plan, {"CPU": cpus})
     assert (datasets_at_once, trials_each) == expected
     assert datasets_at_once * trials_each * (trial_cpus + workers * cpw) <= cpus
 
 
-def test_reused_trial_checkpoint_is_one_final_run_across_driver_restarts(tmp_path, monkeypatch):
-    """The best trial's checkpoint stands in for its seed's final run; evaluating it again after a
-    driver restart continues the same MLflow run instead of adding a second one."""
-    from vacsr.config import load_config
-    from vacsr.sweep import run
-    from vacsr.sweep.driver import SweepSpec
-    from vacsr.tracking import MlflowTracker
-
-    source = tmp_path / "ray" / "trials" / "eurosat" / "abc" / "checkpoint_0" / "last.ckpt"
-    source.parent.mkdir(parents=True)
-    source.write_bytes(b"trained weights")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    spec = SweepSpec(kind="base2novel", name="t", datasets=["eurosat"], overrides={"eurosat": []},
-                     metric="val/acc", storage=tmp_path / "sweep", tracking_uri=uri,
-                     ray_storage=str(tmp_path / "ray"))
-    parent = MlflowTracker(uri)
-    parent_id = parent.start(spec.experiment, "eurosat")
-    best = {"checkpoint": str(source), "trial_id": "abc"}
-    evaluated = []
-
-    class Evaluate:  # stands for the Ray task: records what it was given
-        @staticmethod
-        def remote(config, checkpoint):
-            evaluated.append(Path(checkpoint).read_bytes())
-            return {"acc": 42.0}
-
-    monkeypatch.setattr(run.ray, "get", lambda ref: ref)
-    config = run._final_config(load_config(overrides=["train.epochs=3"]), spec, "eurosat", 1,
-                               parent_id)
-    for _ in range(2):  # the second call is the restarted driver
-        metrics, checkpoint = run._reuse_trial(spec, config, best, Evaluate)
-        assert metrics == {"acc": 42.0} and checkpoint.read_bytes() == b"trained weights"
-    assert evaluated == [b"trained weights"] * 2
-    runs = parent.client.search_runs([parent.experiment_id(spec.experiment)],
-                                     filter_string="tags.`mlflow.runName` = 'eurosat-final-seed1'")
-    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    assert runs[0].data.tags["vacsr.reused_trial"] == "abc"
-    history = parent.client.get_metric_history(runs[0].info.run_id, "test/acc")
-    assert [(m.step, m.value) for m in history] == [(3, 42.0)]
-
-
 def test_the_first_trial_is_the_base_config_clamped_into_the_space():
     from vacsr.config import load_config
-    from vacsr.sweep.space import space_for, start_point
 
     base = load_config(overrides=["train.epochs=1", "optim.lr=5e-4"])
-    space = space_for("base2novel", "eurosat", {"train.epochs": Int(4, 8),
-                                                "optim.lr": LogFloat(1e-3, 3e-3)})
+    space = _space("eurosat", {"train.epochs": Int(4, 8), "optim.lr": LogFloat(1e-3, 3e-3)})
     point = start_point(space, base)
     assert set(point) == set(space)
     # the paper's loss defaults (appendix E), untouched
@@ -195,3 +128,24 @@ def test_the_first_trial_is_the_base_config_clamped_into_the_space():
     assert point["train.epochs"] == 4 and point["optim.lr"] == 1e-3
     assert point["model.trainable_image_blocks"] == 0  # -1 (all) -> the range's low end
     assert point["train.batch_size"] == 4  # 128 is not among eurosat's (4, 5, 6)
+
+
+def test_a_trial_failed_by_a_stopped_driver_reports_to_a_fresh_optuna_trial_on_resume():
+    """The stopped driver marks its RUNNING Optuna trials FAIL; when --resume continues the Tune
+    trial, its results go to a new Optuna trial with the same values instead of failing the
+    search (Optuna refuses to update a finished trial)."""
+    import optuna
+
+    from vacsr.sweep.search import ResumableOptunaSearch
+    from vacsr.sweep.space import DefineByRun
+
+    search = ResumableOptunaSearch(DefineByRun({"loss.beta": LogFloat(0.1, 10.0)}),
+                                   metric="val/acc", mode="max", seed=0)
+    search.suggest("t1")
+    search._ot_study.tell(search._ot_trials["t1"], state=optuna.trial.TrialState.FAIL)
+    search.on_trial_result("t1", {"val/acc": 5.0, "training_iteration": 1})
+    search.on_trial_complete("t1", {"val/acc": 7.0, "training_iteration": 2})
+    failed, resumed = search._ot_study.trials
+    assert failed.state.name == "FAIL" and resumed.state.name == "COMPLETE"
+    assert resumed.params == failed.params and resumed.value == 7.0
+    assert resumed.intermediate_values == {1: 5.0}

@@ -1,7 +1,8 @@
 """The `vacsr` command: train, pretrain-tiny, demo.
 
-Every user error (bad config, missing file, bad data) ends with one line `vacsr: error: ...` on
-stderr and exit status 2.
+Every user error (bad flag, bad config, missing file, bad data) ends with one line
+`vacsr: error: ...` on stderr and exit status 2. A flag that is not given is None; an empty or zero
+value is an error wherever it would otherwise quietly mean "the default".
 """
 from __future__ import annotations
 
@@ -9,12 +10,46 @@ import argparse
 import sys
 from pathlib import Path
 
-from vacsr.errors import VacsrError
+from vacsr.errors import UsageError, VacsrError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line like every other vacsr error (usage stays in --help)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _nonempty(text: str) -> str:
+    """argparse type: a value that must not be empty (empty would mean the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a non-empty value, got ''")
+    return text
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (0 would otherwise read as 'not given')."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _names(text: str) -> list[str]:
+    """argparse type: comma-separated names, none of them empty."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML file of overrides (sections: model, adapter, loss, "
-                                         "optim, data, train)")
+    parser.add_argument("--config", type=_nonempty,
+                        help="YAML file of overrides (sections: model, adapter, loss, optim, "
+                             "data, train)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, applied last")
 
 
@@ -25,7 +60,7 @@ def cmd_train(args) -> int:
     overrides = list(args.overrides)
     if args.ray:
         overrides.append("train.ray=true")
-    if args.workers:
+    if args.workers is not None:
         overrides.append(f"train.workers={args.workers}")
     config = load_config(args.config, overrides)
     if config.train.ray:
@@ -46,23 +81,43 @@ def cmd_eval(args) -> int:
     from vacsr.train.loop import write_json
 
     checkpoint = Path(args.checkpoint).expanduser().resolve()
+    stored = load_checkpoint(checkpoint).get("config")  # absent: defaults, checked on loading
     config = load_config(args.config, args.overrides,
-                         base=from_dict(load_checkpoint(checkpoint)["config"]))
-    out = Path(args.out) if args.out else checkpoint.with_name(
+                         base=from_dict(stored) if isinstance(stored, dict) else None)
+    out = Path(args.out) if args.out is not None else checkpoint.with_name(
         f"eval-{config.data.dataset}-{config.data.subsample_classes}-{args.split}.json")
     extra = {}
     if config.data.task == "retrieval":
         extra["uncertainty_plot"] = out.with_suffix(".uncertainty.png")
-        if args.two_stage:
+        if args.two_stage is not None:
             extra["two_stage_k"] = args.two_stage
     # a retrieval test split also gets the COCO 1K recalls (5 folds; evaluate_checkpoint)
-    metrics = evaluate_checkpoint(config, checkpoint, split=args.split, **extra)
+    if args.actors is None:
+        metrics = evaluate_checkpoint(config, checkpoint, split=args.split, **extra)
+    else:
+        metrics = _evaluate_on_actors(config, checkpoint, args.split, args.actors, extra)
     print(format_metrics(metrics))
     write_json(out, {"checkpoint": str(checkpoint), "dataset": config.data.dataset,
                      "split": args.split, "metrics": metrics})
     print(f"wrote {out}" + (f" and {extra['uncertainty_plot']}" if "uncertainty_plot" in extra
                             else ""))
     return 0
+
+
+def _evaluate_on_actors(config, checkpoint: Path, split: str, actors: int, extra: dict) -> dict:
+    """Encode here, score on `actors` Ray evaluation actors (queries sharded, exact merge)."""
+    from vacsr.distributed.cluster import ensure_ray, quiet_logging
+    from vacsr.distributed.eval_actor import EvalPool
+    from vacsr.train.evaluate import encode_checkpoint, score_encoded
+
+    quiet_logging()
+    ensure_ray(log_to_driver=False)
+    encoded = encode_checkpoint(config, checkpoint, split=split)
+    pool = EvalPool(encoded.head, encoded.items, num_actors=actors)
+    try:
+        return score_encoded(encoded, scorer=pool, **extra)
+    finally:
+        pool.shutdown()
 
 
 def cmd_pretrain_tiny(args) -> int:
@@ -76,19 +131,21 @@ def cmd_pretrain_tiny(args) -> int:
 def cmd_generate_data(args) -> int:
     from vacsr.data.generate import generate_all
 
-    names = args.datasets.split(",") if args.datasets else None
-    generate_all(Path(args.root), seed=args.seed, datasets=names)
+    generate_all(Path(args.root), seed=args.seed, datasets=args.datasets)
     print(f"wrote synthetic datasets in their real layouts under {Path(args.root).resolve()}")
     return 0
 
 
 def cmd_best(args) -> int:
-    from vacsr.sweep.best import best_configs, format_rows
+    from vacsr.sweep.best import best_configs, format_rows, sweep_table
 
+    if args.table:
+        print(sweep_table(args.tracking_uri, args.experiment, args.sweep), end="")
+        return 0
     rows = best_configs(args.tracking_uri, args.experiment, args.sweep,
-                        Path(args.export) if args.export else None)
+                        Path(args.export) if args.export is not None else None)
     print(format_rows(rows))
-    if args.export:
+    if args.export is not None:
         print(f"best configs written to {Path(args.export).resolve()} "
               "(each runs with `vacsr train --config FILE`)")
     return 0
@@ -110,55 +167,67 @@ def format_metrics(metrics: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vacsr", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="vacsr", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train VACSR locally, or on Ray Train workers (--ray)")
     _add_config_args(train)
     train.add_argument("--ray", action="store_true", help="run through Ray Train (TorchTrainer)")
-    train.add_argument("--workers", type=int, help="Ray Train workers (implies nothing without "
-                                                   "--ray or train.ray=true)")
+    train.add_argument("--workers", type=_positive_int,
+                       help="Ray Train workers (implies nothing without --ray or train.ray=true)")
     train.set_defaults(func=cmd_train)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint on a dataset split")
-    ev.add_argument("--checkpoint", required=True, help="a vacsr checkpoint (last.ckpt)")
+    ev.add_argument("--checkpoint", required=True, type=_nonempty,
+                    help="a vacsr checkpoint (last.ckpt)")
     _add_config_args(ev)
-    ev.add_argument("--split", default="test", help="test (default), val or train")
-    ev.add_argument("--out", help="metrics JSON (default: beside the checkpoint)")
-    ev.add_argument("--two-stage", type=int, metavar="K", help="retrieval: cosine top-K re-ranked")
+    ev.add_argument("--split", default="test", choices=("test", "val", "train"),
+                    help="test (default), val or train")
+    ev.add_argument("--out", type=_nonempty, help="metrics JSON (default: beside the checkpoint)")
+    ev.add_argument("--two-stage", type=_positive_int, metavar="K",
+                    help="retrieval: cosine top-K re-ranked")
+    ev.add_argument("--actors", type=_positive_int, metavar="N",
+                    help="score on N Ray evaluation actors (default: in this process)")
     ev.set_defaults(func=cmd_eval)
 
     pre = sub.add_parser("pretrain-tiny", help="pretrain the tiny CLIP on synthetic data")
-    pre.add_argument("--out", required=True, help="weights file to write")
-    pre.add_argument("--epochs", type=int, default=6)
-    pre.add_argument("--num-images", type=int, default=1024)
+    pre.add_argument("--out", required=True, type=_nonempty, help="weights file to write")
+    pre.add_argument("--epochs", type=_positive_int, default=6)
+    pre.add_argument("--num-images", type=_positive_int, default=1024,
+                     help="synthetic images (5 captions each; at least one batch of 128 pairs)")
     pre.add_argument("--seed", type=int, default=0)
     pre.set_defaults(func=cmd_pretrain_tiny)
 
     gen = sub.add_parser("generate-data", help="write synthetic datasets in the real layouts")
-    gen.add_argument("--root", required=True, help="folder to write (one sub-folder a dataset)")
-    gen.add_argument("--datasets", help="comma-separated names (default: all)")
+    gen.add_argument("--root", required=True, type=_nonempty,
+                     help="folder to write (one sub-folder a dataset)")
+    gen.add_argument("--datasets", type=_names, help="comma-separated names (default: all)")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=cmd_generate_data)
 
     best = sub.add_parser("best", help="best config and metrics per dataset of a sweep (MLflow)")
-    best.add_argument("--experiment", default="vacsr-base2novel",
+    best.add_argument("--experiment", default="vacsr-base2novel", type=_nonempty,
                       help="vacsr-base2novel, vacsr-retrieval or vacsr-domain_generalization")
-    best.add_argument("--sweep", help="sweep name (default: the newest sweep)")
-    best.add_argument("--tracking-uri", help="MLflow URI (default: $MLFLOW_TRACKING_URI)")
-    best.add_argument("--export", help="folder to write <dataset>.yaml best configs into")
+    best.add_argument("--sweep", type=_nonempty, help="sweep name (default: the newest sweep)")
+    best.add_argument("--tracking-uri", type=_nonempty,
+                      help="MLflow URI (default: $MLFLOW_TRACKING_URI)")
+    best.add_argument("--export", type=_nonempty,
+                      help="folder to write <dataset>.yaml best configs into")
+    best.add_argument("--table", action="store_true",
+                      help="print the sweep's table (mean ± std over seeds) from MLflow alone")
     best.set_defaults(func=cmd_best)
 
     demo = sub.add_parser("demo", help="end-to-end run on synthetic data with the tiny model")
-    demo.add_argument("--workdir", default="demo_data", help="where data, weights and runs go")
-    demo.add_argument("--epochs", type=int, default=3)
+    demo.add_argument("--workdir", default="demo_data", type=_nonempty,
+                      help="where data, weights and runs go")
+    demo.add_argument("--epochs", type=_positive_int, default=3)
     demo.set_defaults(func=cmd_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except VacsrError as exc:
         print(f"vacsr: error: {exc}", file=sys.stderr)

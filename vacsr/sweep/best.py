@@ -1,12 +1,16 @@
-"""`vacsr best`: the best config and metrics per dataset of a sweep, read back from MLflow."""
+"""`vacsr best`: the selected config and metrics per dataset of a sweep, and its table, read back
+from the MLflow store alone (the parent run's sweep.json and each dataset run's final_runs.json)."""
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
 
 import yaml
 
 from vacsr.errors import ConfigError
+from vacsr.sweep.report import table_rows, to_markdown
 from vacsr.tracking import MlflowTracker, check_tracking_uri, resolve_tracking_uri
 
 
@@ -19,7 +23,7 @@ def find_sweep_run(tracker: MlflowTracker, experiment: str, sweep: str | None):
     runs = tracker.client.search_runs([found.experiment_id], filter_string=query,
                                       order_by=["attributes.start_time DESC"], max_results=1)
     if not runs:
-        raise ConfigError(f"no sweep {sweep or ''} in experiment {experiment!r}".replace("  ", " "))
+        raise ConfigError(" ".join(f"no sweep {sweep or ''} in experiment {experiment!r}".split()))
     return runs[0]
 
 
@@ -31,40 +35,69 @@ def dataset_runs(tracker: MlflowTracker, parent) -> list:
         order_by=["attributes.start_time ASC"])
 
 
-def best_configs(tracking_uri: str | None, experiment: str, sweep: str | None,
-                 export: Path | None = None) -> list[dict]:
-    """Per dataset: best_* metrics and the best config (optionally exported as YAML files)."""
+def _tracker(tracking_uri: str | None) -> MlflowTracker:
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per file
     uri = resolve_tracking_uri(tracking_uri)
     check_tracking_uri(uri)
-    tracker = MlflowTracker(uri)
+    return MlflowTracker(uri)
+
+
+def _artifact_json(tracker: MlflowTracker, run_id: str, name: str) -> dict | None:
+    try:
+        return json.loads(Path(tracker.client.download_artifacts(run_id, name)).read_text())
+    except Exception:  # absent: the dataset did not finish
+        return None
+
+
+def best_configs(tracking_uri: str | None, experiment: str, sweep: str | None,
+                 export: Path | None = None) -> list[dict]:
+    """Per dataset: best_* metrics, the searched keys' selected values and the best config
+    (optionally exported as YAML files `vacsr train --config` accepts)."""
+    tracker = _tracker(tracking_uri)
     parent = find_sweep_run(tracker, experiment, sweep)
     rows = []
     for run in dataset_runs(tracker, parent):
         dataset = run.data.tags["vacsr.dataset"]
+        if run.info.status != "FINISHED":
+            rows.append({"dataset": dataset, "status": run.info.status, "metrics": {},
+                         "params": {}, "config": None, "run_id": run.info.run_id})
+            continue
         local = tracker.client.download_artifacts(run.info.run_id, "best_config.yaml")
-        config = yaml.safe_load(Path(local).read_text())
         if export is not None:
             export.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(local, export / f"{dataset}.yaml")
         metrics = {k[len("best_"):]: v for k, v in run.data.metrics.items() if k.startswith("best_")}
         rows.append({"dataset": dataset, "run_id": run.info.run_id, "status": run.info.status,
-                     "metrics": metrics, "config": config})
+                     "metrics": metrics, "params": dict(run.data.params),
+                     "config": yaml.safe_load(Path(local).read_text())})
     return rows
-
-
-SEARCHED = ("loss.alpha_kl", "loss.beta", "loss.gamma", "adapter.num_components",
-            "loss.num_hard_negatives", "model.trainable_image_blocks",
-            "model.trainable_text_blocks", "train.epochs", "train.batch_size", "optim.lr")
 
 
 def format_rows(rows: list[dict]) -> str:
     lines = []
     for row in rows:
         metrics = ", ".join(f"{k}={v:.3g}" for k, v in sorted(row["metrics"].items()))
-        config = row["config"]
-        chosen = ", ".join(f"{key}={config[key.split('.')[0]][key.split('.')[1]]}"
-                           for key in SEARCHED
-                           if key.split(".")[1] in config.get(key.split(".")[0], {}))
+        chosen = ", ".join(f"{k}={v}" for k, v in sorted(row["params"].items()))
         lines.append(f"{row['dataset']}  [{row['status']}]\n  metrics: {metrics}\n"
                      f"  config:  {chosen}")
     return "\n".join(lines)
+
+
+def sweep_table(tracking_uri: str | None, experiment: str, sweep: str | None) -> str:
+    """The sweep's final table (mean ± std over seeds), rebuilt from MLflow."""
+    tracker = _tracker(tracking_uri)
+    parent = find_sweep_run(tracker, experiment, sweep)
+    info = _artifact_json(tracker, parent.info.run_id, "sweep.json")
+    if info is None:
+        raise ConfigError(f"sweep run {parent.info.run_id}: no sweep.json artifact (a sweep "
+                          "recorded before tables were stored)")
+    results, failed = {}, {}
+    for run in dataset_runs(tracker, parent):
+        dataset = run.data.tags["vacsr.dataset"]
+        finals = _artifact_json(tracker, run.info.run_id, "final_runs.json")
+        if finals is None:
+            failed[dataset] = f"run {run.info.status}"
+            continue
+        results[dataset] = {"per_seed": finals["per_seed"],
+                            "val": run.data.metrics.get(f"best_{info['metric']}", float("nan"))}
+    return to_markdown(info["table"], table_rows(info["table"], results, failed))

@@ -1,82 +1,152 @@
-"""The sweep's final table: per dataset base / novel / H from seed-averaged accuracies, the
-average row (H from the averaged base and novel), published rows beside, CSV + Markdown + chart."""
+"""The sweep's final table, in the base-to-novel literature's conventions: per dataset each column
+as mean ± std over the seeds (CoOp's parse_test_res.py), H from the seed-averaged base and novel
+(paper sec. 4.1), an average row, published rows beside; Markdown, CSV, a per-seed CSV and a chart.
+
+Everything here works from plain data (a table spec and per-seed metrics), so `vacsr best --table`
+rebuilds the same table from the MLflow store alone.
+"""
 from __future__ import annotations
 
 import csv
 import io
 import math
 from pathlib import Path
-from statistics import mean
+from statistics import mean, pstdev
+from typing import Any
 
+from vacsr.atomic import atomic_write, atomic_write_text
 from vacsr.eval.metrics import harmonic_mean
 
-# 11-dataset averages (base, novel, H) as published (paper Table 5 and the cited papers).
-PUBLISHED = {
-    "zero-shot CLIP": (69.34, 74.22, 71.70), "CoCoOp": (80.47, 71.69, 75.83),
-    "MaPLe": (82.28, 75.14, 78.55), "MMA": (83.20, 76.80, 79.87), "MMRL": (85.68, 77.16, 81.20),
-    "VACSR (paper)": (85.74, 76.08, 80.37),
-}
+HIDDEN = ("seed", "eval_seconds", "num_samples")  # per-seed entries that are not results
 
 
-def base_novel_rows(results: dict[str, dict]) -> list[dict]:
-    """results[dataset] = {"base": [per seed], "novel": [per seed], "val": best val} -> rows."""
+def table_spec(table) -> dict[str, Any]:
+    """A kind's Table as plain data (logged as the parent run's sweep.json)."""
+    return {"columns": [list(c) for c in table.columns],
+            "harmonic": list(table.harmonic) if table.harmonic else None,
+            "published": {k: list(v) for k, v in table.published.items()}}
+
+
+def _columns(spec: dict, results: dict[str, dict]) -> list[tuple[str, str]]:
+    if spec["columns"]:
+        return [tuple(c) for c in spec["columns"]]
+    keys = None
+    for result in results.values():
+        for row in result["per_seed"]:
+            names = [k for k in row if k not in HIDDEN and not k.startswith("uncertainty_")]
+            keys = names if keys is None else [k for k in keys if k in names]
+    return [(k, k) for k in keys or []]
+
+
+def _spread(values: list[float]) -> tuple[float, float]:
+    return mean(values), pstdev(values) if len(values) > 1 else 0.0
+
+
+def _row(name: str, seeds: list[dict], columns, harmonic) -> dict:
+    """A dataset (or the average over datasets) from its per-seed values."""
+    row: dict[str, Any] = {"dataset": name, "seeds": len(seeds)}
+    for title, metric in columns:
+        row[title], row[f"{title}_std"] = _spread([s[metric] for s in seeds])
+    if harmonic:
+        a, b = harmonic
+        row["H"] = harmonic_mean(row[a], row[b])  # from the averages, as the papers report
+        row["H_std"] = _spread([harmonic_mean(s[dict(columns)[a]], s[dict(columns)[b]])
+                                for s in seeds])[1]
+    return row
+
+
+def table_rows(spec: dict, results: dict[str, dict], failed: dict[str, str] | None = None
+               ) -> list[dict]:
+    """results[dataset] = {"per_seed": [{"seed": s, metric: value}], "val": best val}."""
+    columns, harmonic = _columns(spec, results), spec.get("harmonic")
     rows = []
     for dataset, result in results.items():
-        base, novel = mean(result["base"]), mean(result["novel"])
-        rows.append({"dataset": dataset, "base": base, "novel": novel,
-                     "H": harmonic_mean(base, novel), "val": result.get("val", float("nan")),
-                     "seeds": len(result["base"])})
-    if rows:
-        base, novel = mean(r["base"] for r in rows), mean(r["novel"] for r in rows)
-        rows.append({"dataset": "average", "base": base, "novel": novel,
-                     "H": harmonic_mean(base, novel), "val": float("nan"),
-                     "seeds": min(r["seeds"] for r in rows)})
+        rows.append({**_row(dataset, result["per_seed"], columns, harmonic),
+                     "val": result.get("val", math.nan)})
+    seed_lists = [[s["seed"] for s in r["per_seed"]] for r in results.values()]
+    if len(results) > 1 or harmonic:
+        if results and all(s == seed_lists[0] for s in seed_lists):
+            # per seed, the mean over datasets: the average row's spread is over seeds too
+            per_seed = [{"seed": seed, **{m: mean(r["per_seed"][i][m] for r in results.values())
+                                          for _, m in columns}}
+                        for i, seed in enumerate(seed_lists[0])]
+            rows.append({**_row("average", per_seed, columns, harmonic), "val": math.nan})
+    for dataset, why in (failed or {}).items():
+        rows.append({"dataset": dataset, "failed": why})
     return rows
 
 
-def to_csv(rows: list[dict]) -> str:
+def _cell(row: dict, title: str) -> str:
+    std = row.get(f"{title}_std", 0.0)
+    return f"{row[title]:.2f} ± {std:.2f}" if row["seeds"] > 1 else f"{row[title]:.2f}"
+
+
+def to_markdown(spec: dict, rows: list[dict]) -> str:
+    titles = [t for t, _ in [tuple(c) for c in spec["columns"]]] or [
+        k for k in next((r for r in rows if "failed" not in r), {"dataset": 0, "seeds": 0})
+        if k not in ("dataset", "seeds", "val") and not k.endswith("_std")]
+    if spec.get("harmonic") and "H" not in titles:
+        titles.append("H")
+    lines = ["| dataset | " + " | ".join(titles) + " | best val | seeds |",
+             "|---|" + "---:|" * (len(titles) + 2)]
+    for r in rows:
+        if "failed" in r:
+            lines.append(f"| {r['dataset']} | FAILED: {r['failed']} |" + " |" * (len(titles) + 1))
+            continue
+        val = "" if math.isnan(r["val"]) else f"{r['val']:.2f}"  # no val on the average row
+        lines.append(f"| {r['dataset']} | " + " | ".join(_cell(r, t) for t in titles)
+                     + f" | {val} | {r['seeds']} |")
+    for name, values in spec.get("published", {}).items():
+        lines.append(f"| *{name} (published, 11-dataset avg.)* | "
+                     + " | ".join(f"{v:.2f}" for v in values) + " | | |")
+    return "\n".join(lines) + "\n"
+
+
+def _csv(rows: list[dict]) -> str:
+    fields = list(dict.fromkeys(k for r in rows for k in r))
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["dataset"])
+    writer = csv.DictWriter(out, fieldnames=fields)
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()
 
 
-def to_markdown(rows: list[dict], published: dict | None = PUBLISHED) -> str:
-    lines = ["| dataset | base | novel | H | best val | seeds |", "|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        val = "" if math.isnan(r["val"]) else f"{r['val']:.2f}"  # no val on the average row
-        lines.append(f"| {r['dataset']} | {r['base']:.2f} | {r['novel']:.2f} | {r['H']:.2f} | "
-                     f"{val} | {r['seeds']} |")
-    for name, (base, novel, h) in (published or {}).items():
-        lines.append(f"| *{name} (published, 11-dataset avg.)* | {base:.2f} | {novel:.2f} | "
-                     f"{h:.2f} | | |")
-    return "\n".join(lines) + "\n"
+def per_seed_rows(results: dict[str, dict]) -> list[dict]:
+    return [{"dataset": d, **s} for d, r in results.items() for s in r["per_seed"]]
 
 
-def plot_base_novel(rows: list[dict], path: Path) -> Path:
-    """Grouped bars of base, novel and H per dataset (and the average)."""
+def plot_columns(spec: dict, rows: list[dict], path: Path) -> Path:
+    """Grouped bars of the table's columns (and H) per dataset, with the seed spread."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    rows = [r for r in rows if "failed" not in r]
+    titles = [c[0] for c in spec["columns"]] + (["H"] if spec.get("harmonic") else [])
     figure = Figure(figsize=(max(6, 0.9 * len(rows) + 2), 4))
     FigureCanvasAgg(figure)
     axes = figure.add_subplot(1, 1, 1)
-    width = 0.27
-    for offset, key in ((-width, "base"), (0.0, "novel"), (width, "H")):
-        axes.bar([i + offset for i in range(len(rows))], [r[key] for r in rows], width, label=key)
+    width = 0.8 / max(len(titles), 1)
+    for i, title in enumerate(titles):
+        offset = (i - (len(titles) - 1) / 2) * width
+        axes.bar([j + offset for j in range(len(rows))], [r[title] for r in rows], width,
+                 yerr=[r.get(f"{title}_std", 0.0) for r in rows], label=title)
     axes.set_xticks(range(len(rows)), [r["dataset"] for r in rows], rotation=40, ha="right")
-    axes.set_ylabel("accuracy (%)")
-    axes.set_title("base-to-novel: base / novel / H (seed-averaged)")
+    axes.set_ylabel("test (%)")
+    axes.set_title("mean ± std over seeds")
     axes.legend()
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    return Path(path)
+    return atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
 
 
-def write_table(rows: list[dict], folder: Path) -> list[Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    csv_path, md_path = folder / "results.csv", folder / "results.md"
-    csv_path.write_text(to_csv(rows))
-    md_path.write_text(to_markdown(rows))
-    return [csv_path, md_path, plot_base_novel(rows, folder / "base_novel_h.png")]
+def write_report(kind, results: dict[str, dict], failed: dict[str, str], folder: Path
+                 ) -> tuple[list[dict], list[Path], str]:
+    """results.md / results.csv / per_seed.csv (+ a chart when the kind names its columns)."""
+    spec = table_spec(kind.table)
+    rows = table_rows(spec, results, failed)
+    text = to_markdown(spec, rows)
+    paths = [atomic_write_text(folder / "results.md", text),
+             atomic_write_text(folder / "results.csv", _csv(rows)),
+             atomic_write_text(folder / "per_seed.csv", _csv(per_seed_rows(results)))]
+    if spec["columns"] and any("failed" not in r for r in rows):
+        paths.append(plot_columns(spec, rows, folder / "results.png"))
+    return rows, paths, text

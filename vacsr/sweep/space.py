@@ -1,4 +1,4 @@
-"""Search spaces of the sweeps, in one place; every key is a config key (paper appendix C.2, E).
+"""Search spaces as data: every key is a config key (the kinds in sweeps/*.py hold the ranges).
 
 A space is data (ranges and choices); `suggest` turns it into Optuna suggestions inside a
 define-by-run function, and `validate_space` rejects empty or inverted ranges before any trial.
@@ -37,51 +37,17 @@ class Choice:
 
 Domain = Union[LogFloat, Float, Int, Choice]
 
-# Per-dataset batch sizes (paper C.2: 128 for SUN397, 5 for EuroSAT; the rest in between).
-BATCH_SIZES: dict[str, tuple[int, ...]] = {
-    "imagenet": (64, 128), "caltech101": (16, 32), "oxford_pets": (16, 32),
-    "stanford_cars": (16, 32), "oxford_flowers": (16, 32), "food101": (16, 32),
-    "fgvc_aircraft": (16, 32), "sun397": (64, 128), "dtd": (16, 32), "eurosat": (4, 5, 6),
-    "ucf101": (16, 32),
-}
-
-_ADAPTER_SPACE: dict[str, Domain] = {
-    "loss.alpha_kl": LogFloat(1e-5, 1e-2),
-    "loss.beta": LogFloat(0.1, 10.0),
-    "loss.gamma": LogFloat(0.1, 10.0),
-    "adapter.num_components": Choice((1, 2, 3, 4)),
-    "loss.num_hard_negatives": Choice((1, 2, 4, 8)),
-    # appendix E.1 says the negatives' variance term "still uses positive labels": searched
-    "loss.neg_sigma_target": Choice(("label", "positive")),
-}
-
-SPACES: dict[str, dict[str, Domain]] = {
-    "base2novel": {**_ADAPTER_SPACE,
-                   "model.trainable_image_blocks": Int(0, 4),
-                   "model.trainable_text_blocks": Int(0, 4),
-                   "train.epochs": Int(2, 10),
-                   "optim.lr": LogFloat(1e-4, 3e-3)},
-    # trainable blocks and epochs are fixed by the DG protocol (appendix C.2; sweep/cli.py KINDS)
-    "domain_generalization": {**_ADAPTER_SPACE, "optim.lr": LogFloat(1e-4, 3e-3)},
-    "retrieval": {**_ADAPTER_SPACE,
-                  "optim.lr": LogFloat(1e-4, 1e-3),
-                  "optim.backbone_lr_mult": LogFloat(0.01, 0.3)},
-}
-
-
-def space_for(kind: str, dataset: str | None = None, overrides: dict[str, Domain] | None = None,
-              batch_sizes: tuple[int, ...] | None = None, workers: int = 1) -> dict[str, Domain]:
-    """The space of a sweep kind, with the dataset's batch-size list (only sizes that split evenly
-    over `workers`) and user overrides."""
-    if kind not in SPACES:
-        raise ConfigError(f"sweep kind {kind!r}: expected one of {', '.join(SPACES)}")
-    space = dict(SPACES[kind])
-    sizes = batch_sizes or BATCH_SIZES.get(dataset or "", ())
-    if sizes and "train.batch_size" not in (overrides or {}):
-        even = tuple(s for s in sizes if s % max(workers, 1) == 0)
+def dataset_space(space: dict[str, Domain], batch_sizes: tuple[int, ...] = (),
+                  overrides: dict[str, Domain] | None = None, workers: int = 1,
+                  dataset: str = "") -> dict[str, Domain]:
+    """A kind's space for one dataset: its batch-size choices (only sizes that split evenly over
+    `workers`), then the user's ranges; checked."""
+    space = dict(space)
+    if batch_sizes and "train.batch_size" not in (overrides or {}):
+        even = tuple(s for s in batch_sizes if s % max(workers, 1) == 0)
         if not even:
-            raise ConfigError(f"train.batch_size: none of {dataset}'s batch sizes {sizes} is a "
-                              f"multiple of train.workers ({workers}); pass --range "
+            raise ConfigError(f"train.batch_size: none of {dataset}'s batch sizes {batch_sizes} "
+                              f"is a multiple of train.workers ({workers}); pass --range "
                               "train.batch_size=choice:...")
         space["train.batch_size"] = Choice(even)
     space.update(overrides or {})
@@ -112,15 +78,15 @@ def parse_range(text: str) -> tuple[str, Domain]:
     """`loss.beta=log:0.1:10`, `train.epochs=int:1:3`, `adapter.num_components=choice:1,2`."""
     try:
         key, spec = text.split("=", 1)
-        kind, _, rest = spec.partition(":")
-        if kind == "choice":
+        form, _, rest = spec.partition(":")
+        if form == "choice":
             return key, Choice(tuple(_number(v) for v in rest.split(",") if v != ""))
         low, high = rest.split(":")
-        if kind == "log":
+        if form == "log":
             return key, LogFloat(float(low), float(high))
-        if kind == "float":
+        if form == "float":
             return key, Float(float(low), float(high))
-        if kind == "int":
+        if form == "int":
             return key, Int(int(low), int(high))
     except ValueError:
         pass
@@ -177,11 +143,25 @@ def start_point(space: dict[str, Domain], config: Config) -> dict[str, Any]:
     return point
 
 
-def clamp_blocks(space: dict[str, Domain], image_depth: int, text_depth: int) -> dict[str, Domain]:
-    """Trainable-block ranges cut to the backbone's depth (the tiny model has 3 blocks)."""
+def tower_depths(model_name: str) -> tuple[int, int] | None:
+    """(image blocks, text blocks) of an open_clip model config; None when the name is unknown
+    (a local architecture open_clip resolves later)."""
+    import open_clip
+
+    from vacsr.model.backbone import register_model_configs
+
+    register_model_configs()
+    config = open_clip.get_model_config(model_name)
+    if not config:
+        return None
+    return int(config["vision_cfg"]["layers"]), int(config["text_cfg"]["layers"])
+
+
+def clamp_blocks(space: dict[str, Domain], depths: tuple[int, int] | None) -> dict[str, Domain]:
+    """Trainable-block ranges cut to the backbone's depth (a 3-block model cannot train 4)."""
     result = dict(space)
-    for key, depth in (("model.trainable_image_blocks", image_depth),
-                       ("model.trainable_text_blocks", text_depth)):
+    for key, depth in zip(("model.trainable_image_blocks", "model.trainable_text_blocks"),
+                          depths or ()):
         if isinstance(result.get(key), Int):
             result[key] = replace(result[key], low=min(result[key].low, depth),
                                   high=min(result[key].high, depth))

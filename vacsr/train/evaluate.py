@@ -1,9 +1,17 @@
-"""End-of-epoch evaluation: encode a split with the eval transform, score, compute metrics."""
+"""Evaluation: encode a split with the eval transform, score the pairs, compute metrics.
+
+`evaluate_split` is the end-of-epoch path (model in memory). For a checkpoint the two halves are
+separate: `encode_checkpoint` needs the backbone (and the GPU), `score_encoded` only the head and
+the features, so the sweeps and `vacsr eval --actors` score on the evaluation actors.
+"""
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
+from torch import nn
 
 from vacsr.data.base import ClassificationData, RetrievalData
 from vacsr.data.encoding import encode_images, encode_texts
@@ -51,28 +59,84 @@ def evaluate_split(model: VACSRModel, data, *, task: str, device, batch_size: in
         model.train(was_training)
 
 
-def evaluate_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
-                        subsample: str | None = None, split: str = "test",
-                        device=None, **engine_kwargs) -> dict[str, float]:
-    """Metrics of a trained checkpoint on another split: the novel classes of a base-to-novel
-    dataset (zero-shot: prompts of classes never trained on), or an ImageNet variant."""
-    from dataclasses import replace
+@dataclass
+class EncodedSplit:
+    """Features of one split (on the CPU) and what its metrics need."""
 
+    task: str
+    image_feats: torch.Tensor  # (N_i, d)
+    text_feats: torch.Tensor  # (N_c, d): captions, or one prompt per class
+    head: nn.Module  # the trained adapter, on the CPU
+    targets: dict[str, Any]  # retrieval: caption_to_image, ids, groups; classification: labels
+    num_folds: int | None = None
+
+    @property
+    def items(self) -> torch.Tensor:
+        return self.text_feats
+
+
+@torch.no_grad()
+def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
+                      subsample: str | None = None, split: str = "test",
+                      device=None) -> EncodedSplit:
+    """Load a checkpoint, encode `split` of `dataset` (default: the config's) with the eval
+    transform; `subsample` picks base / novel / all classes of a classification dataset."""
     from vacsr.data import build_classification, build_retrieval
     from vacsr.model.vacsr import build_model
-    from vacsr.train.checkpoint import load_checkpoint
+    from vacsr.train.checkpoint import (check_same_architecture, load_checkpoint,
+                                        load_model_state)
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    data = replace(config.data, dataset=dataset or config.data.dataset,
-                   subsample_classes=subsample or config.data.subsample_classes)
-    build = build_retrieval if data.task == "retrieval" else build_classification
-    splits = build(data, config.train.seed)
-    model = build_model(config).to(device)
-    model.load_state_dict(load_checkpoint(checkpoint_path, device)["model"])
+    state = load_checkpoint(checkpoint_path, device)
+    check_same_architecture(checkpoint_path, state, config)  # before the data is read
+    data = replace(config.data,
+                   dataset=config.data.dataset if dataset is None else dataset,
+                   subsample_classes=config.data.subsample_classes if subsample is None
+                   else subsample)
+    splits = (build_retrieval if data.task == "retrieval" else build_classification)(
+        data, config.train.seed)
     if split not in splits:
         raise DataError(f"{data.dataset}: no {split!r} split (has: {', '.join(splits)})")
-    folds = coco1k_folds(data.task, split, len(splits[split].images))
-    if folds and "num_folds" not in engine_kwargs:
-        engine_kwargs["num_folds"] = folds
-    return evaluate_split(model, splits[split], task=data.task, device=device,
-                          batch_size=max(config.train.batch_size, 64), **engine_kwargs)
+    model = build_model(config).to(device).eval()
+    load_model_state(model, state, checkpoint_path, config)
+    part = splits[split]
+    options = {"batch_size": max(config.train.batch_size, 64)}
+    image_feats = encode_images(model.backbone, part.images, **options)
+    if data.task == "retrieval":
+        text_feats = encode_texts(model.backbone, part.captions)
+        targets = {"caption_to_image": part.caption_to_image,
+                   "image_ids": part.image_ids or None, "caption_ids": part.caption_ids or None,
+                   "image_groups": part.image_groups}
+    else:
+        text_feats = encode_texts(model.backbone, part.prompts())
+        targets = {"labels": part.labels}
+    return EncodedSplit(task=data.task, image_feats=image_feats.float().cpu(),
+                        text_feats=text_feats.float().cpu(), head=model.head.cpu().eval(),
+                        targets=targets,
+                        num_folds=coco1k_folds(data.task, split, len(part.images)))
+
+
+def score_encoded(encoded: EncodedSplit, *, scorer=None, device=None,
+                  **engine_kwargs) -> dict[str, float]:
+    """The split's metrics from its features (scorer: a ChunkedScorer or an EvalPool)."""
+    if encoded.task == "retrieval":
+        if encoded.num_folds and "num_folds" not in engine_kwargs:
+            engine_kwargs["num_folds"] = encoded.num_folds
+        return evaluate_retrieval(encoded.image_feats, encoded.text_feats, encoded.head,
+                                  encoded.targets["caption_to_image"],
+                                  encoded.targets["image_ids"], encoded.targets["caption_ids"],
+                                  image_groups=encoded.targets["image_groups"], device=device,
+                                  scorer=scorer, **engine_kwargs)
+    return evaluate_classification(encoded.image_feats, encoded.text_feats, encoded.head,
+                                   encoded.targets["labels"], device=device, scorer=scorer)
+
+
+def evaluate_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
+                        subsample: str | None = None, split: str = "test", device=None,
+                        scorer=None, **engine_kwargs) -> dict[str, float]:
+    """Metrics of a trained checkpoint on a split: its own test split, the novel classes of a
+    base-to-novel dataset (zero-shot: prompts of classes never trained on), or an ImageNet
+    variant. `scorer`: an EvalPool to score on the evaluation actors (default: in process)."""
+    encoded = encode_checkpoint(config, checkpoint_path, dataset=dataset, subsample=subsample,
+                                split=split, device=device)
+    return score_encoded(encoded, scorer=scorer, device=device, **engine_kwargs)

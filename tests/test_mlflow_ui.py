@@ -1,0 +1,187 @@
+"""The MLflow UI as a person sees it after a sweep, rendered in headless Chromium.
+
+The records are written by the driver's own code (`_dataset_run`, `run_dataset`) with the Ray
+parts (the search, the final seed runs) replaced by stubs, so the test needs no Ray and follows the
+driver's layout when it changes. MLflow 3.17's UI decides between its GenAI views and its runs
+table in the browser, not from the experiment's tags, which no Python-side test can see: hence a
+real browser on a real `mlflow server`.
+"""
+from __future__ import annotations
+
+import copy
+import html
+import os
+import queue
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+CHROMIUM = shutil.which("chromium")
+BIN = Path(sys.executable).parent
+DATASETS = {"eurosat": {"loss.gamma": 0.37, "adapter.num_components": 3},
+            "dtd": {"loss.gamma": 2.5, "adapter.num_components": 5}}
+
+if CHROMIUM is None:
+    pytest.skip("chromium is not on PATH (Debian: apt-get install -y chromium; .ci/run installs "
+                "it)", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _sweep_records(tmp_path: Path, monkeypatch) -> tuple[object, str, dict[str, str]]:
+    """A finished two-dataset sweep in SQLite: (plan, parent run id, dataset -> run id)."""
+    from sweeps.base2novel import SWEEP
+    from vacsr.config import set_value
+    from vacsr.sweep import driver
+    from vacsr.sweep.cli import build_parser, plan_from_args
+    from vacsr.sweep.state import SweepState
+    from vacsr.tracking import MlflowTracker, TrackingCallback
+
+    args = build_parser(SWEEP).parse_args([
+        "--datasets", ",".join(DATASETS), "--data-root", str(tmp_path / "data"),
+        "--storage", str(tmp_path / "sweeps"), "--pretrained", str(tmp_path / "none.pt"),
+        "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    plan = plan_from_args(SWEEP, args)
+
+    def search(plan, dataset, dataset_run_id, max_concurrent, report):
+        """One trial run under the dataset's run, as run_trial makes it; its config is the best."""
+        config = copy.deepcopy(plan.configs[dataset])
+        for key, value in DATASETS[dataset].items():
+            set_value(config, key, value)
+        config.train.output_dir = str(tmp_path / "trials" / dataset / "trial_00000")
+        trial = TrackingCallback.start(config, experiment=plan.kind.experiment,
+                                       run_name=f"{dataset}-trial_00000",
+                                       tracking_uri=plan.tracking_uri,
+                                       parent_run_id=dataset_run_id, resume=False).tracker()
+        trial.log_epoch(1, {"val/acc": 0.5, "train/loss": 1.2})
+        trial.finish()
+        return {"config": config, "val": 0.5, "num_trials": 1, "failed_trials": 0}
+
+    def finals(plan, dataset, best, dataset_run_id, report):
+        return {"per_seed": [{"seed": s, "acc": 0.6 + s / 100, "novel_acc": 0.4} for s in (1, 2)],
+                "reused_trial": None}
+
+    monkeypatch.setattr(driver, "search_dataset", search)
+    monkeypatch.setattr(driver, "final_runs", finals)
+    monkeypatch.setattr(driver, "quiet_logging", lambda verbose: None)  # leaves os.environ alone
+
+    state = SweepState(plan.storage / "sweep_state.json", fresh=True)
+    parent = MlflowTracker(plan.tracking_uri)
+    parent_id = parent.start(plan.kind.experiment, plan.name,
+                             tags={"vacsr.sweep": plan.name, "vacsr.kind": plan.kind.name})
+    runs = {}
+    for dataset in DATASETS:
+        runs[dataset] = driver._dataset_run(plan, state, dataset, parent_id)
+        driver.run_dataset(plan, dataset, runs[dataset], 1, queue.Queue())
+    parent.finish()
+    return plan, parent_id, runs
+
+
+@pytest.fixture
+def mlflow_ui(tmp_path):
+    """Start `mlflow server` on a free loopback port for a store; yields its base URL."""
+    servers = []
+
+    def serve(tracking_uri: str) -> str:
+        port = _free_port()
+        log = open(tmp_path / "mlflow-server.log", "w")
+        servers.append(subprocess.Popen(
+            [str(BIN / "mlflow"), "server", "--backend-store-uri", tracking_uri,
+             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            # no job runner: it starts four more Python processes the UI pages never use
+            env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")))
+        url, deadline = f"http://127.0.0.1:{port}", time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as reply:
+                    if reply.status == 200:
+                        return url
+            except OSError:
+                pass
+            if servers[-1].poll() is not None or time.time() > deadline:
+                pytest.fail("mlflow server did not come up:\n"
+                            + (tmp_path / "mlflow-server.log").read_text()[-2000:])
+            time.sleep(1)
+
+    try:
+        yield serve
+    finally:
+        for server in servers:
+            os.killpg(server.pid, 15)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, 9)
+                server.wait(timeout=30)
+
+
+def _render(url: str, profile: Path) -> str:
+    """The DOM after the page's scripts ran. A fresh profile: no workflow type remembered in
+    localStorage, as for someone opening the UI for the first time."""
+    out = subprocess.run(
+        [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--dump-dom", url],
+        capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0 and out.stdout, f"chromium failed on {url}: {out.stderr[-2000:]}"
+    return out.stdout
+
+
+def _text(dom: str) -> str:
+    """The page's visible text on one line."""
+    dom = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", dom)).split())
+
+
+def _title(dom: str) -> str:
+    match = re.search(r"<title>([^<]*)</title>", dom)
+    return html.unescape(match.group(1)) if match else ""
+
+
+def test_ui_opens_on_runs_and_shows_selected_params(tmp_path, monkeypatch, mlflow_ui):
+    from vacsr.sweep.driver import mlflow_ui_hint
+    from vacsr.tracking import MlflowTracker
+
+    plan, parent_id, runs = _sweep_records(tmp_path, monkeypatch)
+    base = mlflow_ui(plan.tracking_uri)
+    experiment_id = MlflowTracker(plan.tracking_uri).experiment_id(plan.kind.experiment)
+
+    # (a) the link the sweep prints, on this server's port
+    hint = mlflow_ui_hint(plan.tracking_uri, experiment_id, plan.name)
+    link = re.search(r"http://127\.0\.0\.1:5000(/\S*)", hint)
+    assert link, hint
+    dom = _render(base + link.group(1), tmp_path / "chrome-runs")
+    text = _text(dom)
+    assert _title(dom).startswith(f"Runs - Experiment {experiment_id}"), (_title(dom), text[:1500])
+    assert "Run Name" in text, text[:1500]  # the runs table's header
+    for name, run_id in {plan.name: parent_id, **runs}.items():
+        row = re.search(rf'href="#/experiments/{experiment_id}/runs/{run_id}"[^>]*>'
+                        rf'(?:<[^>]+>)*{re.escape(name)}<', dom)
+        assert row, f"run {name} ({run_id}) not listed in the runs table: {text[:1500]}"
+    assert "trial_00000" not in text  # trials stay out of the sweep's list
+
+    # (b) a dataset run's page, through the link in that table
+    dom = _render(f"{base}/#/experiments/{experiment_id}/runs/{runs['eurosat']}",
+                  tmp_path / "chrome-run")
+    text = _text(dom)
+    assert _title(dom).startswith(f"Run {runs['eurosat']}"), (_title(dom), text[:1500])
+    params = re.search(r"Parameters \((\d+)\) Parameter Value (.*?) About this run", text)
+    assert params, text[:3000]
+    assert int(params.group(1)) == len(plan.spaces["eurosat"])  # the searched keys, no more
+    for key, value in DATASETS["eurosat"].items():  # the selected value in the key's row
+        assert re.search(rf"(?:^| ){re.escape(key)} {re.escape(str(value))}(?: |$)",
+                         params.group(2)), params.group(2)
+    assert "best_test_acc" in text, text[:3000]

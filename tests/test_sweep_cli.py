@@ -1,0 +1,148 @@
+"""The sweep command line: every bad input fails in one line before any trial starts, each flag
+is parsed once, and the embedded profile is one file."""
+from __future__ import annotations
+
+import pytest
+
+from sweeps.base2novel import SWEEP as BASE2NOVEL
+from sweeps.retrieval import SWEEP as RETRIEVAL
+from vacsr.errors import ConfigError
+from vacsr.sweep import cli
+from vacsr.sweep.space import Int
+
+
+def _plan(argv, tmp_path, kind=BASE2NOVEL):
+    args = cli.build_parser(kind).parse_args(argv + ["--storage", str(tmp_path)])
+    return cli.plan_from_args(kind, args)
+
+
+def test_bad_input_fails_before_any_trial(tmp_path):
+    with pytest.raises(ConfigError, match="unknown dataset 'mnist'"):
+        _plan(["--datasets", "eurosat,mnist"], tmp_path)
+    with pytest.raises(ConfigError, match="inverted"):
+        _plan(["--datasets", "eurosat", "--range", "loss.gamma=log:5:1"], tmp_path)
+    with pytest.raises(ConfigError, match="127.0.0.1:9"):
+        _plan(["--datasets", "eurosat", "--tracking-uri", "http://127.0.0.1:9"], tmp_path)
+    with pytest.raises(ConfigError, match="loss.gamma"):
+        _plan(["--datasets", "eurosat", "--data-root", str(tmp_path), "--set", "loss.gamma=-1"],
+              tmp_path)
+    assert not (tmp_path / "base2novel" / "tune").exists()  # nothing started
+    assert not (tmp_path / "base2novel" / "data").exists()  # nor any data written
+
+
+def test_bad_cluster_settings_fail_before_any_trial(tmp_path):
+    base = ["--datasets", "eurosat", "--data-root", str(tmp_path)]
+    with pytest.raises(ConfigError, match="--ray-storage 'nosuch://bucket'"):
+        _plan(base + ["--ray-storage", "nosuch://bucket"], tmp_path)
+    with pytest.raises(ConfigError, match="--optuna-storage"):
+        _plan(base + ["--optuna-storage", "postgresql://u:secret@127.0.0.1:9/db"], tmp_path)
+    assert not (tmp_path / "base2novel" / "tune").exists()
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--datasets", ""], "--datasets: expected a value"),
+    (["--trials", "0"], "--trials: expected a value > 0"),
+    (["--seeds", ""], "--seeds: expected a value"),
+    (["--parallel-datasets", "0"], "--parallel-datasets: expected a value > 0"),
+    (["--trial-cpus", "0"], "--trial-cpus: expected a value > 0"),
+    (["--epochs", "-1"], "--epochs: expected a value > 0"),
+    (["--storage", ""], "--storage: expected a value"),
+])
+def test_empty_or_zero_flags_are_errors_not_defaults(argv, fragment, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.build_parser(BASE2NOVEL).parse_args(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("vacsr: error: ") and fragment in err
+
+
+def test_seeds_must_be_integers(tmp_path):
+    with pytest.raises(ConfigError, match="--seeds: expected comma-separated integers"):
+        _plan(["--datasets", "eurosat", "--data-root", str(tmp_path), "--seeds", "1,x"],
+              tmp_path)
+
+
+def test_cluster_settings_come_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("VACSR_SWEEP_STORAGE", "/shared/sweeps")
+    monkeypatch.setenv("VACSR_RAY_STORAGE", "s3://bucket/vacsr")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
+    args = cli.build_parser(BASE2NOVEL).parse_args([])
+    assert (args.storage, args.ray_storage) == ("/shared/sweeps", "s3://bucket/vacsr")
+    assert (args.tracking_uri, args.ray_address) == ("http://mlflow:5000", "http://head:8265")
+    monkeypatch.setenv("RAY_ADDRESS", "")  # an empty variable is unset, not an address
+    assert cli.build_parser(BASE2NOVEL).parse_args([]).ray_address is None
+    plan = _plan(["--datasets", "eurosat", "--data-root", str(tmp_path),
+                  "--ray-storage", f"file://{tmp_path}/ray", "--tracking-uri",
+                  f"sqlite:///{tmp_path}/m.db"], tmp_path)
+    assert plan.ray_path("tune", "eurosat") == f"file://{tmp_path}/ray/tune/eurosat"
+    assert plan.storage == tmp_path / "base2novel"
+
+
+def test_every_value_is_parsed_once_and_configs_are_resolved_in_the_driver(tmp_path,
+                                                                           monkeypatch):
+    """--set texts go through parse_override exactly once each however many datasets use them;
+    the trials get the resolved Config as an object and only suggested keys are searched."""
+    from vacsr import config as cfg
+
+    calls = []
+    real = cfg.parse_override
+    monkeypatch.setattr(cfg, "parse_override", lambda text: calls.append(text) or real(text))
+    monkeypatch.setattr(cfg, "load_config", lambda *a, **k: pytest.fail("string re-parse"))
+    sets = ["loss.beta=2.5", "adapter.hidden_dim=48"]
+    plan = _plan(["--datasets", "eurosat,dtd,caltech101", "--data-root", str(tmp_path),
+                  *sum((["--set", s] for s in sets), [])], tmp_path)
+    assert calls == sets
+    for dataset, config in plan.configs.items():
+        assert (config.loss.beta, config.adapter.hidden_dim) == (2.5, 48)
+        assert config.data.dataset == dataset and config.data.subsample_classes == "base"
+        assert set(plan.spaces[dataset]) <= set(BASE2NOVEL.space) | {"train.batch_size"}
+
+
+def test_the_embedded_profile_is_one_file_merged_per_kind(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "_embedded_data", lambda *a: None)  # no data, no pretraining
+    profile = cli.load_profile(BASE2NOVEL)
+    plan = _plan(["--datasets", "eurosat"], tmp_path)
+    config = plan.configs["eurosat"]
+    assert plan.trials == profile["trials"] and plan.seeds == tuple(profile["seeds"])
+    assert config.data.shots == profile["shots"]
+    assert config.adapter.hidden_dim == profile["set"]["adapter.hidden_dim"]
+    assert config.model.pretrained == str(tmp_path / "base2novel" / "tiny-clip.pt")
+    assert plan.spaces["eurosat"]["train.epochs"] == Int(4, 8)
+    # the retrieval section: one epoch and no profile ranges (the paper's protocol lr)
+    retrieval = _plan([], tmp_path, kind=RETRIEVAL)
+    assert retrieval.configs["coco"].train.epochs == 1
+    assert retrieval.spaces["coco"]["optim.lr"] == RETRIEVAL.space["optim.lr"]
+    # the user's flags win over the profile
+    plan = _plan(["--datasets", "eurosat", "--trials", "5", "--shots", "1",
+                  "--set", "adapter.hidden_dim=32"], tmp_path)
+    assert (plan.trials, plan.configs["eurosat"].data.shots) == (5, 1)
+    assert plan.configs["eurosat"].adapter.hidden_dim == 32
+
+
+def test_a_seed_run_records_its_test_metrics_once_across_driver_restarts(tmp_path):
+    """The pool-scored test metrics join the seed's MLflow run; a restarted driver logging them
+    again continues the same run instead of adding a second one."""
+    from vacsr.config import load_config
+    from vacsr.sweep.final import _log_test, final_config
+    from vacsr.sweep.plan import SweepPlan
+    from vacsr.tracking import MlflowTracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    plan = SweepPlan(kind=BASE2NOVEL, name="t", configs={}, spaces={},
+                     storage=tmp_path / "sweep", tracking_uri=uri)
+    parent = MlflowTracker(uri)
+    parent_id = parent.start(BASE2NOVEL.experiment, "eurosat")
+    config = final_config(load_config(overrides=["train.epochs=3"]), plan, "eurosat", 1,
+                          parent_id)
+    for _ in range(2):  # the second call is the restarted driver
+        _log_test(config, {"acc": 42.0}, {"vacsr.reused_trial": "abc"})
+    runs = parent.client.search_runs([parent.experiment_id(BASE2NOVEL.experiment)],
+                                     filter_string="tags.`mlflow.runName` = 'eurosat-final-seed1'")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert runs[0].data.tags["vacsr.reused_trial"] == "abc"
+    history = parent.client.get_metric_history(runs[0].info.run_id, "test/acc")
+    assert [(m.step, m.value) for m in history] == [(3, 42.0)]
+
+
+

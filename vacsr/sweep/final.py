@@ -1,0 +1,119 @@
+"""The selected config re-run on every seed, then its test evaluations (paper sec. 4.1: results
+are averaged over three seeds).
+
+Each final checkpoint is encoded on a Ray task that holds the run's resources (the GPU encodes);
+the pairwise adapter scores (COCO 5K: 5,000 x 25,000 pairs; classification: images x classes)
+are computed by the chunked evaluation actors (`EvalPool`), sharded over `--eval-actors`.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from statistics import mean
+from typing import Callable
+
+import ray
+
+from vacsr.distributed.eval_actor import EvalPool
+from vacsr.distributed.train import CHECKPOINT_FILE, fit_ray
+from vacsr.sweep.plan import SweepPlan
+from vacsr.sweep.storage import copy_from_storage
+from vacsr.tracking import TrackingCallback
+from vacsr.train.evaluate import EncodedSplit, encode_checkpoint, score_encoded
+
+
+def final_config(best, plan: SweepPlan, dataset: str, seed: int, parent_run_id: str):
+    config = copy.deepcopy(best)
+    config.train.seed = seed
+    config.train.output_dir = str(plan.storage / "final" / dataset / f"seed{seed}")
+    config.train.storage_path = plan.ray_path("final")
+    config.train.eval_test = False  # test is scored once, by the evaluation actors
+    config.tracking.enabled = True
+    config.tracking.uri = plan.tracking_uri
+    config.tracking.experiment = plan.kind.experiment
+    config.tracking.parent_run_id = parent_run_id
+    config.tracking.run_name = f"{dataset}-final-seed{seed}"
+    return config
+
+
+class PoolScorer:
+    """One EvalPool per dataset: the actors start once and get each checkpoint's head."""
+
+    def __init__(self, actors: int, cpus_per_actor: float) -> None:
+        self.actors, self.cpus, self.pool = actors, cpus_per_actor, None
+
+    def __call__(self, encoded: EncodedSplit) -> dict[str, float]:
+        if self.pool is None:
+            self.pool = EvalPool(encoded.head, encoded.items, num_actors=self.actors,
+                                 num_cpus_per_actor=self.cpus)
+        else:
+            self.pool.update_head(encoded.head)
+        return score_encoded(encoded, scorer=self.pool)
+
+    def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def _encoder(config):
+    return ray.remote(num_cpus=config.train.cpus_per_worker,
+                      num_gpus=min(config.train.gpus_per_worker, 1), max_retries=0)(
+        encode_checkpoint)
+
+
+def test_metrics(plan: SweepPlan, config, checkpoint: Path, score: Callable) -> dict[str, float]:
+    """The test split, then the kind's extra evaluations (novel classes, domain shifts), then
+    the kind's per-seed averages."""
+    encode = _encoder(config)
+    metrics = score(ray.get(encode.remote(config, str(checkpoint))))
+    for evaluation in plan.kind.evaluations:
+        encoded = ray.get(encode.remote(config, str(checkpoint), dataset=evaluation.dataset,
+                                        subsample=evaluation.classes))
+        metrics[evaluation.metric] = score(encoded)[evaluation.key]
+    for name, parts in plan.kind.averages.items():
+        metrics[name] = mean(metrics[p] for p in parts)
+    return metrics
+
+
+def _reuse_trial(plan: SweepPlan, config, best: dict) -> Path:
+    """The best trial trained this very config on this seed to the end: its checkpoint is the
+    seed's final checkpoint (runs are seeded, so a re-run would repeat it)."""
+    return copy_from_storage(plan.ray_root, best["checkpoint"],
+                             Path(config.train.output_dir) / CHECKPOINT_FILE)
+
+
+def _log_test(config, metrics: dict, tags: dict) -> None:
+    """The pool-scored test metrics join the seed's MLflow run (the reused trial's checkpoint gets
+    a run of its own). resume=True: a restarted driver continues the same run."""
+    tracker = TrackingCallback.start(
+        config, experiment=config.tracking.experiment, run_name=config.tracking.run_name,
+        tracking_uri=config.tracking.uri, parent_run_id=config.tracking.parent_run_id,
+        resume=True, tags={"vacsr.seed": config.train.seed, **tags}).tracker()
+    tracker.log_epoch(config.train.epochs, {f"test/{k}": v for k, v in metrics.items()})
+    tracker.finish()
+
+
+def final_runs(plan: SweepPlan, dataset: str, best: dict, dataset_run_id: str,
+               report: Callable[[dict], None] = lambda event: None) -> dict:
+    """Every seed's test metrics (per_seed, in plan.seeds order)."""
+    cfg = best["config"]
+    reused_seed = cfg.train.seed if best.get("checkpoint") else None
+    scorer = PoolScorer(plan.eval_actors, cfg.train.cpus_per_worker)
+    per_seed = []
+    try:
+        for seed in plan.seeds:
+            config = final_config(cfg, plan, dataset, seed, dataset_run_id)
+            if seed == reused_seed:
+                checkpoint = _reuse_trial(plan, config, best)
+            else:
+                checkpoint = fit_ray(config, name=f"{dataset}-seed{seed}").checkpoint
+            metrics = test_metrics(plan, config, checkpoint, scorer)
+            _log_test(config, metrics,
+                      {"vacsr.reused_trial": best["trial_id"]} if seed == reused_seed else {})
+            per_seed.append({"seed": seed, **metrics})
+            report({"event": "final", "dataset": dataset, "seed": seed, "metrics": metrics})
+    finally:
+        scorer.shutdown()
+    return {"per_seed": per_seed,
+            "reused_trial": best.get("trial_id") if reused_seed in plan.seeds else None}
+

@@ -1,0 +1,65 @@
+"""A sweep kind as data: what `sweeps/*.py` declare and the one driver runs.
+
+A kind names its datasets, the task, the validation metric trials are selected on, the search
+space, the training protocol it fixes (paper appendix C.2), the extra evaluations of every final
+checkpoint (novel classes, domain shifts) and the columns of its table. Nothing in the driver
+branches on a kind's name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from vacsr.sweep.space import Domain
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One more test-time evaluation of each final checkpoint, kept as per-seed metric `metric`:
+    `key` of `evaluate_checkpoint` on `dataset` (None: the one trained on) restricted to the
+    `classes` subsample ("base", "novel" or "all")."""
+
+    metric: str
+    dataset: str | None = None
+    classes: str = "all"
+    key: str = "acc"
+
+
+@dataclass(frozen=True)
+class Table:
+    """The final table. `columns`: (title, per-seed metric) pairs, empty for every test metric;
+    `harmonic`: two column titles whose harmonic mean becomes column H (base-to-novel, sec. 4.1);
+    `published`: reference rows (name -> values of the columns, H included)."""
+
+    columns: tuple[tuple[str, str], ...] = ()
+    harmonic: tuple[str, str] | None = None
+    published: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SweepKind:
+    name: str
+    task: str  # "classification" | "retrieval"
+    datasets: tuple[str, ...]
+    metric: str  # a val/* metric: selection never looks at test
+    space: Mapping[str, Domain]
+    protocol: Mapping[str, Any] = field(default_factory=dict)  # fixed config values (C.2)
+    train_classes: str = "all"  # data.subsample_classes of every run ("base" for base-to-novel)
+    evaluations: tuple[Evaluation, ...] = ()
+    averages: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # per-seed means
+    table: Table = Table()
+    batch_sizes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # searched, per dataset
+    also_accepts: tuple[str, ...] = ()  # dataset names accepted beyond `datasets`
+    mode: str = "max"
+
+    @property
+    def experiment(self) -> str:
+        return f"vacsr-{self.name}"
+
+    def data_needed(self, datasets: list[str]) -> list[str]:
+        """Every dataset a sweep over `datasets` reads: the trained ones and the evaluated ones."""
+        extra = [e.dataset for e in self.evaluations if e.dataset]
+        return list(dict.fromkeys([*datasets, *extra]))
+
+
+__all__ = ["Evaluation", "SweepKind", "Table"]

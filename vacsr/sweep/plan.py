@@ -1,0 +1,98 @@
+"""SweepPlan: everything a sweep run needs, resolved and checked once before any trial starts.
+
+Each dataset's Config is built here from plain values (the kind's protocol, the profile, the
+user's --set, each parsed once by the CLI), validated, and handed to the trials as an object
+(`tune.with_parameters`); the Tune search space holds only the suggested values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vacsr.config import Config, from_dict, set_value, validate
+from vacsr.sweep.kind import SweepKind
+from vacsr.sweep.space import Domain
+from vacsr.sweep.storage import join_storage
+
+PAPER_DECAY_EPOCH, PAPER_EPOCHS = 15, 25  # a step schedule decays at epoch 15 of 25 (C.2)
+
+
+@dataclass
+class SweepPlan:
+    kind: SweepKind
+    name: str
+    configs: dict[str, Config]  # dataset -> the base config of all its runs
+    spaces: dict[str, dict[str, Domain]]  # dataset -> searched keys only
+    storage: Path  # absolute sweep folder
+    tracking_uri: str
+    trials: int = 24
+    seeds: tuple[int, ...] = (1, 2, 3)
+    sampler_seed: int = 0
+    resume: bool = False
+    parallel: int | None = None  # datasets searched at once; None: as many as the cluster holds
+    trial_cpus: float = 1.0  # the Tune trial actor (it only drives its TorchTrainer)
+    ray_storage: str = ""  # Tune/Train experiments + checkpoints: path or s3:// gs:// URI
+    optuna_url: str = ""  # Optuna RDB storage; default sqlite in the sweep folder
+    ray_address: str | None = None  # None: RAY_ADDRESS, else a local Ray instance of its own
+    eval_actors: int = 1  # EvalPool actors scoring each final checkpoint's test splits
+    verbose: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def datasets(self) -> list[str]:
+        return list(self.configs)
+
+    @property
+    def ray_root(self) -> str:
+        """Where Tune/Train keep experiments and checkpoints: --ray-storage, else the sweep
+        folder."""
+        return self.ray_storage or str(self.storage)
+
+    def ray_path(self, *parts: str) -> str:
+        return join_storage(self.ray_root, *parts)
+
+    @property
+    def optuna_storage_url(self) -> str:
+        return self.optuna_url or f"sqlite:///{self.storage / 'optuna.db'}"
+
+
+def step_decay_epoch(epochs: int) -> int:
+    """Epoch of the step decay: 15 of the paper's 25 (C.2); a shorter run decays at the same
+    fraction, 15/25 = 60% of its epochs, rounded, at least 1."""
+    if epochs >= PAPER_EPOCHS:
+        return PAPER_DECAY_EPOCH
+    return max(1, round(epochs * PAPER_DECAY_EPOCH / PAPER_EPOCHS))
+
+
+def build_config(layers: list[dict[str, Any]], user_keys: set[str]) -> Config:
+    """A Config from dotted-key layers applied in order (later wins), validated. A step schedule
+    gets its decay epoch from the run's epochs unless the user set optim.decay_epochs."""
+    values: dict[str, Any] = {}
+    for layer in layers:
+        values.update(layer)
+    config = from_dict(values)
+    if config.optim.schedule == "step" and "optim.decay_epochs" not in user_keys:
+        set_value(config, "optim.decay_epochs", [step_decay_epoch(config.train.epochs)])
+        validate(config)
+    return config
+
+
+def concurrency(resources: dict, workers: int, cpus_per_worker: float, gpus_per_worker: float,
+                driver_cpus: float = 1.0) -> int:
+    """Trials `resources` (Ray's cluster resources) hold at once: each needs its driver plus its
+    workers."""
+    limit = resources.get("CPU", 1) // (driver_cpus + workers * cpus_per_worker)
+    if gpus_per_worker > 0:
+        limit = min(limit, resources.get("GPU", 0) // (workers * gpus_per_worker))
+    return max(1, int(limit))
+
+
+def plan_parallelism(plan: SweepPlan, resources: dict) -> tuple[int, int]:
+    """(datasets searched at once, concurrent trials per dataset). Their product never exceeds the
+    trials the cluster holds, so no trial actor waits forever for its Train workers."""
+    train = plan.configs[plan.datasets[0]].train
+    slots = concurrency(resources, train.workers, train.cpus_per_worker, train.gpus_per_worker,
+                        plan.trial_cpus)
+    parallel = max(1, min(plan.parallel or slots, slots, len(plan.datasets)))
+    return parallel, max(1, slots // parallel)

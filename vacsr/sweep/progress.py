@@ -1,0 +1,99 @@
+"""What the researcher sees while a sweep runs: one line per finished trial and per final seed run,
+and a progress bar over all trials (datasets done / running, best val so far per dataset, ETA).
+
+On a terminal the bar is a tqdm bar; in a log (`ray job submit`, CI) it is a plain status line
+every `interval_s`, so no carriage returns garble the job log.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+from tqdm import tqdm
+
+
+class SweepProgress:
+    def __init__(self, name: str, datasets: list[str], trials_per_dataset: int, done: list[str],
+                 metric: str, stream: TextIO | None = None, interval_s: float = 60.0) -> None:
+        self.name, self.metric, self.stream = name, metric, stream or sys.stderr
+        self.datasets = {d: "done" if d in done else "waiting" for d in datasets}
+        self.trials = {d: trials_per_dataset if d in done else 0 for d in datasets}
+        self.total = trials_per_dataset * len(datasets)
+        self.best: dict[str, float] = {}
+        self.interval_s, self.last_status = interval_s, time.monotonic()
+        self.start, self.start_done = time.monotonic(), sum(self.trials.values())
+        self.bar = None
+        if getattr(self.stream, "isatty", lambda: False)():
+            self.bar = tqdm(total=self.total, initial=sum(self.trials.values()), unit="trial",
+                            file=self.stream, dynamic_ncols=True, leave=False)
+            self._refresh()
+
+    def _summary(self) -> str:
+        counts = {s: sum(v == s for v in self.datasets.values()) for s in ("done", "running")}
+        best = " ".join(f"{d}={v:.1f}" for d, v in self.best.items())
+        return (f"datasets {counts['done']}/{len(self.datasets)} done, {counts['running']} "
+                f"running; best {self.metric}: {best or '-'}")
+
+    def _refresh(self) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(self._summary(), refresh=True)
+
+    def line(self, text: str) -> None:
+        """A permanent line (above the bar on a terminal)."""
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def started(self, dataset: str) -> None:
+        self.datasets[dataset] = "running"
+        self._refresh()
+
+    def event(self, event: dict) -> None:
+        """An event a dataset's task sent (vacsr/sweep/search.py TrialEvents, final.py)."""
+        dataset = event["dataset"]
+        if event["event"] == "trial":
+            self.trials[dataset] += 1
+            value = event.get("value")
+            if value is not None and value > self.best.get(dataset, float("-inf")):
+                self.best[dataset] = value
+            shown = "-" if value is None else f"{value:.2f}"
+            self.line(f"[{self.name}] {dataset}: trial {self.trials[dataset]} {event['status']} "
+                      f"after {event['epochs']} epoch(s), {self.metric}={shown}")
+            if self.bar is not None:
+                self.bar.update(1)
+        elif event["event"] == "final":
+            metrics = ", ".join(f"{k}={v:.2f}" for k, v in event["metrics"].items()
+                                if not k.startswith(("eval_", "num_", "uncertainty_", "sigma_")))
+            self.line(f"[{self.name}] {dataset} final seed {event['seed']}: {metrics}")
+        self._refresh()
+        self.tick()
+
+    def finished(self, dataset: str, failed: str | None = None) -> None:
+        self.datasets[dataset] = "failed" if failed else "done"
+        if self.bar is not None:  # trials ASHA never started still count as done
+            self.bar.update(max(0, self.bar.total // len(self.datasets) - self.trials[dataset]))
+        self.trials[dataset] = self.total // len(self.datasets)
+        self.line(f"[{self.name}] {dataset}: " + (f"FAILED: {failed}" if failed else "done"))
+        self._refresh()
+
+    def tick(self) -> None:
+        """In a log: the status line every interval_s."""
+        if self.bar is None and time.monotonic() - self.last_status >= self.interval_s:
+            self.last_status = time.monotonic()
+            done = sum(self.trials.values())
+            self.line(f"[{self.name}] progress: {done}/{self.total} trials, {self._eta(done)}; "
+                      f"{self._summary()}")
+
+    def _eta(self, done: int) -> str:
+        """Time left at this run's pace so far (trials restored by --resume do not count)."""
+        finished = done - self.start_done
+        if finished <= 0:
+            return "ETA -"
+        left = (time.monotonic() - self.start) / finished * (self.total - done)
+        return f"ETA {int(left // 60)} min {int(left % 60):02d} s"
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,213 @@
+"""One dataset's search: Tune + Optuna over Ray Train trials, then the best trial (paper sec. 4.1,
+appendix C: selection on the validation split only).
+
+Runs inside the dataset's Ray task (vacsr/sweep/driver.py): each dataset's Tuner lives in a process
+of its own, so datasets searched side by side share no Tune or Optuna state.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any, Callable
+
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search.optuna import OptunaSearch
+
+from vacsr.distributed.train import CHECKPOINT_FILE
+from vacsr.errors import ConfigError, VacsrError
+from vacsr.sweep.plan import SweepPlan
+from vacsr.sweep.space import DefineByRun, start_point
+from vacsr.sweep.trial import TrialMeta, run_trial, with_suggestions
+from vacsr.tracking import MlflowTracker, redact_uri
+
+
+class DatasetFailed(VacsrError):
+    """No trial of a dataset finished with its selection metric."""
+
+
+def sampler_seed(sweep_seed: int, dataset: str) -> int:
+    """Optuna's seed for one dataset: from the sweep seed and the name, so datasets do not all
+    draw the same first configurations, and a rerun draws the same ones again."""
+    return zlib.crc32(f"{sweep_seed}:{dataset}".encode()) % 2**31
+
+
+def open_optuna_storage(plan: SweepPlan):
+    """The study database (RDB storage); ConfigError naming it when it cannot be opened."""
+    import optuna
+
+    url = plan.optuna_storage_url
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    except Exception as exc:  # SQLAlchemy/driver errors: name the storage, stop early
+        raise ConfigError(f"--optuna-storage {redact_uri(url)}: cannot open "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+
+
+def fail_running_trials(storage, study_name: str) -> int:
+    """Optuna trials left RUNNING (their driver was killed) marked FAIL; returns how many."""
+    import optuna
+    from optuna.trial import TrialState
+
+    try:
+        study_id = storage.get_study_id_from_name(study_name)
+    except KeyError:
+        return 0
+    stale = [t for t in storage.get_all_trials(study_id, deepcopy=False,
+                                              states=(TrialState.RUNNING,))]
+    for trial in stale:
+        storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+    return len(stale)
+
+
+class ResumableOptunaSearch(OptunaSearch):
+    """OptunaSearch whose trials outlive a stopped driver. The driver marks the Optuna trials it
+    leaves RUNNING as FAIL; `--resume` then continues those Tune trials from their checkpoints,
+    and their results go to a fresh Optuna trial with the same values (Optuna refuses to update
+    a finished one)."""
+
+    def _finished(self, trial_id: str) -> bool:
+        ot_trial = self._ot_trials[trial_id]
+        return self._ot_study.trials[ot_trial.number].state.is_finished()
+
+    def _reopen(self, trial_id: str) -> None:
+        old = self._ot_study.trials[self._ot_trials[trial_id].number]
+        self._ot_study.enqueue_trial(old.params, skip_if_exists=False)
+        self._ot_trials[trial_id] = self._ot_study.ask(fixed_distributions=old.distributions)
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if trial_id in self._ot_trials and trial_id not in self._completed_trials \
+                and self._finished(trial_id):
+            self._reopen(trial_id)
+        super().on_trial_result(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None,
+                          error: bool = False) -> None:
+        if trial_id in self._ot_trials and trial_id not in self._completed_trials \
+                and self._finished(trial_id):
+            self._reopen(trial_id)
+        super().on_trial_complete(trial_id, result, error)
+
+
+def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str) -> str:
+    """The dataset's trial function, registered under a name of its own: Tune keeps trainables
+    per job and name, and the datasets' tasks share the driver's job, so one shared name would
+    let a dataset's trials run another dataset's config."""
+    meta = TrialMeta(dataset=dataset, trial_root=str(plan.storage / "trials" / dataset),
+                     ray_storage=plan.ray_path("trials", dataset), tracking_uri=plan.tracking_uri,
+                     experiment=plan.kind.experiment, parent_run_id=dataset_run_id)
+    trainable = tune.with_parameters(run_trial, base=plan.configs[dataset], meta=meta)
+    name = f"vacsr-{plan.name}-{dataset}"
+    tune.register_trainable(name, tune.with_resources(trainable, {"CPU": plan.trial_cpus}))
+    return name
+
+
+def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: int,
+           callbacks: list) -> tune.Tuner:
+    """A new Tuner, or the restored one when --resume finds this dataset's experiment."""
+    folder = plan.ray_path("tune", dataset)
+    if plan.resume and tune.Tuner.can_restore(folder):
+        # errored trials stay failed: their errors are deterministic (worker loss is retried by
+        # Ray Train inside the trial)
+        return tune.Tuner.restore(folder, trainable=trainable, resume_unfinished=True,
+                                  restart_errored=False)
+    base, space = plan.configs[dataset], plan.spaces[dataset]
+    search = ResumableOptunaSearch(DefineByRun(space), metric=plan.kind.metric, mode=plan.kind.mode,
+                          storage=storage, study_name=f"{plan.name}-{dataset}",
+                          seed=sampler_seed(plan.sampler_seed, dataset),
+                          points_to_evaluate=[start_point(space, base)])
+    max_epochs = max(base.train.epochs, getattr(space.get("train.epochs"), "high", 0))
+    return tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            metric=plan.kind.metric, mode=plan.kind.mode, search_alg=search,
+            num_samples=plan.trials,
+            # max_t beyond the longest trial: ASHA stops a trial that reaches max_t at once,
+            # which would cut off its last MLflow logging (metrics.json, curves); trials that run
+            # all their epochs must end by themselves
+            scheduler=ASHAScheduler(time_attr="epoch", max_t=max(max_epochs, 1) + 1,
+                                    grace_period=1),
+            max_concurrent_trials=max_concurrent),
+        run_config=tune.RunConfig(name=dataset, storage_path=plan.ray_path("tune"), verbose=0,
+                                  callbacks=callbacks))
+
+
+class TrialEvents(tune.Callback):
+    """Each finished or failed trial as an event for the driver's progress display."""
+
+    def __init__(self, dataset: str, metric: str, report: Callable[[dict], None]) -> None:
+        self.dataset, self.metric, self.report = dataset, metric, report
+
+    def _send(self, trial, status: str) -> None:
+        result = trial.last_result or {}
+        value = result.get(self.metric)
+        self.report({"event": "trial", "dataset": self.dataset, "trial": trial.trial_id,
+                     "status": status, "epochs": result.get("epoch", 0),
+                     "value": value if isinstance(value, (int, float)) else None})
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        self._send(trial, "done")
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self._send(trial, "FAILED")
+
+
+def select_best(trials: list[dict], metric: str, mode: str = "max") -> dict:
+    """The trial whose last reported `metric` (a val metric) is best; test metrics never count.
+    Ties go to the earlier trial; failed trials and trials without the metric are skipped."""
+    if not metric.startswith("val/"):
+        raise ValueError(f"selection must use a val metric, got {metric!r}")
+    scored = [t for t in trials if t.get("error") is None
+              and isinstance(t.get("metrics", {}).get(metric), (int, float))
+              and math.isfinite(t["metrics"][metric])]
+    if not scored:
+        errors = [t["error"] for t in trials if t.get("error")]
+        why = f": {errors[0]}" if errors else ""
+        raise DatasetFailed(f"none of {len(trials)} trial(s) reported {metric}"
+                            f" ({len(errors)} failed){why}")
+    sign = 1 if mode == "max" else -1
+    return max(scored, key=lambda t: (sign * t["metrics"][metric], -trials.index(t)))
+
+
+def _error_line(error: Any) -> str | None:
+    if error is None:
+        return None
+    text = str(error).strip().splitlines()
+    return (text[-1] if text else type(error).__name__)[:300]
+
+
+def search_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: int = 1,
+                   report: Callable[[dict], None] = lambda event: None) -> dict:
+    """Run (or resume) the dataset's search; the best trial's config, val metric and checkpoint."""
+    storage = open_optuna_storage(plan)
+    study = f"{plan.name}-{dataset}"
+    tuner = _tuner(plan, dataset, _trainable(plan, dataset, dataset_run_id), storage,
+                   max_concurrent, [TrialEvents(dataset, plan.kind.metric, report)])
+    results = tuner.fit()
+    fail_running_trials(storage, study)  # a trial Tune restarted afresh leaves its old one behind
+    trials = [{"config": r.config or {}, "metrics": dict(r.metrics or {}),
+               "error": _error_line(r.error)} for r in results]
+    close_running_children(plan.tracking_uri, plan.kind.experiment, dataset_run_id)
+    best = select_best(trials, plan.kind.metric, plan.kind.mode)
+    config = with_suggestions(plan.configs[dataset], best["config"])
+    metrics = best["metrics"]
+    finished = metrics.get("epoch") == config.train.epochs and metrics.get("checkpoint_path")
+    return {"config": config, "val": metrics[plan.kind.metric], "num_trials": len(trials),
+            "failed_trials": sum(t["error"] is not None for t in trials),
+            "trial_id": metrics.get("trial_id"),
+            # the trial ran every epoch (ASHA did not stop it): its last checkpoint is final
+            "checkpoint": f"{metrics['checkpoint_path']}/{CHECKPOINT_FILE}" if finished else None}
+
+
+def close_running_children(uri: str, experiment: str, parent_run_id: str) -> int:
+    """Trials stopped early by ASHA (or lost with a killed driver) leave MLflow runs RUNNING;
+    mark them KILLED. Returns how many were closed."""
+    tracker = MlflowTracker(uri)
+    runs = tracker.client.search_runs(
+        [tracker.experiment_id(experiment)],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' "
+                      "and attributes.status = 'RUNNING'")
+    for run in runs:
+        tracker.client.set_terminated(run.info.run_id, status="KILLED")
+    return len(runs)
