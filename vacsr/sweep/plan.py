@@ -6,7 +6,7 @@ user's --set, each parsed once by the CLI), validated, and handed to the trials 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,6 @@ class SweepPlan:
     ray_address: str | None = None  # None: RAY_ADDRESS, else a local Ray instance of its own
     eval_actors: int = 1  # EvalPool actors scoring each final checkpoint's test splits
     verbose: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def datasets(self) -> list[str]:
