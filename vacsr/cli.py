@@ -107,17 +107,16 @@ def cmd_eval(args) -> int:
 def _evaluate_on_actors(config, checkpoint: Path, split: str, actors: int, extra: dict) -> dict:
     """Encode here, score on `actors` Ray evaluation actors (queries sharded, exact merge)."""
     from vacsr.distributed.cluster import ensure_ray, quiet_logging
-    from vacsr.distributed.eval_actor import EvalPool
-    from vacsr.train.evaluate import encode_checkpoint, score_encoded
+    from vacsr.distributed.eval_actor import PoolScorer
+    from vacsr.train.evaluate import encode_checkpoint
 
     quiet_logging()
     ensure_ray(log_to_driver=False)
-    encoded = encode_checkpoint(config, checkpoint, split=split)
-    pool = EvalPool(encoded.head, encoded.items, num_actors=actors)
+    scorer = PoolScorer(actors)
     try:
-        return score_encoded(encoded, scorer=pool, **extra)
+        return scorer(encode_checkpoint(config, checkpoint, split=split), **extra)
     finally:
-        pool.shutdown()
+        scorer.shutdown()
 
 
 def cmd_pretrain_tiny(args) -> int:

@@ -143,6 +143,29 @@ class EvalPool:
         return logits, sigma
 
 
+class PoolScorer:
+    """Scores encoded checkpoints (vacsr.train.evaluate.EncodedSplit) on one EvalPool: the actors
+    start with the first checkpoint and get each later one's head (final seed runs, `vacsr eval
+    --actors`)."""
+
+    def __init__(self, actors: int, cpus_per_actor: float = 1) -> None:
+        self.actors, self.cpus, self.pool = actors, cpus_per_actor, None
+
+    def __call__(self, encoded, **engine_kwargs) -> dict[str, float]:
+        from vacsr.train.evaluate import score_encoded
+
+        if self.pool is None:
+            self.pool = EvalPool(encoded.head, encoded.items, num_actors=self.actors,
+                                 num_cpus_per_actor=self.cpus)
+        else:
+            self.pool.update_head(encoded.head)
+        return score_encoded(encoded, scorer=self.pool, **engine_kwargs)
+
+    def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
 def _shard_bounds(num: int, shards: int) -> list[tuple[int, int]]:
     """Contiguous, near-equal [lo, hi) ranges; empty shards are dropped."""
     edges = [round(i * num / shards) for i in range(shards + 1)]

@@ -14,12 +14,12 @@ from typing import Callable
 
 import ray
 
-from vacsr.distributed.eval_actor import EvalPool
+from vacsr.distributed.eval_actor import PoolScorer
 from vacsr.distributed.train import CHECKPOINT_FILE, fit_ray
 from vacsr.sweep.plan import SweepPlan
 from vacsr.sweep.storage import copy_from_storage
 from vacsr.tracking import TrackingCallback
-from vacsr.train.evaluate import EncodedSplit, encode_checkpoint, score_encoded
+from vacsr.train.evaluate import encode_checkpoint
 
 
 def final_config(best, plan: SweepPlan, dataset: str, seed: int, parent_run_id: str):
@@ -34,25 +34,6 @@ def final_config(best, plan: SweepPlan, dataset: str, seed: int, parent_run_id: 
     config.tracking.parent_run_id = parent_run_id
     config.tracking.run_name = f"{dataset}-final-seed{seed}"
     return config
-
-
-class PoolScorer:
-    """One EvalPool per dataset: the actors start once and get each checkpoint's head."""
-
-    def __init__(self, actors: int, cpus_per_actor: float) -> None:
-        self.actors, self.cpus, self.pool = actors, cpus_per_actor, None
-
-    def __call__(self, encoded: EncodedSplit) -> dict[str, float]:
-        if self.pool is None:
-            self.pool = EvalPool(encoded.head, encoded.items, num_actors=self.actors,
-                                 num_cpus_per_actor=self.cpus)
-        else:
-            self.pool.update_head(encoded.head)
-        return score_encoded(encoded, scorer=self.pool)
-
-    def shutdown(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
 
 
 def _encoder(config):

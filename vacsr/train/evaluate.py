@@ -32,7 +32,49 @@ def coco1k_folds(task: str, split: str, num_images: int) -> int | None:
     return None
 
 
+@dataclass
+class EncodedSplit:
+    """Features of one split and what its metrics need (a checkpoint's: on the CPU)."""
+
+    task: str
+    image_feats: torch.Tensor  # (N_i, d)
+    text_feats: torch.Tensor  # (N_c, d): captions, or one prompt per class
+    head: nn.Module  # the trained adapter
+    targets: dict[str, Any]  # retrieval: caption_to_image, ids, groups; classification: labels
+    num_folds: int | None = None
+
+    @property
+    def items(self) -> torch.Tensor:
+        return self.text_feats
+
+
 @torch.no_grad()
+def encode_split(model: VACSRModel, data, *, task: str, batch_size: int = 128,
+                 autocast=nullcontext, keep_on_device: bool = False,
+                 num_folds: int | None = None) -> EncodedSplit:
+    """Encode a split with the eval transform: image features, and caption features (retrieval)
+    or one prompt per class (classification)."""
+    was_training = model.training
+    model.eval()
+    try:
+        encode = {"autocast": autocast, "keep_on_device": keep_on_device}
+        image_feats = encode_images(model.backbone, data.images, batch_size=batch_size, **encode)
+        if task == "retrieval":
+            assert isinstance(data, RetrievalData)
+            text_feats = encode_texts(model.backbone, data.captions, **encode)
+            targets = {"caption_to_image": data.caption_to_image,
+                       "image_ids": data.image_ids or None,
+                       "caption_ids": data.caption_ids or None, "image_groups": data.image_groups}
+        else:
+            assert isinstance(data, ClassificationData)
+            text_feats = encode_texts(model.backbone, data.prompts(), **encode)
+            targets = {"labels": data.labels}
+    finally:
+        model.train(was_training)
+    return EncodedSplit(task=task, image_feats=image_feats, text_feats=text_feats,
+                        head=model.head, targets=targets, num_folds=num_folds)
+
+
 def evaluate_split(model: VACSRModel, data, *, task: str, device, batch_size: int = 128,
                    autocast=nullcontext, scorer=None, **engine_kwargs) -> dict[str, float]:
     """Encode a split, then score it with the evaluation engine (chunked scorer, or the Ray
@@ -40,39 +82,13 @@ def evaluate_split(model: VACSRModel, data, *, task: str, device, batch_size: in
     ids say COCO test; semantic mAP@R / R-P / R@1, sem_*, when the data has image_groups);
     classification: accuracy. Both with sigma_hat of the top-1 item."""
     was_training = model.training
-    model.eval()
+    encoded = encode_split(model, data, task=task, batch_size=batch_size, autocast=autocast,
+                           keep_on_device=True)
+    model.eval()  # the head scores in eval mode
     try:
-        encode = {"autocast": autocast, "keep_on_device": True}
-        image_feats = encode_images(model.backbone, data.images, batch_size=batch_size, **encode)
-        if task == "retrieval":
-            assert isinstance(data, RetrievalData)
-            text_feats = encode_texts(model.backbone, data.captions, **encode)
-            return evaluate_retrieval(image_feats, text_feats, model.head, data.caption_to_image,
-                                      data.image_ids or None, data.caption_ids or None,
-                                      image_groups=data.image_groups, device=device,
-                                      scorer=scorer, **engine_kwargs)
-        assert isinstance(data, ClassificationData)
-        text_feats = encode_texts(model.backbone, data.prompts(), **encode)
-        return evaluate_classification(image_feats, text_feats, model.head, data.labels,
-                                       device=device, scorer=scorer)
+        return score_encoded(encoded, scorer=scorer, device=device, **engine_kwargs)
     finally:
         model.train(was_training)
-
-
-@dataclass
-class EncodedSplit:
-    """Features of one split (on the CPU) and what its metrics need."""
-
-    task: str
-    image_feats: torch.Tensor  # (N_i, d)
-    text_feats: torch.Tensor  # (N_c, d): captions, or one prompt per class
-    head: nn.Module  # the trained adapter, on the CPU
-    targets: dict[str, Any]  # retrieval: caption_to_image, ids, groups; classification: labels
-    num_folds: int | None = None
-
-    @property
-    def items(self) -> torch.Tensor:
-        return self.text_feats
 
 
 @torch.no_grad()
@@ -100,20 +116,13 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
     model = build_model(config).to(device).eval()
     load_model_state(model, state, checkpoint_path, config)
     part = splits[split]
-    options = {"batch_size": max(config.train.batch_size, 64)}
-    image_feats = encode_images(model.backbone, part.images, **options)
-    if data.task == "retrieval":
-        text_feats = encode_texts(model.backbone, part.captions)
-        targets = {"caption_to_image": part.caption_to_image,
-                   "image_ids": part.image_ids or None, "caption_ids": part.caption_ids or None,
-                   "image_groups": part.image_groups}
-    else:
-        text_feats = encode_texts(model.backbone, part.prompts())
-        targets = {"labels": part.labels}
-    return EncodedSplit(task=data.task, image_feats=image_feats.float().cpu(),
-                        text_feats=text_feats.float().cpu(), head=model.head.cpu().eval(),
-                        targets=targets,
-                        num_folds=coco1k_folds(data.task, split, len(part.images)))
+    encoded = encode_split(model, part, task=data.task,
+                           batch_size=max(config.train.batch_size, 64),
+                           num_folds=coco1k_folds(data.task, split, len(part.images)))
+    encoded.image_feats = encoded.image_feats.float().cpu()
+    encoded.text_feats = encoded.text_feats.float().cpu()
+    encoded.head = model.head.cpu().eval()
+    return encoded
 
 
 def score_encoded(encoded: EncodedSplit, *, scorer=None, device=None,
