@@ -114,8 +114,9 @@ def test_change_invalidates_only_that_folder(tree, scans, change):
     before = lc.list_tree(tree)
     scans.clear()
     changed = change(tree)
-    for name in changed:  # settled by the next load: only the fingerprint can tell
+    for name in changed:  # settled by the next load: only the fingerprints can tell
         os.utime(tree / name, (OLD + 60, OLD + 60))
+    os.utime(tree, (OLD + 60, OLD + 60))
     after = lc.list_tree(tree)
     assert after == scan(tree) and after != before
     assert scans == changed
@@ -127,6 +128,20 @@ def test_removed_class_folder_disappears(tree):
         path.unlink()
     (tree / WNIDS[0]).rmdir()
     assert list(lc.list_tree(tree)) == WNIDS[1:]
+    os.utime(tree, (OLD + 60, OLD + 60))  # settled: the tree's fingerprint still tells
+    (tree / WNIDS[1]).rename(tree / "n09999999")
+    os.utime(tree, (OLD + 120, OLD + 120))
+    assert list(lc.list_tree(tree)) == [WNIDS[2], "n09999999"]
+
+
+def test_unchanged_tree_is_not_listed(tree, monkeypatch):
+    expected = scan(tree)
+    lc.list_tree(tree)
+    listed = []
+    real = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path=".": listed.append(path) or real(path))
+    assert lc.list_tree(tree) == expected
+    assert listed == []  # neither the tree nor a class folder
 
 
 def test_recently_modified_folder_is_not_trusted(tmp_path, scans):
@@ -299,5 +314,6 @@ def test_cached_imagenet_trial_load_lists_no_class_folder(tmp_path, monkeypatch)
         monkeypatch.setattr(os, name, counting)
     second = load_classification(tmp_path, "imagenet", shots=2, seed=1, subsample="all")
     assert [path for path in listed if path.parent.name in ("train", "val")] == []
+    assert [path for path in listed if path.name in ("train", "val")] == []  # nor the trees
     assert {k: (v.images, v.labels) for k, v in second.items()} == \
         {k: (v.images, v.labels) for k, v in first.items()}

@@ -14,12 +14,13 @@ few-shot train and val, the full test split, restricted to the base or novel hal
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from vacsr.data.base import ClassificationData
-from vacsr.data.fewshot import Item, load_or_sample, subsample_classes
+from vacsr.data.fewshot import Item, label_set, load_or_sample, subsample_classes
 from vacsr.data.files import check_files_exist, read_json, read_lines, require_dir
 from vacsr.data.imagenet import VARIANTS, read_imagenet, read_variant
 from vacsr.errors import ConfigError, DataError
@@ -122,7 +123,7 @@ def read_aircraft(dataset_dir: Path, spec: DatasetSpec) -> dict[str, list[Item]]
 
 
 def _read_splits(root: Path, name: str, spec: DatasetSpec
-                 ) -> tuple[Path, dict[str, list[Item] | None]]:
+                 ) -> tuple[Path, dict[str, Sequence[Item] | None]]:
     if name == "imagenet":
         return read_imagenet(root)
     layout = (f"{spec.folder}/{spec.image_dir} with {spec.split_file}" if spec.split_file
@@ -147,14 +148,15 @@ def classnames_of(items: Sequence[Item], source: str) -> list[str]:
 
 def _check_class_count(items: Sequence[Item], expected: int, source: str) -> None:
     # A partial download silently changes the benchmark; published numbers assume every class.
-    found = len({item.label for item in items})
+    found = len(label_set(items))
     if found != expected:
         raise DataError(f"{source}: found {found} classes in the train split; expected {expected}")
 
 
 def to_data(items: Sequence[Item], dataset_dir: Path, classnames: list[str],
             template: str) -> ClassificationData:
-    return ClassificationData(images=[str(dataset_dir / item.path) for item in items],
+    prefix = os.path.join(dataset_dir, "")  # one Path join per split, not per image
+    return ClassificationData(images=[prefix + item.path for item in items],
                               labels=[item.label for item in items], classnames=list(classnames),
                               template=template)
 

@@ -20,7 +20,7 @@ import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
 from vacsr.data.files import atomic_pickle
 from vacsr.errors import DataError
@@ -38,8 +38,26 @@ class Item:
     classname: str
 
 
-def group_by_label(items: Sequence[Item]) -> dict[int, list[Item]]:
+@runtime_checkable
+class GroupedItems(Protocol):
+    """A split that knows its classes without iterating its items (folder_items.FolderItems:
+    ImageNet's 1.28M training images, built only when read)."""
+
+    def groups(self) -> dict[int, Sequence[Item]]: ...
+
+    def labels(self) -> set[int]: ...
+
+    def has(self, path: str, label: int) -> bool: ...
+
+
+def label_set(items: Sequence[Item]) -> set[int]:
+    return items.labels() if isinstance(items, GroupedItems) else {item.label for item in items}
+
+
+def group_by_label(items: Sequence[Item]) -> dict[int, Sequence[Item]]:
     """Label -> items, labels in order of first occurrence (as Dassl's defaultdict iterates)."""
+    if isinstance(items, GroupedItems):
+        return items.groups()
     groups: dict[int, list[Item]] = defaultdict(list)
     for item in items:
         groups[item.label].append(item)
@@ -140,9 +158,13 @@ def read_fewshot_cache(path: Path, folder_name: str) -> tuple[list[Item], list[I
 
 def _check_subset(cached: Sequence[Item], full: Sequence[Item], path: Path, split: str) -> None:
     """A cache made from another split file would silently change the benchmark: refuse it."""
-    known = {(item.path, item.label) for item in full}
+    if isinstance(full, GroupedItems):
+        known = full.has
+    else:
+        pairs = {(item.path, item.label) for item in full}
+        known = lambda path, label: (path, label) in pairs  # noqa: E731
     for item in cached:
-        if (item.path, item.label) not in known:
+        if not known(item.path, item.label):
             raise DataError(f"{path}: cached item {item.path!r} (label {item.label}) is not in the "
                             f"{split} split; expected a cache made from this split (delete it to "
                             "resample)")

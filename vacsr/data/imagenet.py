@@ -18,13 +18,12 @@ CoOp's preprocessed.pkl does) so that a trial does not list ImageNet's 1.28M tra
 """
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Sequence
 
 from vacsr.data.fewshot import Item
-from vacsr.data.files import read_lines, require_dir, subdirs
+from vacsr.data.folder_items import ClassFolder, FolderItems
+from vacsr.data.files import read_lines, require_dir
 from vacsr.data.listing_cache import list_tree
 from vacsr.errors import DataError
 
@@ -63,37 +62,22 @@ def find_classnames(root: Path, folder: str) -> Path:
                     f"{root / 'imagenet'}); expected {CLASSNAMES_EXPECTED}")
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Creating ImageNet's 1.28M Items triggers repeated collections of the whole growing heap
-    that find nothing (Items hold no cycles); pausing the collector more than halves the time."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _folder_items(split_dir: Path, folders: list[str], names: dict[str, str],
-                  dataset_dir: Path, classnames_path: Path) -> list[Item]:
-    """Every image of every class folder; label = position of the folder in `folders`."""
-    for folder in folders:
+def _folder_items(split_dir: Path, folders: list[str] | None, names: dict[str, str],
+                  dataset_dir: Path, classnames_path: Path) -> tuple[list[str], FolderItems]:
+    """(class folders, every image of them); label = position of the folder in `folders`
+    (default: the sorted sub-folders of `split_dir`)."""
+    listing = list_tree(split_dir, folders)
+    for folder in listing:
         if folder not in names:
             raise DataError(f"{split_dir / folder}: class folder not listed in {classnames_path}; "
                             f"expected {CLASSNAMES_EXPECTED}")
-    items: list[Item] = []
     prefix = split_dir.relative_to(dataset_dir).as_posix()
-    listing = list_tree(split_dir, folders)
-    with _collector_paused():
-        for label, (folder, files) in enumerate(listing.items()):
-            classname, base = names[folder], f"{prefix}/{folder}/"
-            items.extend(Item(base + name, label, classname) for name in files)
-    return items
+    return list(listing), FolderItems([
+        ClassFolder(f"{prefix}/{folder}/", label, names[folder], files)
+        for label, (folder, files) in enumerate(listing.items())])
 
 
-def read_imagenet(root: Path) -> tuple[Path, dict[str, list[Item] | None]]:
+def read_imagenet(root: Path) -> tuple[Path, dict[str, Sequence[Item] | None]]:
     """(dataset folder, {"train", "val": None, "test"}); ImageNet's official val is the test split.
 
     There is no val split: the few-shot val is drawn from the remaining train images (fewshot.py).
@@ -102,44 +86,42 @@ def read_imagenet(root: Path) -> tuple[Path, dict[str, list[Item] | None]]:
                               "/<wnid>/ with imagenet/classnames.txt")
     classnames_path = dataset_dir / "classnames.txt"
     names = read_classnames(classnames_path)
-    splits: dict[str, list[Item] | None] = {"val": None}
+    splits: dict[str, Sequence[Item] | None] = {"val": None}
     folders_seen: list[str] | None = None
     for split, sub in (("train", "train"), ("test", "val")):
         split_dir = require_dir(dataset_dir / "images" / sub, "one folder per wnid")
-        folders = subdirs(split_dir)
+        folders, splits[split] = _folder_items(split_dir, None, names, dataset_dir,
+                                               classnames_path)
         if folders_seen is not None and folders != folders_seen:
             raise DataError(f"{split_dir}: class folders differ from images/train; expected the "
                             "same wnid folders in train and val")
         folders_seen = folders
-        splits[split] = _folder_items(split_dir, folders, names, dataset_dir, classnames_path)
     return dataset_dir, splits
 
 
-def _variant_folders(name: str, image_dir: Path, names: dict[str, str]) -> list[str]:
-    """Class folders in label order: V2 numbers them 0..N-1, the others use sorted wnids."""
-    if name == "imagenetv2":
-        return [str(i) for i in range(len(names))]
-    return subdirs(image_dir)
+def _check_count(image_dir: Path, found: int, expected: int) -> None:
+    if found != expected:
+        raise DataError(f"{image_dir}: found {found} class folders; expected {expected}")
 
 
-def read_variant(root: Path, name: str) -> tuple[Path, list[Item], list[str], list[int]]:
+def read_variant(root: Path, name: str) -> tuple[Path, Sequence[Item], list[str], list[int]]:
     """(dataset folder, test items, class names by label, ImageNet-1k index of each label)."""
     folder, image_sub, expected = VARIANTS[name]
     dataset_dir = require_dir(root / folder, f"the {name} layout {folder}/{image_sub}/")
     image_dir = require_dir(dataset_dir / image_sub, f"{expected} class folders")
     classnames_path = find_classnames(root, folder)
     names = read_classnames(classnames_path)
-    folders = _variant_folders(name, image_dir, names)
-    if len(folders) != expected:
-        raise DataError(f"{image_dir}: found {len(folders)} class folders; expected {expected}")
     wnids = list(names)
-    if name == "imagenetv2":
+    if name == "imagenetv2":  # folders 0..N-1 in classnames.txt order
+        folders: list[str] | None = [str(i) for i in range(len(names))]
+        _check_count(image_dir, len(folders), expected)
         for index in folders:
             require_dir(image_dir / index, f"class folders 0..{len(names) - 1}")
-        class_wnids = wnids
         by_folder = {str(i): names[w] for i, w in enumerate(wnids)}
-    else:
-        class_wnids, by_folder = folders, names
-    items = _folder_items(image_dir, folders, by_folder, dataset_dir, classnames_path)
+    else:  # the sorted wnid folders
+        folders, by_folder = None, names
+    folders, items = _folder_items(image_dir, folders, by_folder, dataset_dir, classnames_path)
+    _check_count(image_dir, len(folders), expected)
+    class_wnids = wnids if name == "imagenetv2" else folders
     index_of = {wnid: i for i, wnid in enumerate(wnids)}
     return dataset_dir, items, [names[w] for w in class_wnids], [index_of[w] for w in class_wnids]
