@@ -98,6 +98,7 @@ def drop_listing_cache(root: Path) -> None:
 
 
 COLD = False  # set by --cold
+CACHED_LOADS = 5
 
 
 def drop_page_cache() -> None:
@@ -114,7 +115,8 @@ def seconds(load: Callable[[], object]) -> float:
 
 
 def measure(what: str, load: Callable[[], object], root: Path, repeats: int) -> Row:
-    """Medians over `repeats` of: an uncached load, a first load, the cached load after it."""
+    """Medians over `repeats` rounds of: an uncached load, a first load, and CACHED_LOADS cached
+    loads after it (each load after the first is a cached one: a sweep's later trials)."""
     uncached, first, cached = [], [], []
     for _ in range(repeats):
         os.environ["VACSR_LISTING_CACHE"] = "off"
@@ -122,7 +124,7 @@ def measure(what: str, load: Callable[[], object], root: Path, repeats: int) -> 
         del os.environ["VACSR_LISTING_CACHE"]
         drop_listing_cache(root)
         first.append(seconds(load))
-        cached.append(seconds(load))
+        cached.extend(seconds(load) for _ in range(CACHED_LOADS))
     return Row(what, *(statistics.median(t) for t in (uncached, first, cached)))
 
 

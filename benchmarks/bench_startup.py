@@ -7,8 +7,10 @@ H 64, batch 5 as in the EuroSAT protocol, 0.5 CPU per worker, 1 worker) in a fre
 `Trainer(config).fit()`, as a Tune trial the way a sweep runs one (a Tuner of one `run_trial`
 trial holding 0.1 CPU, MLflow on) and through `fit_ray`. The Ray runs go two ways, interleaved in
 one Ray instance: "before" is the previous path, kept here (Ray's TorchTrainer and TorchConfig,
-TuneReportCallback, the worker importing with the garbage collector on), "after" is the current
-code. Every process of the Ray instance is sampled from /proc while a run lasts, so the CPU-seconds
+its Train controller and placement-group cleaner actors per run, TuneReportCallback, the worker
+importing with the garbage collector on), "after" is the current code (in a trial, the controller
+runs in the trial actor and the sweep's one shared cleaner, started here once as the sweep driver
+does, keeps the placement groups; its column counts its polling). Every process of the Ray instance is sampled from /proc while a run lasts, so the CPU-seconds
 of each process (trial actor, Train controller, worker, Ray Train's helper actors, Ray's daemons,
 this driver) add up to the run's total. A run's start-up is its total CPU (and wall time) minus
 the in-process `fit()`: what a Ray Train run costs on top of the training itself. A second Ray
@@ -298,12 +300,14 @@ def start_ray(import_times_on: bool) -> Path:
     import ray
 
     from vacsr.distributed.cluster import ensure_ray, quiet_logging
+    from vacsr.distributed.placement import start_cleaner
 
     if import_times_on:
         os.environ["PYTHONPROFILEIMPORTTIME"] = "1"  # inherited by every Ray process
     try:
         quiet_logging()
         ensure_ray(num_cpus=2, log_to_driver=False)
+        start_cleaner()  # as the sweep driver does, once per sweep
     finally:
         os.environ.pop("PYTHONPROFILEIMPORTTIME", None)
     return Path(ray._private.worker._global_node.get_session_dir_path())

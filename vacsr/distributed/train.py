@@ -7,6 +7,7 @@ The training itself lives in `vacsr.distributed.worker`, which only the Train wo
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -15,11 +16,14 @@ from typing import TYPE_CHECKING
 import ray
 import ray.train
 from ray.train.v2._internal.callbacks import DatasetsCallback
+from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+from ray.train.v2._internal.execution.controller import TrainController
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from vacsr.atomic import atomic_write_json
 from vacsr.config import Config, from_dict, to_dict
 from vacsr.distributed.backend import LazyTorchConfig, imports_outside_gc
+from vacsr.distributed.placement import SharedCleanerCallback, find_cleaner
 
 if TYPE_CHECKING:
     from vacsr.train.loop import TrainResult
@@ -59,16 +63,39 @@ def raise_if_run_failed(output_dir: str | Path) -> None:
 
 
 class LeanTorchTrainer(DataParallelTrainer):
-    """Ray Train's TorchTrainer for our runs, with two per-run costs left out. The backend is
-    LazyTorchConfig (torch loads on the workers only). Without Ray Datasets (the workers load
-    their data themselves), Ray Train's datasets callback would still start a DatasetManager
-    actor per run, a whole Python process (~1.5 CPU-s) that serves no dataset: it is dropped."""
+    """Ray Train's TorchTrainer for our runs, with the per-run processes that do not train left
+    out (each a Python process of its own, ~1.5 CPU-s to start; a small dataset's trial trains for
+    little more than that on a GPU):
+    - the backend is LazyTorchConfig: torch loads on the workers only;
+    - when `fit()` runs in an actor (a Tune trial), the Train controller runs there too instead of
+      in an actor of its own: it only schedules and polls the workers, and killing the trial actor
+      still ends them (they are its own). On a driver (`vacsr train --ray`) Ray's controller
+      actor stays: the workers' context needs a controller actor handle;
+    - a trial's placement group is registered with the sweep's shared cleaner (placement.py)
+      instead of a cleaner actor per run, where a sweep driver started one;
+    - without Ray Datasets (the workers load their data themselves), Ray Train's datasets callback
+      would still start a DatasetManager actor that serves no dataset: it is dropped.
+    """
 
     def _create_default_callbacks(self) -> list:
         callbacks = super()._create_default_callbacks()
-        if self.datasets:
-            return callbacks
-        return [c for c in callbacks if not isinstance(c, DatasetsCallback)]
+        owner_id = ray.get_runtime_context().get_actor_id()  # None on a driver
+        cleaner = find_cleaner() if owner_id is not None else None
+        lean = []
+        for callback in callbacks:
+            if isinstance(callback, DatasetsCallback) and not self.datasets:
+                continue
+            if isinstance(callback, PlacementGroupCleanerCallback) and cleaner is not None:
+                callback = SharedCleanerCallback(cleaner, owner_id)
+            lean.append(callback)
+        return lean
+
+    def _initialize_and_run_controller(self, **controller_init_kwargs):
+        if ray.get_runtime_context().get_actor_id() is None:
+            return super()._initialize_and_run_controller(**controller_init_kwargs)
+        controller = TrainController(**controller_init_kwargs)
+        asyncio.run(controller.run())
+        return controller.get_result()
 
 
 def _worker_env() -> dict | None:

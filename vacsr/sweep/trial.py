@@ -87,7 +87,7 @@ class FileReports(UserCallback):
     """Runs in the Train controller: each report (rank 0's metrics, with the checkpoint's path as
     Ray's TuneReportCallback adds it) as one JSON line in `path`. TuneReportCallback hands reports
     over through a queue actor, one more Python process (~1.4 CPU-s) per trial; a file will do, as
-    Ray Train places the controller on the node of the process that calls `fit()`."""
+    the controller runs in the trial actor itself (LeanTorchTrainer)."""
 
     def __init__(self, path: Path) -> None:
         self.path = str(path)
