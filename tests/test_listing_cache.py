@@ -174,6 +174,12 @@ def _wrong_entries(path: Path) -> bytes:
     return pickle.dumps(data)
 
 
+def _wrong_subdirs(path: Path) -> bytes:
+    data = pickle.loads(path.read_bytes())
+    data["subdirs"] = [1, 2]  # the tree's own fingerprint still matches: only the type tells
+    return pickle.dumps(data)
+
+
 class _Payload:
     """Would create a file when unpickled if the cache reader accepted objects."""
 
@@ -197,7 +203,7 @@ def _old_format(path: Path) -> bytes:
 
 
 @pytest.mark.parametrize("damage", [_garbage, _truncated, _wrong_shape, _wrong_entries,
-                                    _other_tree, _old_format, "object"])
+                                    _wrong_subdirs, _other_tree, _old_format, "object"])
 def test_corrupt_cache_is_rebuilt(tree, scans, damage):
     expected = lc.list_tree(tree)
     path = tree.parent / "train.listing.pkl"

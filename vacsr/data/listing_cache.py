@@ -155,7 +155,8 @@ def read_cache(path: Path, key: str) -> CachedTree:
         if data["format"] == LISTING_VERSION and data["root"] == key:
             root_print, subdirs, folders = data["root_print"], data["subdirs"], data["folders"]
             if (isinstance(folders, dict) and isinstance(root_print, (tuple, type(None)))
-                    and isinstance(subdirs, (list, type(None)))):
+                    and (subdirs is None or (isinstance(subdirs, list)
+                                             and all(type(n) is str for n in subdirs)))):
                 return CachedTree(root_print, subdirs, folders)
     except Exception:  # truncated, garbage, wrong shape, unreadable: all mean "rebuild"
         pass
