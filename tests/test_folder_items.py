@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vacsr.data.fewshot import Item, _check_subset, group_by_label, label_set, sample_few_shot
+from vacsr.data.fewshot import (Item, _check_subset, group_by_label, label_set, sample_few_shot,
+                                val_from_remaining_train)
 from vacsr.data.folder_items import ClassFolder, FolderItems
 from vacsr.errors import DataError
 from vacsr.data.listing_cache import Names
@@ -72,3 +73,15 @@ def test_subset_check_finds_foreign_items():
             _check_subset([*sample, foreign], items, Path("shot_4-seed_1.pkl"), "train")
         with pytest.raises(DataError, match="is not in the train split"):  # the list path agrees
             _check_subset([*sample, foreign], eager(items), Path("shot_4-seed_1.pkl"), "train")
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_val_from_the_remaining_train_images_equals_the_eager_draw(seed):
+    """ImageNet's few-shot val (no val split): drawn from the train images not in the train draw."""
+    items = tree()
+    few_train = sample_few_shot(items, 16, random.Random(seed))
+    chosen = {item.path for item in few_train}
+    assert items.without(chosen) == [item for item in eager(items) if item.path not in chosen]
+    lazy = val_from_remaining_train(items, few_train, 16, seed)
+    assert lazy == val_from_remaining_train(eager(items), few_train, 16, seed)
+    assert not chosen & {item.path for item in lazy}

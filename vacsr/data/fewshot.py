@@ -49,6 +49,8 @@ class GroupedItems(Protocol):
 
     def has(self, path: str, label: int) -> bool: ...
 
+    def without(self, paths: set[str]) -> Sequence[Item]: ...
+
 
 def label_set(items: Sequence[Item]) -> set[int]:
     return items.labels() if isinstance(items, GroupedItems) else {item.label for item in items}
@@ -90,7 +92,8 @@ def val_from_remaining_train(train: Sequence[Item], few_train: Sequence[Item], s
     seeded with the run seed makes it independent of who wrote the cached train sample.
     """
     chosen = {item.path for item in few_train}
-    remaining = [item for item in train if item.path not in chosen]
+    remaining = (train.without(chosen) if isinstance(train, GroupedItems)
+                 else [item for item in train if item.path not in chosen])
     return sample_few_shot(remaining, min(shots, VAL_MAX_SHOTS), random.Random(seed))
 
 

@@ -3,14 +3,16 @@
 ImageNet's train split is 1.28M images, of which a trial uses 16 per class. Building an Item for
 each image on every load cost more than reading the cached listing (listing_cache.py); these
 sequences build Items only for what is read. Few-shot sampling draws from each class's
-`ClassItems` (random.sample reads `len` and the drawn indices), the class count and the few-shot
-cache's subset check ask the tree directly (`labels`, `has`), and iterating yields every Item in
+`ClassItems` (random.sample reads `len` and the drawn indices), the class count, the few-shot
+cache's subset check and ImageNet's val draw from the remaining train images ask the tree directly
+(`labels`, `has`, `without`), and iterating yields every Item in
 the order a list of them would have.
 """
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, replace
 from itertools import accumulate
 from typing import Iterator, Sequence, overload
 
@@ -100,6 +102,16 @@ class FolderItems(_LazySequence):
 
     def labels(self) -> set[int]:
         return {folder.label for folder in self.folders if folder.names}
+
+    def without(self, paths: set[str]) -> FolderItems:
+        """The items whose path is not in `paths`, in the same order; still built on read."""
+        dropped: dict[str, set[str]] = defaultdict(set)
+        for path in paths:
+            prefix, _, name = path.rpartition("/")
+            dropped[prefix + "/"].add(name)
+        return FolderItems([
+            replace(folder, names=[n for n in folder.names if n not in dropped[folder.prefix]])
+            if folder.prefix in dropped else folder for folder in self.folders])
 
     def has(self, path: str, label: int) -> bool:
         """Whether (path, label) is one of the items, found through its folder."""
