@@ -77,3 +77,21 @@ def test_token_features_are_normalised_and_depend_on_text():
     torch.testing.assert_close(features.norm(dim=-1), torch.ones(2))
     _, lengths = backbone.text_tokens(tokens)
     assert lengths.tolist() == [(t != 0).sum().item() for t in tokens]  # SOT..EOT
+
+
+def test_image_tokens_are_the_towers_tokens_and_its_pooled_output():
+    """The projected tokens equal the vision tower run block by block (its public modules), and
+    their class token is what open_clip's own forward pools (pool_type "tok")."""
+    backbone = ClipBackbone(use_gpo=True).eval()
+    visual = backbone.clip.visual
+    images = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        tokens = backbone.image_tokens(images)  # (B, 1+N, D)
+        patches = visual.conv1(images).flatten(2).transpose(1, 2)  # (B, N, W)
+        cls = visual.class_embedding.expand(images.shape[0], 1, -1)  # (B, 1, W)
+        x = visual.ln_pre(torch.cat([cls, patches], dim=1) + visual.positional_embedding)
+        expected = visual.ln_post(visual.transformer(x)) @ visual.proj
+        pooled = visual(images)  # (B, D)
+    assert tokens.shape == expected.shape == (3, 1 + patches.shape[1], backbone.embed_dim)
+    torch.testing.assert_close(tokens, expected)
+    torch.testing.assert_close(tokens[:, 0], pooled)

@@ -130,22 +130,60 @@ def test_the_first_trial_is_the_base_config_clamped_into_the_space():
     assert point["train.batch_size"] == 4  # 128 is not among eurosat's (4, 5, 6)
 
 
-def test_a_trial_failed_by_a_stopped_driver_reports_to_a_fresh_optuna_trial_on_resume():
+def test_a_trial_failed_by_a_stopped_driver_reports_to_a_fresh_optuna_trial_on_resume(tmp_path):
     """The stopped driver marks its RUNNING Optuna trials FAIL; when --resume continues the Tune
-    trial, its results go to a new Optuna trial with the same values instead of failing the
-    search (Optuna refuses to update a finished trial)."""
+    trial (the searcher restored from its saved state), its results go to a new Optuna trial with
+    the same values instead of failing the search (Optuna refuses to update a finished trial)."""
     import optuna
 
-    from vacsr.sweep.search import ResumableOptunaSearch
+    from vacsr.sweep.search import fail_running_trials
+    from vacsr.sweep.searcher import OptunaStudySearch
     from vacsr.sweep.space import DefineByRun
 
-    search = ResumableOptunaSearch(DefineByRun({"loss.beta": LogFloat(0.1, 10.0)}),
-                                   metric="val/acc", mode="max", seed=0)
-    search.suggest("t1")
-    search._ot_study.tell(search._ot_trials["t1"], state=optuna.trial.TrialState.FAIL)
-    search.on_trial_result("t1", {"val/acc": 5.0, "training_iteration": 1})
-    search.on_trial_complete("t1", {"val/acc": 7.0, "training_iteration": 2})
-    failed, resumed = search._ot_study.trials
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
+    space = DefineByRun({"loss.beta": LogFloat(0.1, 10.0), "train.epochs": Int(1, 3)})
+    search = OptunaStudySearch(space, metric="val/acc", mode="max", storage=storage,
+                               study_name="s-eurosat", seed=0,
+                               points_to_evaluate=[{"loss.beta": 1.0, "train.epochs": 2}])
+    first = search.suggest("t1")
+    assert first == {"loss": {"beta": 1.0}, "train": {"epochs": 2}}  # the start point, nested
+    search.on_trial_result("t1", {"val/acc": 4.0, "training_iteration": 1})
+    search.save(str(tmp_path / "searcher.pkl"))
+    assert fail_running_trials(storage, "s-eurosat") == 1  # the driver stops
+
+    resumed_search = OptunaStudySearch(space, metric="val/acc", mode="max", storage=storage,
+                                       study_name="s-eurosat", seed=0)
+    resumed_search.restore(str(tmp_path / "searcher.pkl"))
+    resumed_search.on_trial_result("t1", {"val/acc": 5.0, "training_iteration": 2})
+    resumed_search.on_trial_complete("t1", {"val/acc": 7.0, "training_iteration": 3})
+    study = optuna.load_study(study_name="s-eurosat", storage=storage)
+    failed, resumed = study.trials
     assert failed.state.name == "FAIL" and resumed.state.name == "COMPLETE"
     assert resumed.params == failed.params and resumed.value == 7.0
-    assert resumed.intermediate_values == {1: 5.0}
+    assert failed.intermediate_values == {1: 4.0} and resumed.intermediate_values == {2: 5.0}
+    resumed_search.on_trial_complete("t1", {"val/acc": 9.0})  # told once: a repeat is ignored
+    assert [t.value for t in optuna.load_study(study_name="s-eurosat",
+                                               storage=storage).trials] == [None, 7.0]
+
+
+def test_the_study_search_draws_the_same_configs_again_and_fails_errored_trials(tmp_path):
+    import optuna
+
+    from vacsr.sweep.searcher import OptunaStudySearch
+    from vacsr.sweep.space import DefineByRun
+
+    space = DefineByRun({"loss.beta": LogFloat(0.1, 10.0), "train.epochs": Int(1, 3)})
+
+    def draws(name: str) -> list[dict]:
+        storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / name}")
+        search = OptunaStudySearch(space, metric="val/acc", mode="max", storage=storage,
+                                   study_name="s", seed=3)
+        configs = [search.suggest(f"t{i}") for i in range(3)]
+        search.on_trial_complete("t0", {"val/acc": 1.0})
+        search.on_trial_complete("t1", None, error=True)
+        search.on_trial_complete("t2", {"val/acc": float("nan")})
+        states = [t.state.name for t in optuna.load_study(study_name="s", storage=storage).trials]
+        assert states == ["COMPLETE", "FAIL", "FAIL"]
+        return configs
+
+    assert draws("a.db") == draws("b.db")

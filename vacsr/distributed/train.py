@@ -1,52 +1,63 @@
 """Ray Train: the vacsr training loop on N workers (DDP), resumable and failure-tolerant.
 
-This module is the driver side of a run, and imports neither torch nor the model stack: the Tune
-trial actor and the Train controller of every run load it (the trainer, the backend config and the
-worker entry point are unpickled there), and each paid about 2 CPU-seconds for a torch import.
-The training itself lives in `vacsr.distributed.worker`, which only the Train workers import.
+The driver side of a run, on Ray Train's documented API: a `ray.train.torch.TorchTrainer` with
+`TorchConfig`, `ScalingConfig` and a `RunConfig` whose `FailureConfig` restarts lost workers from
+the last reported checkpoint. The worker side is `vacsr.distributed.worker`.
 """
 from __future__ import annotations
 
-import asyncio
+import gc
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import ray
 import ray.train
-from ray.train.v2._internal.callbacks import DatasetsCallback
-from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
-from ray.train.v2._internal.execution.controller import TrainController
-from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+from ray.train.torch import TorchTrainer
 
 from vacsr.atomic import atomic_write_json
 from vacsr.config import Config, from_dict, to_dict
-from vacsr.distributed.backend import LazyTorchConfig, imports_outside_gc
-from vacsr.distributed.placement import SharedCleanerCallback, find_cleaner
+from vacsr.distributed.backend import torch_config
+from vacsr.train.files import CHECKPOINT_FILE, FAILED_FILE
 
 if TYPE_CHECKING:
     from vacsr.train.loop import TrainResult
 
-CHECKPOINT_FILE = "last.ckpt"
-FAILED_FILE = "failed.json"  # in a run's output folder: the error that ended it, one line
+
+@contextmanager
+def imports_outside_gc():
+    """Import big modules with the cyclic garbage collector off, then freeze what they loaded out
+    of every later collection: imports build hundreds of thousands of objects and no garbage, yet
+    each collection walks all of them (the model stack and mlflow import with a quarter less CPU
+    this way)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()  # modules, classes and functions live as long as the process anyway
+        if enabled:
+            gc.enable()
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
     """Runs on every Ray Train worker. An error of the run itself (a VacsrError: bad data, a
     diverged loss) is deterministic: it is recorded in FAILED_FILE and the worker returns, so Ray
-    Train does not retry it (its retries are for lost workers); the caller raises it."""
+    Train does not retry it (its retries are for lost workers); the caller raises it. The worker
+    module loads here, on the workers: the trainer's driver side needs none of the model stack."""
     config = from_dict(loop_config["config"])
-    with imports_outside_gc():  # the model stack, and MLflow where the run logs to it
+    with imports_outside_gc():
         from vacsr.distributed.worker import train_worker
         from vacsr.errors import VacsrError
 
         if config.tracking.enabled:
-            import vacsr.tracking  # noqa: F401
+            import vacsr.tracking  # noqa: F401  (mlflow)
     output_dir = Path(config.train.output_dir)
     (output_dir / FAILED_FILE).unlink(missing_ok=True)
     try:
-        train_worker(config)
+        train_worker(config, fail_once=loop_config.get("fail_once"))
     except VacsrError as exc:
         if ray.train.get_context().get_world_rank() == 0:
             atomic_write_json(output_dir / FAILED_FILE, {"error": str(exc),
@@ -62,50 +73,8 @@ def raise_if_run_failed(output_dir: str | Path) -> None:
         raise RunFailed(json.loads(path.read_text())["error"])
 
 
-class LeanTorchTrainer(DataParallelTrainer):
-    """Ray Train's TorchTrainer for our runs, with the per-run processes that do not train left
-    out (each a Python process of its own, ~1.5 CPU-s to start; a small dataset's trial trains for
-    little more than that on a GPU):
-    - the backend is LazyTorchConfig: torch loads on the workers only;
-    - when `fit()` runs in an actor (a Tune trial), the Train controller runs there too instead of
-      in an actor of its own: it only schedules and polls the workers, and killing the trial actor
-      still ends them (they are its own). On a driver (`vacsr train --ray`) Ray's controller
-      actor stays: the workers' context needs a controller actor handle;
-    - a trial's placement group is registered with the sweep's shared cleaner (placement.py)
-      instead of a cleaner actor per run, where a sweep driver started one;
-    - without Ray Datasets (the workers load their data themselves), Ray Train's datasets callback
-      would still start a DatasetManager actor that serves no dataset: it is dropped.
-    """
-
-    def _create_default_callbacks(self) -> list:
-        callbacks = super()._create_default_callbacks()
-        owner_id = ray.get_runtime_context().get_actor_id()  # None on a driver
-        cleaner = find_cleaner() if owner_id is not None else None
-        lean = []
-        for callback in callbacks:
-            if isinstance(callback, DatasetsCallback) and not self.datasets:
-                continue
-            if isinstance(callback, PlacementGroupCleanerCallback) and cleaner is not None:
-                callback = SharedCleanerCallback(cleaner, owner_id)
-            lean.append(callback)
-        return lean
-
-    def _initialize_and_run_controller(self, **controller_init_kwargs):
-        if ray.get_runtime_context().get_actor_id() is None:
-            return super()._initialize_and_run_controller(**controller_init_kwargs)
-        controller = TrainController(**controller_init_kwargs)
-        asyncio.run(controller.run())
-        return controller.get_result()
-
-
-def _worker_env() -> dict | None:
-    """Pass the fault-injection switch (tests) on to the workers when the driver has it."""
-    spec = os.environ.get("VACSR_FAIL_ONCE")
-    return {"env_vars": {"VACSR_FAIL_ONCE": spec}} if spec else None
-
-
 def build_torch_trainer(config: Config, *, name: str | None = None,
-                        callbacks: list | None = None) -> LeanTorchTrainer:
+                        callbacks: list | None = None) -> TorchTrainer:
     """A TorchTrainer for `config` (paths made absolute: Ray workers start elsewhere)."""
     output_dir = Path(config.train.output_dir).expanduser().resolve()
     config.train.output_dir = str(output_dir)
@@ -114,22 +83,23 @@ def build_torch_trainer(config: Config, *, name: str | None = None,
     resources = {"CPU": config.train.cpus_per_worker}
     if use_gpu:
         resources["GPU"] = config.train.gpus_per_worker
-    return LeanTorchTrainer(
+    return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"config": to_dict(config)},
+        # the fault-injection switch of the resilience tests travels with the config
+        train_loop_config={"config": to_dict(config),
+                           "fail_once": os.environ.get("VACSR_FAIL_ONCE")},
+        torch_config=torch_config(use_gpu),
         scaling_config=ray.train.ScalingConfig(num_workers=config.train.workers, use_gpu=use_gpu,
                                                resources_per_worker=resources),
-        backend_config=LazyTorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=ray.train.RunConfig(
             name=name or output_dir.name, storage_path=storage, callbacks=callbacks,
             failure_config=ray.train.FailureConfig(max_failures=config.train.max_failures),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
-            worker_runtime_env=_worker_env()),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2)),
     )
 
 
 def result_from_checkpoint(checkpoint, output_dir: Path) -> TrainResult:
-    """Copy the run's final checkpoint to output_dir/last.ckpt and read its history."""
+    """Copy the run's final checkpoint to output_dir/CHECKPOINT_FILE and read its history."""
     from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
     from vacsr.train.loop import TrainResult
 

@@ -7,7 +7,7 @@ all-gather backward hands each rank W copies of its features' gradient and DDP's
 out again: a W-worker step equals a 1-worker step on the same global batch.
 
 Only Train workers import this module (through `vacsr.distributed.train.train_loop_per_worker`):
-it loads torch and the model stack, which the Tune trial actor and the Train controller never need.
+it loads the model stack, which the Tune trial actor and the Train controller never need.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import torch.distributed.nn.functional as dist_fn
 from torch import nn
 
 from vacsr.config import Config, save_config
-from vacsr.distributed.train import CHECKPOINT_FILE
 from vacsr.tasks import PairBatch
+from vacsr.train.files import CHECKPOINT_FILE
 from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
 from vacsr.train.loop import Trainer, TrainResult, write_json
 
@@ -73,10 +73,10 @@ class GlobalLoss(nn.Module):
         return self._trainer[0].compute_loss(batch, gather_pairs, step_seed)
 
 
-def _maybe_inject_failure(epoch: int, rank: int, world: int) -> None:
-    """Fault injection for resilience tests: VACSR_FAIL_ONCE=<epoch>:<marker file> kills the last
-    rank's worker process as it starts that (0-based) epoch, once (the marker records it)."""
-    spec = os.environ.get("VACSR_FAIL_ONCE")
+def _maybe_inject_failure(spec: str | None, epoch: int, rank: int, world: int) -> None:
+    """Fault injection for resilience tests: VACSR_FAIL_ONCE=<epoch>:<marker file> on the driver
+    kills the last rank's worker process as it starts that (0-based) epoch, once (the marker
+    records it)."""
     if not spec or rank != world - 1:
         return
     fail_epoch, marker = spec.split(":", 1)
@@ -106,7 +106,7 @@ def _report(trainer: Trainer, epoch: int, metrics: dict, rank: int) -> None:
         ray.train.report(metrics, checkpoint=checkpoint)
 
 
-def train_worker(config: Config) -> None:
+def train_worker(config: Config, fail_once: str | None = None) -> None:
     """Build, resume, train the remaining epochs, report."""
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
@@ -119,7 +119,7 @@ def train_worker(config: Config) -> None:
         save_config(config, trainer.output_dir / "config.yaml")
         tracker = _start_tracking(config, trainer)
     try:
-        _epochs(config, trainer, loss_module, tracker, rank, world)
+        _epochs(config, trainer, loss_module, tracker, rank, world, fail_once)
     except BaseException:
         if tracker is not None:
             tracker.fail("FAILED")  # the trial's MLflow run: FAILED, not left RUNNING
@@ -132,11 +132,11 @@ def train_worker(config: Config) -> None:
 
 
 def _epochs(config: Config, trainer: Trainer, loss_module, tracker, rank: int,
-            world: int) -> None:
+            world: int, fail_once: str | None) -> None:
     resumed_from = trainer.start_epoch
     dataset = trainer.train_dataset()
     for epoch in range(trainer.start_epoch, config.train.epochs):
-        _maybe_inject_failure(epoch, rank, world)
+        _maybe_inject_failure(fail_once, epoch, rank, world)
         loader = trainer.train_loader(epoch, dataset, rank=rank, world_size=world)
         metrics = {"epoch": epoch + 1, **trainer.train_epoch(
             epoch, loader, loss_fn=loss_module, show_progress=rank == 0)}

@@ -110,8 +110,13 @@ class ClipBackbone(nn.Module):
     def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
         """All projected image tokens, class token included: (B, 1 + N, D)."""
         visual = self.clip.visual
-        x = visual.transformer(visual._embeds(images))  # (B, 1+N, W)
-        return visual.ln_post(x) @ visual.proj
+        # open_clip's public feature API: the last block's tokens, after ln_post
+        out = visual.forward_intermediates(images, indices=1, normalize_intermediates=True,
+                                           intermediates_only=True, output_fmt="NLC",
+                                           output_extra_tokens=True)
+        x = torch.cat([out["image_intermediates_prefix"][0],  # (B, 1, W) class token
+                       out["image_intermediates"][0]], dim=1)  # (B, N, W) patch tokens
+        return x @ visual.proj  # (B, 1+N, D)
 
     def text_tokens(self, tokens: torch.Tensor):
         """Projected text tokens from SOT to EOT: ((B, T, D), lengths (B,))."""

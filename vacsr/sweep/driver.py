@@ -22,7 +22,6 @@ import ray
 from vacsr.atomic import atomic_write_text
 from vacsr.config import flatten, save_config
 from vacsr.distributed.cluster import ensure_ray, quiet_logging
-from vacsr.distributed.placement import start_cleaner
 from vacsr.errors import VacsrError
 from vacsr.sweep.events import EventSink, start_event_log
 from vacsr.sweep.final import final_runs
@@ -201,7 +200,6 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     plan.storage.mkdir(parents=True, exist_ok=True)
     quiet_logging(plan.verbose)
     ensure_ray(address=plan.ray_address, log_to_driver=plan.verbose)
-    start_cleaner()  # one placement-group cleaner for every trial's run (distributed/placement.py)
     state = SweepState(plan.storage / "sweep_state.json", fresh=not plan.resume)
     check_optuna_storage(plan)  # the schema is created here once, not by racing dataset tasks
     parent = MlflowTracker(plan.tracking_uri)

@@ -12,11 +12,11 @@ from typing import Any, Callable
 
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
-from ray.tune.search.optuna import OptunaSearch
 
-from vacsr.distributed.train import CHECKPOINT_FILE
+from vacsr.train.files import CHECKPOINT_FILE
 from vacsr.errors import ConfigError, VacsrError
 from vacsr.sweep.plan import SweepPlan
+from vacsr.sweep.searcher import OptunaStudySearch
 from vacsr.sweep.space import DefineByRun, start_point
 from vacsr.sweep.trial import TrialMeta, run_trial, with_suggestions
 from vacsr.tracking import MlflowTracker, redact_uri
@@ -47,47 +47,18 @@ def open_optuna_storage(plan: SweepPlan):
 
 def fail_running_trials(storage, study_name: str) -> int:
     """Optuna trials left RUNNING (their driver was killed) marked FAIL; returns how many."""
-    import optuna
     from optuna.trial import TrialState
 
     try:
         study_id = storage.get_study_id_from_name(study_name)
     except KeyError:
         return 0
-    stale = [t for t in storage.get_all_trials(study_id, deepcopy=False,
-                                              states=(TrialState.RUNNING,))]
+    stale = storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
     for trial in stale:
-        storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+        storage.set_trial_state_values(
+            storage.get_trial_id_from_study_id_trial_number(study_id, trial.number),
+            TrialState.FAIL)
     return len(stale)
-
-
-class ResumableOptunaSearch(OptunaSearch):
-    """OptunaSearch whose trials outlive a stopped driver. The driver marks the Optuna trials it
-    leaves RUNNING as FAIL; `--resume` then continues those Tune trials from their checkpoints,
-    and their results go to a fresh Optuna trial with the same values (Optuna refuses to update
-    a finished one)."""
-
-    def _finished(self, trial_id: str) -> bool:
-        ot_trial = self._ot_trials[trial_id]
-        return self._ot_study.trials[ot_trial.number].state.is_finished()
-
-    def _reopen(self, trial_id: str) -> None:
-        old = self._ot_study.trials[self._ot_trials[trial_id].number]
-        self._ot_study.enqueue_trial(old.params, skip_if_exists=False)
-        self._ot_trials[trial_id] = self._ot_study.ask(fixed_distributions=old.distributions)
-
-    def on_trial_result(self, trial_id: str, result: dict) -> None:
-        if trial_id in self._ot_trials and trial_id not in self._completed_trials \
-                and self._finished(trial_id):
-            self._reopen(trial_id)
-        super().on_trial_result(trial_id, result)
-
-    def on_trial_complete(self, trial_id: str, result: dict | None = None,
-                          error: bool = False) -> None:
-        if trial_id in self._ot_trials and trial_id not in self._completed_trials \
-                and self._finished(trial_id):
-            self._reopen(trial_id)
-        super().on_trial_complete(trial_id, result, error)
 
 
 def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str) -> str:
@@ -113,10 +84,10 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
         return tune.Tuner.restore(folder, trainable=trainable, resume_unfinished=True,
                                   restart_errored=False)
     base, space = plan.configs[dataset], plan.spaces[dataset]
-    search = ResumableOptunaSearch(DefineByRun(space), metric=plan.kind.metric, mode=plan.kind.mode,
-                          storage=storage, study_name=f"{plan.name}-{dataset}",
-                          seed=sampler_seed(plan.sampler_seed, dataset),
-                          points_to_evaluate=[start_point(space, base)])
+    search = OptunaStudySearch(DefineByRun(space), metric=plan.kind.metric, mode=plan.kind.mode,
+                               storage=storage, study_name=f"{plan.name}-{dataset}",
+                               seed=sampler_seed(plan.sampler_seed, dataset),
+                               points_to_evaluate=[start_point(space, base)])
     max_epochs = max(base.train.epochs, getattr(space.get("train.epochs"), "high", 0))
     return tune.Tuner(
         trainable,

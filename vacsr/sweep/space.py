@@ -119,7 +119,7 @@ def suggest(trial, space: dict[str, Domain]) -> dict[str, Any]:
 
 
 class DefineByRun:
-    """A picklable define-by-run space for OptunaSearch (the searcher state is pickled)."""
+    """A picklable define-by-run space for OptunaStudySearch (the searcher state is pickled)."""
 
     def __init__(self, space: dict[str, Domain]) -> None:
         self.space = space

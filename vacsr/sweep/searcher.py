@@ -1,0 +1,103 @@
+"""A Tune searcher over an Optuna study, on the public APIs of both: Tune's `Searcher` interface
+and Optuna's ask-and-tell (`Study.ask`, `Study.tell`, `Trial.report`, `Study.enqueue_trial`).
+
+The study lives in an RDB storage, so its trials outlive a stopped driver. The driver marks the
+Optuna trials it leaves RUNNING as FAIL; `--resume` then continues those Tune trials from their
+checkpoints, and their results go to a fresh Optuna trial with the same parameters (Optuna refuses
+to update a finished one).
+"""
+from __future__ import annotations
+
+import math
+import pickle
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import TrialState
+from ray.tune.search import Searcher
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """{"loss.beta": 1} -> {"loss": {"beta": 1}}: Tune shows and stores a trial's config nested."""
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        *sections, name = key.split(".")
+        node = nested
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[name] = value
+    return nested
+
+
+class OptunaStudySearch(Searcher):
+    """Suggests each Tune trial's config from `space(trial)` (define-by-run: it calls the trial's
+    `suggest_*`) on a new trial of the study `study_name` in `storage`, and tells the study the
+    trial's last `metric`. `points_to_evaluate` are enqueued first; `seed` seeds the TPE sampler."""
+
+    def __init__(self, space: Callable[[optuna.Trial], Any], *, metric: str, mode: str,
+                 storage, study_name: str, seed: int,
+                 points_to_evaluate: list[dict] | None = None) -> None:
+        super().__init__(metric=metric, mode=mode)
+        self._space, self._storage = space, storage
+        self._study = optuna.create_study(
+            storage=storage, study_name=study_name, load_if_exists=True,
+            sampler=optuna.samplers.TPESampler(seed=seed),
+            pruner=optuna.pruners.NopPruner(),  # ASHA stops trials, not Optuna
+            direction="minimize" if mode == "min" else "maximize")
+        for point in points_to_evaluate or []:
+            self._study.enqueue_trial(point)
+        self._trials: dict[str, optuna.Trial] = {}  # Tune trial id -> its current Optuna trial
+        self._told: set[str] = set()  # Tune trials whose final value the study has
+
+    # ------------------------------------------------------------ Tune's Searcher interface
+    def suggest(self, trial_id: str) -> dict | None:
+        trial = self._study.ask()
+        self._space(trial)
+        self._trials[trial_id] = trial
+        return nest(trial.params)
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        trial = self._live_trial(trial_id)
+        if trial is not None and isinstance(result.get(self.metric), (int, float)):
+            trial.report(float(result[self.metric]), int(result["training_iteration"]))
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None,
+                          error: bool = False) -> None:
+        trial = self._live_trial(trial_id)
+        if trial is None:
+            return
+        value = (result or {}).get(self.metric)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            self._study.tell(trial, float(value))
+        elif isinstance(value, (int, float)) or error:  # a nan metric: the run diverged
+            self._study.tell(trial, state=TrialState.FAIL)
+        else:
+            self._study.tell(trial, state=TrialState.PRUNED)  # stopped before reporting it
+        self._told.add(trial_id)
+
+    def save(self, checkpoint_path: str) -> None:
+        """The sampler's random state goes too: a restored search draws what the stopped one
+        would have drawn next."""
+        with open(checkpoint_path, "wb") as out:
+            pickle.dump(self.__dict__, out)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as src:
+            self.__dict__.update(pickle.load(src))
+
+    # ------------------------------------------------------------ reopening
+    def _live_trial(self, trial_id: str) -> optuna.Trial | None:
+        """The Optuna trial that takes `trial_id`'s results; a new one with the same parameters
+        when a stopped driver left the old one finished. None for a trial already told (or
+        unknown to this searcher)."""
+        if trial_id in self._told or trial_id not in self._trials:
+            return None
+        trial = self._trials[trial_id]
+        study_id = self._storage.get_study_id_from_name(self._study.study_name)
+        frozen = self._storage.get_trial(
+            self._storage.get_trial_id_from_study_id_trial_number(study_id, trial.number))
+        if frozen.state.is_finished():
+            self._study.enqueue_trial(frozen.params, skip_if_exists=False)
+            trial = self._trials[trial_id] = self._study.ask(
+                fixed_distributions=frozen.distributions)
+        return trial
