@@ -6,8 +6,12 @@ STAMP := $(VENV)/.installed
 # torch and torchvision are pinned as a pair: PyPI's torchvision only imports beside its own torch.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 PYTEST_ARGS ?=
+# the oldest Ray minor pyproject.toml allows ("ray[...]>=2.57,<3" -> 2.57), tested in a venv of its own
+RAY_OLDEST := $(shell sed -n 's/.*"ray\[default,tune,train\]>=\([0-9.]*\),.*/\1/p' pyproject.toml)
+OLDEST_VENV ?= .venv-ray-oldest
+OLDEST_PY := $(OLDEST_VENV)/bin/python
 
-.PHONY: install demo test clean
+.PHONY: install demo test test-ray-oldest clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +27,19 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	RAY_USAGE_STATS_ENABLED=0 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The Ray-marked tests on the newest patch of the oldest supported Ray minor (CI runs this after
+# `make test`). test_sweep_e2e's `ray job submit` run stays with `make test`: it restarts Ray.
+test-ray-oldest:
+	test -n "$(RAY_OLDEST)" || { echo "Makefile: no ray lower bound found in pyproject.toml" >&2; exit 1; }
+	test -x $(OLDEST_PY) || $(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_PY) -m pip install -q --upgrade pip
+	$(OLDEST_PY) -m pip install -q $(TORCH_SPEC)
+	$(OLDEST_PY) -m pip install -q -e '.[cluster,test]' 'ray[default,tune,train]==$(RAY_OLDEST).*'
+	$(OLDEST_PY) -c "import ray, sys; v = ray.__version__; print('ray', v); \
+	  sys.exit(0 if v.startswith('$(RAY_OLDEST).') else f'expected ray $(RAY_OLDEST).x, got {v}')"
+	RAY_USAGE_STATS_ENABLED=0 $(OLDEST_PY) -m pytest -q -m ray --ignore=tests/test_sweep_e2e.py \
+	  $(PYTEST_ARGS)
 
 clean:
 	rm -rf demo_data runs .pytest_cache
