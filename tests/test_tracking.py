@@ -89,6 +89,23 @@ def test_training_run_logs_params_epochs_and_artifacts(tracking_uri, tmp_path):
     assert png.startswith(b"\x89PNG") and len(png) > 5000
 
 
+def test_the_run_lifecycle_opens_its_mlflow_run_from_the_config(tracking_uri, tmp_path):
+    """Trainer.fit itself tracks a run whose config asks for it (local runs, Ray Train workers and
+    the sweeps' final runs share that lifecycle); a restart resumes the same MLflow run."""
+    from vacsr.train.loop import Trainer
+
+    overrides = [f"train.output_dir={tmp_path / 'run'}", "train.epochs=1", "train.batch_size=16",
+                 "train.progress=false", "data.num_train=16", "data.num_test=8",
+                 "adapter.hidden_dim=16", "tracking.enabled=true", "tracking.experiment=lifecycle",
+                 "tracking.run_name=r1"]
+    Trainer(load_config(overrides=overrides)).fit()
+    Trainer(load_config(overrides=overrides + ["train.epochs=2", "train.resume=true"])).fit()
+    runs = mlflow.search_runs(experiment_names=["lifecycle"])
+    assert list(runs["status"]) == ["FINISHED"] and list(runs["tags.mlflow.runName"]) == ["r1"]
+    steps = _steps(MlflowClient(), runs.run_id[0], "train/loss")
+    assert [step for step, _ in steps] == [1, 2]  # the resumed epoch joined the first run
+
+
 def test_parent_and_child_runs_found_by_parent_tag(tracking_uri):
     with MlflowTracker() as sweep:
         sweep_id = sweep.start("sweep-retrieval", "sweep")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from vacsr.errors import UsageError, VacsrError
+from vacsr.metrics_table import format_metrics
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,6 +77,7 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from vacsr.config import from_dict, load_config
+    from vacsr.tasks import task_type
     from vacsr.train.checkpoint import load_checkpoint
     from vacsr.train.evaluate import evaluate_checkpoint
     from vacsr.train.loop import write_json
@@ -87,7 +89,7 @@ def cmd_eval(args) -> int:
     out = Path(args.out) if args.out is not None else checkpoint.with_name(
         f"eval-{config.data.dataset}-{config.data.subsample_classes}-{args.split}.json")
     extra = {}
-    if config.data.task == "retrieval":
+    if task_type(config.data.task).ranks_items:
         extra["uncertainty_plot"] = out.with_suffix(".uncertainty.png")
         if args.two_stage is not None:
             extra["two_stage_k"] = args.two_stage
@@ -155,14 +157,6 @@ def cmd_demo(args) -> int:
 
     run_demo(Path(args.workdir), epochs=args.epochs)
     return 0
-
-
-def format_metrics(metrics: dict) -> str:
-    """A two-column table of the numeric metrics, one per line."""
-    rows = [(k, v) for k, v in metrics.items() if isinstance(v, (int, float))]
-    width = max((len(k) for k, _ in rows), default=0)
-    return "\n".join(f"{k:<{width}}  {v:10.4f}" if isinstance(v, float) else f"{k:<{width}}  {v:>10}"
-                     for k, v in rows)
 
 
 def build_parser() -> argparse.ArgumentParser:

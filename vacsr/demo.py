@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vacsr.cli import format_metrics
 from vacsr.config import load_config
+from vacsr.metrics_table import format_metrics
 from vacsr.model.pretrain import pretrain_clip
 from vacsr.train.loop import Trainer
 

@@ -1,4 +1,7 @@
-"""Tasks: turn a batch into (loss, dict of named parts) and score (queries x items) blocks.
+"""Tasks: turn a batch into (loss, dict of named parts) and score (queries x items) blocks, and
+own every step that differs between retrieval and classification (splits, training dataset and
+collate, text encoding, scoring), so the trainer and the evaluation ask the task instead of
+branching on `data.task`.
 
 A loss is split into `features` (per-rank work: the backbone on the local batch) and
 `loss_from_pairs` (needs every pair of the global batch), so a distributed trainer can gather the
@@ -7,11 +10,30 @@ features of all ranks in between.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import torch
 
+from vacsr.data import build_classification, build_retrieval
+from vacsr.data.base import CaptionPairDataset, LabelledImageDataset
+from vacsr.data.encoding import encode_texts
+from vacsr.errors import ConfigError
+from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval
 from vacsr.model.losses import sigmoid_loss, vacsr_loss
 from vacsr.model.vacsr import VACSRModel
+
+COCO_1K_FOLDS = 5
+
+
+class CaptionCollate:
+    """Stacks images and tokenizes captions in the loader (picklable for worker processes)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, items):
+        images, captions, image_index = zip(*items)
+        return torch.stack(images), self.tokenizer(list(captions)), torch.tensor(image_index)
 
 
 @dataclass
@@ -56,6 +78,53 @@ class RetrievalTask(_Task):
     """Batch = (images (B,3,H,W), caption token ids (B,T), image index (B,)); a caption is a
     positive of every image in the batch with the same index (duplicates count)."""
 
+    name = "retrieval"
+    ranks_items = True  # queries rank a gallery: uncertainty plots, two-stage re-ranking
+    build_splits = staticmethod(build_retrieval)
+    train_dataset = CaptionPairDataset
+
+    @classmethod
+    def for_run(cls, model: VACSRModel, loss_config, splits: dict) -> "RetrievalTask":
+        return cls(model, loss_config)
+
+    @staticmethod
+    def train_size(data_config, train) -> tuple[int, str, str]:
+        """(pairs, what they are, what gives more) of a training split."""
+        synthetic = data_config.dataset == "synthetic" and data_config.root is None
+        remedy = "more training data (data.num_train)" if synthetic else "more training data"
+        return len(train.captions), "image-caption pairs", remedy
+
+    @staticmethod
+    def collate(backbone) -> CaptionCollate:
+        return CaptionCollate(backbone.tokenizer)
+
+    @staticmethod
+    def num_folds(split: str, num_images: int) -> int | None:
+        """Folds of the COCO 1K recalls (coco1k_*, paper Tables 1-3): 5 on a test split whose
+        images split into 5 equal folds (COCO 5K: 1,000 each); None elsewhere (val stays
+        cheap)."""
+        if split == "test" and num_images >= COCO_1K_FOLDS and num_images % COCO_1K_FOLDS == 0:
+            return COCO_1K_FOLDS
+        return None
+
+    @staticmethod
+    def encode_texts(backbone, data, **encode) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Caption features (N_c, d) and what the recalls need."""
+        targets = {"caption_to_image": data.caption_to_image, "image_ids": data.image_ids or None,
+                   "caption_ids": data.caption_ids or None, "image_groups": data.image_groups}
+        return encode_texts(backbone, data.captions, **encode), targets
+
+    @staticmethod
+    def score(encoded, *, scorer=None, device=None, **engine_kwargs) -> dict[str, float]:
+        """R@K both ways, RSUM (COCO 1K / ECCV / CxC, semantic metrics where the data allows)."""
+        if encoded.num_folds and "num_folds" not in engine_kwargs:
+            engine_kwargs["num_folds"] = encoded.num_folds
+        targets = encoded.targets
+        return evaluate_retrieval(encoded.image_feats, encoded.text_feats, encoded.head,
+                                  targets["caption_to_image"], targets["image_ids"],
+                                  targets["caption_ids"], image_groups=targets["image_groups"],
+                                  device=device, scorer=scorer, **engine_kwargs)
+
     def features(self, batch) -> PairBatch:
         images, tokens, image_index = batch
         return PairBatch(self.model.encode_image(images), self.model.encode_text(tokens),
@@ -65,6 +134,39 @@ class RetrievalTask(_Task):
 class ClassificationTask(_Task):
     """Batch = (images (B,3,H,W), labels (B,)); the texts are every class prompt, so
     y_ij = [label(i) == j] over a (B, C) block."""
+
+    name = "classification"
+    ranks_items = False
+    build_splits = staticmethod(build_classification)
+    train_dataset = LabelledImageDataset
+
+    @classmethod
+    def for_run(cls, model: VACSRModel, loss_config, splits: dict) -> "ClassificationTask":
+        return cls(model, loss_config, model.backbone.tokenize(splits["train"].prompts()))
+
+    @staticmethod
+    def train_size(data_config, train) -> tuple[int, str, str]:
+        return (len(train.labels), f"images ({data_config.shots} per class)",
+                "more shots (data.shots)")
+
+    @staticmethod
+    def collate(backbone) -> None:
+        return None  # the loader's default stacking: (images, labels)
+
+    @staticmethod
+    def num_folds(split: str, num_images: int) -> None:
+        return None
+
+    @staticmethod
+    def encode_texts(backbone, data, **encode) -> tuple[torch.Tensor, dict[str, Any]]:
+        """One prompt feature per class (C, d) and the labels."""
+        return encode_texts(backbone, data.prompts(), **encode), {"labels": data.labels}
+
+    @staticmethod
+    def score(encoded, *, scorer=None, device=None, **engine_kwargs) -> dict[str, float]:
+        """Accuracy (with sigma_hat of the top-1 class)."""
+        return evaluate_classification(encoded.image_feats, encoded.text_feats, encoded.head,
+                                       encoded.targets["labels"], device=device, scorer=scorer)
 
     def __init__(self, model: VACSRModel, loss_config, prompt_tokens: torch.Tensor) -> None:
         super().__init__(model, loss_config)
@@ -91,3 +193,14 @@ class ClassificationTask(_Task):
         class_index = torch.arange(self.prompt_tokens.shape[0], device=images.device)
         return PairBatch(self.model.encode_image(images), self.class_features(images.device),
                          labels, class_index, text_is_shared=True)
+
+
+TASKS = {task.name: task for task in (RetrievalTask, ClassificationTask)}
+
+
+def task_type(name: str) -> type[RetrievalTask] | type[ClassificationTask]:
+    """The task class `data.task` names."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ConfigError(f"data.task: expected one of {', '.join(TASKS)}, got {name!r}") from None

@@ -12,6 +12,7 @@ it loads the model stack, which the Tune trial actor and the Train controller ne
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 import time
 import warnings
@@ -26,11 +27,12 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 from torch import nn
 
-from vacsr.config import Config, save_config
+from vacsr.config import Config
 from vacsr.tasks import PairBatch
-from vacsr.train.files import CHECKPOINT_FILE
 from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
-from vacsr.train.loop import Trainer, TrainResult, write_json
+from vacsr.train.files import CHECKPOINT_FILE
+from vacsr.train.loop import Trainer
+from vacsr.train.run_hooks import RunHooks
 
 
 def gather_pairs(pairs: PairBatch) -> PairBatch:
@@ -88,90 +90,53 @@ def _maybe_inject_failure(spec: str | None, epoch: int, rank: int, world: int) -
         os._exit(1)  # an abrupt worker death, not a Python exception
 
 
-def _restore(trainer: Trainer) -> None:
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None:
-        return
-    with checkpoint.as_directory() as folder:
-        trainer.load_state(load_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.device))
+class RayTrainRun(RunHooks):
+    """A Ray Train worker's share of a run: it resumes from Ray Train's checkpoint, and every
+    rank reports each epoch (rank 0 with the checkpoint, Ray Train V2's protocol); DDP over the
+    gathered global batch."""
 
+    marks_resume = True  # a worker restarted from a checkpoint says so in the history
 
-def _report(trainer: Trainer, epoch: int, metrics: dict, rank: int) -> None:
-    """Every rank reports; rank 0 attaches the checkpoint (Ray Train V2 protocol)."""
-    with tempfile.TemporaryDirectory() as folder:
-        checkpoint = None
-        if rank == 0:
-            save_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.state(epoch))
-            checkpoint = ray.train.Checkpoint.from_directory(folder)
-        ray.train.report(metrics, checkpoint=checkpoint)
+    def __init__(self, fail_once: str | None = None) -> None:
+        context = ray.train.get_context()
+        self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
+        self.fail_once = fail_once
+
+    def restore(self, trainer: Trainer) -> None:
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            return
+        with checkpoint.as_directory() as folder:
+            trainer.load_state(load_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.device))
+
+    def loss_fn(self, trainer: Trainer):
+        return ray.train.torch.prepare_model(GlobalLoss(trainer), move_to_device=False)
+
+    def before_epoch(self, epoch: int) -> None:
+        _maybe_inject_failure(self.fail_once, epoch, self.rank, self.world_size)
+
+    def after_epoch(self, trainer: Trainer, epoch: int, metrics: dict) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            checkpoint = None
+            if self.rank == 0:
+                save_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.state(epoch))
+                checkpoint = ray.train.Checkpoint.from_directory(folder)
+            ray.train.report(metrics, checkpoint=checkpoint)
+
+    def after_restored_finished_run(self, trainer: Trainer) -> None:
+        # restarted after its last epoch (a Tune trial resumed by a new driver): report the final
+        # result again, or the Tune trial ends without its metric
+        self.after_epoch(trainer, trainer.start_epoch - 1, dict(trainer.history[-1]))
+
+    def tracking_resume(self, trainer: Trainer) -> bool:
+        return trainer.start_epoch > 0 or trainer.config.train.resume  # a restarted worker
+
+    def tracking_tags(self) -> dict:
+        """Where rank 0 ran (Ray node id and host): which machine trained a run, in MLflow."""
+        return {"vacsr.ray_node_id": ray.get_runtime_context().get_node_id(),
+                "vacsr.host": socket.gethostname()}
 
 
 def train_worker(config: Config, fail_once: str | None = None) -> None:
-    """Build, resume, train the remaining epochs, report."""
-    context = ray.train.get_context()
-    rank, world = context.get_world_rank(), context.get_world_size()
-    trainer = Trainer(config, device=ray.train.torch.get_device())
-    _restore(trainer)
-    loss_module = ray.train.torch.prepare_model(GlobalLoss(trainer), move_to_device=False)
-    tracker = None
-    if rank == 0:
-        trainer.output_dir.mkdir(parents=True, exist_ok=True)
-        save_config(config, trainer.output_dir / "config.yaml")
-        tracker = _start_tracking(config, trainer)
-    try:
-        _epochs(config, trainer, loss_module, tracker, rank, world, fail_once)
-    except BaseException:
-        if tracker is not None:
-            tracker.fail("FAILED")  # the trial's MLflow run: FAILED, not left RUNNING
-        raise
-    if rank == 0:
-        final = trainer.history[-1] if trainer.history else {}
-        write_json(trainer.output_dir / "metrics.json", {"final": final, "history": trainer.history})
-        if tracker is not None:
-            tracker.finish(TrainResult(trainer.history, final, None), trainer.output_dir)
-
-
-def _epochs(config: Config, trainer: Trainer, loss_module, tracker, rank: int,
-            world: int, fail_once: str | None) -> None:
-    resumed_from = trainer.start_epoch
-    dataset = trainer.train_dataset()
-    for epoch in range(trainer.start_epoch, config.train.epochs):
-        _maybe_inject_failure(fail_once, epoch, rank, world)
-        loader = trainer.train_loader(epoch, dataset, rank=rank, world_size=world)
-        metrics = {"epoch": epoch + 1, **trainer.train_epoch(
-            epoch, loader, loss_fn=loss_module, show_progress=rank == 0)}
-        if resumed_from:
-            metrics["resumed_from_epoch"] = resumed_from  # visible in the history and MLflow
-        if rank == 0:
-            for split in trainer.eval_splits(epoch):
-                metrics.update({f"{split}/{k}": v for k, v in trainer.evaluate(split).items()})
-            trainer.history.append(metrics)
-        _report(trainer, epoch, metrics, rank)
-        if tracker is not None:
-            tracker(epoch, metrics, None)
-    if resumed_from >= config.train.epochs and trainer.history:
-        # restarted after its last epoch (a Tune trial resumed by a new driver): report the final
-        # result again, or the Tune trial ends without its metric
-        _report(trainer, resumed_from - 1, dict(trainer.history[-1]), rank)
-
-
-def _start_tracking(config: Config, trainer: Trainer):
-    """Rank 0's MLflow callback; a worker restarted from a checkpoint continues the same run."""
-    if not config.tracking.enabled:
-        return None
-    from vacsr.tracking import TrackingCallback
-
-    return TrackingCallback.start(config, experiment=config.tracking.experiment,
-                                  run_name=config.tracking.run_name,
-                                  tracking_uri=config.tracking.uri,
-                                  parent_run_id=config.tracking.parent_run_id,
-                                  resume=trainer.start_epoch > 0 or config.train.resume,
-                                  tags=_placement_tags())
-
-
-def _placement_tags() -> dict:
-    """Where rank 0 ran (Ray node id and host): which machine trained a run, in MLflow."""
-    import socket
-
-    context = ray.get_runtime_context()
-    return {"vacsr.ray_node_id": context.get_node_id(), "vacsr.host": socket.gethostname()}
+    """This worker's share of the run: the one training lifecycle with Ray Train's hooks."""
+    Trainer(config, device=ray.train.torch.get_device()).fit(RayTrainRun(fail_once))

@@ -15,11 +15,12 @@ from typing import Callable
 import ray
 
 from vacsr.distributed.eval_actor import PoolScorer
-from vacsr.distributed.train import CHECKPOINT_FILE, fit_ray
+from vacsr.distributed.train import fit_ray
 from vacsr.sweep.plan import SweepPlan
 from vacsr.sweep.storage import copy_from_storage
 from vacsr.tracking import TrackingCallback
 from vacsr.train.evaluate import encode_checkpoint
+from vacsr.train.files import CHECKPOINT_FILE
 
 
 def final_config(best, plan: SweepPlan, dataset: str, seed: int, parent_run_id: str):
@@ -66,10 +67,8 @@ def _reuse_trial(plan: SweepPlan, config, best: dict) -> Path:
 def _log_test(config, metrics: dict, tags: dict) -> None:
     """The pool-scored test metrics join the seed's MLflow run (the reused trial's checkpoint gets
     a run of its own). resume=True: a restarted driver continues the same run."""
-    tracker = TrackingCallback.start(
-        config, experiment=config.tracking.experiment, run_name=config.tracking.run_name,
-        tracking_uri=config.tracking.uri, parent_run_id=config.tracking.parent_run_id,
-        resume=True, tags={"vacsr.seed": config.train.seed, **tags}).tracker()
+    tracker = TrackingCallback.from_config(
+        config, resume=True, tags={"vacsr.seed": config.train.seed, **tags}).tracker()
     tracker.log_epoch(config.train.epochs, {f"test/{k}": v for k, v in metrics.items()})
     tracker.finish()
 

@@ -15,6 +15,7 @@ from vacsr.errors import ConfigError
 from vacsr.plots import plot_training_curves
 from vacsr.tracking.run import MlflowTracker
 from vacsr.tracking.uri import _absolute, check_tracking_uri, resolve_tracking_uri
+from vacsr.train.files import CONFIG_FILE, METRICS_FILE
 
 RUN_STATE_FILE = "mlflow_run.json"  # in a training output_dir: the run a resumed training continues
 
@@ -85,6 +86,17 @@ class TrackingCallback:
         callback._tracker = tracker
         return callback
 
+    @classmethod
+    def from_config(cls, config: Config, *, resume: bool | None = None,
+                    tags: Mapping[str, Any] | None = None) -> "TrackingCallback":
+        """`start` with the run's place in MLflow as `config.tracking` names it (experiment, run
+        name, store, parent run): the one way a local run, a Ray Train worker and a sweep's final
+        run open their MLflow run."""
+        tracking = config.tracking
+        return cls.start(config, experiment=tracking.experiment, run_name=tracking.run_name,
+                         tracking_uri=tracking.uri, parent_run_id=tracking.parent_run_id,
+                         tags=tags, resume=resume)
+
     def tracker(self) -> MlflowTracker:
         """This process's tracker, attached to the run on first use."""
         if self._ended:
@@ -105,12 +117,12 @@ class TrackingCallback:
         tracker, folder = self.tracker(), Path(output_dir or self.output_dir)
         history = list(result.history)
         tracker.sync_history(history)
-        if (folder / "metrics.json").is_file():
-            tracker.log_artifact(folder / "metrics.json")
+        if (folder / METRICS_FILE).is_file():
+            tracker.log_artifact(folder / METRICS_FILE)
         else:
-            tracker.log_json("metrics.json", {"final": result.final_metrics, "history": history})
-        if (folder / "config.yaml").is_file():
-            tracker.log_artifact(folder / "config.yaml")
+            tracker.log_json(METRICS_FILE, {"final": result.final_metrics, "history": history})
+        if (folder / CONFIG_FILE).is_file():
+            tracker.log_artifact(folder / CONFIG_FILE)
         with tempfile.TemporaryDirectory() as tmp:
             tracker.log_artifact(plot_training_curves(history, Path(tmp) / "training_curves.png"),
                                  "plots")

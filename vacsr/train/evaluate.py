@@ -13,23 +13,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from vacsr.data.base import ClassificationData, RetrievalData
-from vacsr.data.encoding import encode_images, encode_texts
+from vacsr.data.encoding import encode_images
 from vacsr.errors import DataError
-from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval
 from vacsr.model.vacsr import VACSRModel
-
-
-COCO_1K_FOLDS = 5
+from vacsr.tasks import task_type
 
 
 def coco1k_folds(task: str, split: str, num_images: int) -> int | None:
-    """Folds of the COCO 1K recalls (coco1k_*, paper Tables 1-3): 5 on a retrieval test split whose
-    images split into 5 equal folds (COCO 5K: 1,000 each); None elsewhere (val stays cheap)."""
-    if (task == "retrieval" and split == "test" and num_images >= COCO_1K_FOLDS
-            and num_images % COCO_1K_FOLDS == 0):
-        return COCO_1K_FOLDS
-    return None
+    """Folds of the COCO 1K recalls on a split (RetrievalTask.num_folds; None for other tasks)."""
+    return task_type(task).num_folds(split, num_images)
 
 
 @dataclass
@@ -59,16 +51,7 @@ def encode_split(model: VACSRModel, data, *, task: str, batch_size: int = 128,
     try:
         encode = {"autocast": autocast, "keep_on_device": keep_on_device}
         image_feats = encode_images(model.backbone, data.images, batch_size=batch_size, **encode)
-        if task == "retrieval":
-            assert isinstance(data, RetrievalData)
-            text_feats = encode_texts(model.backbone, data.captions, **encode)
-            targets = {"caption_to_image": data.caption_to_image,
-                       "image_ids": data.image_ids or None,
-                       "caption_ids": data.caption_ids or None, "image_groups": data.image_groups}
-        else:
-            assert isinstance(data, ClassificationData)
-            text_feats = encode_texts(model.backbone, data.prompts(), **encode)
-            targets = {"labels": data.labels}
+        text_feats, targets = task_type(task).encode_texts(model.backbone, data, **encode)
     finally:
         model.train(was_training)
     return EncodedSplit(task=task, image_feats=image_feats, text_feats=text_feats,
@@ -97,7 +80,6 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
                       device=None) -> EncodedSplit:
     """Load a checkpoint, encode `split` of `dataset` (default: the config's) with the eval
     transform; `subsample` picks base / novel / all classes of a classification dataset."""
-    from vacsr.data import build_classification, build_retrieval
     from vacsr.model.vacsr import build_model
     from vacsr.train.checkpoint import (check_same_architecture, load_checkpoint,
                                         load_model_state)
@@ -109,8 +91,8 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
                    dataset=config.data.dataset if dataset is None else dataset,
                    subsample_classes=config.data.subsample_classes if subsample is None
                    else subsample)
-    splits = (build_retrieval if data.task == "retrieval" else build_classification)(
-        data, config.train.seed)
+    kind = task_type(data.task)
+    splits = kind.build_splits(data, config.train.seed)
     if split not in splits:
         raise DataError(f"{data.dataset}: no {split!r} split (has: {', '.join(splits)})")
     model = build_model(config).to(device).eval()
@@ -118,7 +100,7 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
     part = splits[split]
     encoded = encode_split(model, part, task=data.task,
                            batch_size=max(config.train.batch_size, 64),
-                           num_folds=coco1k_folds(data.task, split, len(part.images)))
+                           num_folds=kind.num_folds(split, len(part.images)))
     encoded.image_feats = encoded.image_feats.float().cpu()
     encoded.text_feats = encoded.text_feats.float().cpu()
     encoded.head = model.head.cpu().eval()
@@ -128,16 +110,7 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
 def score_encoded(encoded: EncodedSplit, *, scorer=None, device=None,
                   **engine_kwargs) -> dict[str, float]:
     """The split's metrics from its features (scorer: a ChunkedScorer or an EvalPool)."""
-    if encoded.task == "retrieval":
-        if encoded.num_folds and "num_folds" not in engine_kwargs:
-            engine_kwargs["num_folds"] = encoded.num_folds
-        return evaluate_retrieval(encoded.image_feats, encoded.text_feats, encoded.head,
-                                  encoded.targets["caption_to_image"],
-                                  encoded.targets["image_ids"], encoded.targets["caption_ids"],
-                                  image_groups=encoded.targets["image_groups"], device=device,
-                                  scorer=scorer, **engine_kwargs)
-    return evaluate_classification(encoded.image_feats, encoded.text_feats, encoded.head,
-                                   encoded.targets["labels"], device=device, scorer=scorer)
+    return task_type(encoded.task).score(encoded, scorer=scorer, device=device, **engine_kwargs)
 
 
 def evaluate_checkpoint(config, checkpoint_path, *, dataset: str | None = None,

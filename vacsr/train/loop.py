@@ -1,7 +1,8 @@
-"""Single-process VACSR training (CPU or one GPU); the distributed trainer reuses its parts.
+"""VACSR training: one run's lifecycle (`Trainer.fit`), in this process (CPU or one GPU) or as a
+Ray Train worker's share of a run (the hooks of vacsr/train/run_hooks.py say which).
 
-Every epoch reseeds from (seed, epoch), evaluates, and writes `last.ckpt` atomically, so a run that
-is stopped and started again with the same output_dir continues and ends with the same result.
+Every epoch reseeds from (seed, epoch), evaluates, and writes the checkpoint atomically, so a run
+that is stopped and started again with the same output_dir continues and ends with the same result.
 """
 from __future__ import annotations
 
@@ -16,18 +17,18 @@ from tqdm import tqdm
 
 from vacsr.atomic import atomic_write_json
 from vacsr.config import Config, save_config, to_dict
-from vacsr.data import build_classification, build_retrieval
-from vacsr.data.base import CaptionPairDataset, LabelledImageDataset
 from vacsr.data.loader import make_loader
 from vacsr.data.sampler import GlobalBatchSampler, require_one_batch
 from vacsr.errors import CheckpointError, TrainingDiverged
 from vacsr.model.vacsr import VACSRModel, build_model
 from vacsr.seed import epoch_seed, seed_everything
-from vacsr.tasks import ClassificationTask, RetrievalTask
+from vacsr.tasks import task_type
 from vacsr.train.checkpoint import (ARCHITECTURE_KEYS, TRAINABLE_KEYS, load_checkpoint,
-                                    load_model_state, save_checkpoint)
-from vacsr.train.evaluate import coco1k_folds, evaluate_split
+                                    load_model_state)
+from vacsr.train.evaluate import evaluate_split
+from vacsr.train.files import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE
 from vacsr.train.optim import build_optimizer, lr_factor, set_learning_rates
+from vacsr.train.run_hooks import RunHooks
 
 EpochCallback = Callable[[int, dict, Path], None]
 
@@ -36,17 +37,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-class CaptionCollate:
-    """Stacks images and tokenizes captions in the loader (picklable for worker processes)."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-
-    def __call__(self, items):
-        images, captions, image_index = zip(*items)
-        return torch.stack(images), self.tokenizer(list(captions)), torch.tensor(image_index)
 
 
 @dataclass
@@ -64,50 +54,30 @@ class Trainer:
         self.device = device or resolve_device(config.train.device)
         seed_everything(config.train.seed)
         self.model: VACSRModel = build_model(config).to(self.device)
-        self.splits = self._build_splits()
-        self._require_one_batch()
-        self.task = self._build_task()
+        kind = task_type(config.data.task)
+        self.splits = kind.build_splits(config.data, config.train.seed)
+        self._require_one_batch(kind)
+        self.task = kind.for_run(self.model, config.loss, self.splits)
         self.optimizer = build_optimizer(self.model, config.optim)
         self.output_dir = Path(config.train.output_dir).expanduser().resolve()
         self.history: list[dict] = []
         self.start_epoch = 0
 
     # ---------------------------------------------------------------- setup
-    def _build_splits(self):
-        data, seed = self.config.data, self.config.train.seed
-        if data.task == "retrieval":
-            return build_retrieval(data, seed)
-        return build_classification(data, seed)
-
-    def _require_one_batch(self) -> None:
+    def _require_one_batch(self, kind) -> None:
         """Stop before training (here, so the Ray Train workers stop too) when the training split
         is smaller than one global batch: the sampler would yield no step and the run would save
         an untrained model as its result."""
-        data, train = self.config.data, self.splits["train"]
-        if data.task == "retrieval":
-            size, unit = len(train.captions), "image-caption pairs"
-            more = "data.num_train" if data.dataset == "synthetic" and data.root is None else None
-            remedy = f"more training data ({more})" if more else "more training data"
-        else:
-            size, unit = len(train.labels), f"images ({data.shots} per class)"
-            remedy = "more shots (data.shots)"
+        data = self.config.data
+        size, unit, remedy = kind.train_size(data, self.splits["train"])
         require_one_batch(size, self.config.train.batch_size,
                           what=f"{data.dataset}: the training split has {size} {unit}",
                           remedy=remedy)
 
-    def _build_task(self):
-        if self.config.data.task == "retrieval":
-            return RetrievalTask(self.model, self.config.loss)
-        prompts = self.splits["train"].prompts()
-        tokens = self.model.backbone.tokenize(prompts)
-        return ClassificationTask(self.model, self.config.loss, tokens)
-
     def train_dataset(self):
         backbone = self.model.backbone
         transform = backbone.train_transform if self.config.data.augment else backbone.eval_transform
-        if self.config.data.task == "retrieval":
-            return CaptionPairDataset(self.splits["train"], transform)
-        return LabelledImageDataset(self.splits["train"], transform)
+        return self.task.train_dataset(self.splits["train"], transform)
 
     def train_loader(self, epoch: int, dataset=None, rank: int = 0, world_size: int = 1):
         """Global batches shuffled from (seed, epoch), this rank's slice of each: a resumed or a
@@ -116,16 +86,14 @@ class Trainer:
         sampler = GlobalBatchSampler(len(dataset), global_batch=self.config.train.batch_size,
                                      rank=rank, world_size=world_size,
                                      seed=epoch_seed(self.config.train.seed, epoch))
-        collate = (CaptionCollate(self.model.backbone.tokenizer)
-                   if self.config.data.task == "retrieval" else None)
         return make_loader(dataset, batch_size=self.config.train.batch_size,
                            batch_sampler=sampler, num_workers=self.config.data.num_workers,
-                           device=self.device, collate_fn=collate)
+                           device=self.device, collate_fn=self.task.collate(self.model.backbone))
 
     # ---------------------------------------------------------------- state
     @property
     def checkpoint_path(self) -> Path:
-        return self.output_dir / "last.ckpt"
+        return self.output_dir / CHECKPOINT_FILE
 
     def state(self, epoch: int) -> dict:
         return {"epoch": epoch, "model": self.model.state_dict(),
@@ -218,7 +186,7 @@ class Trainer:
 
     def evaluate(self, split: str) -> dict[str, float]:
         data, task = self.splits[split], self.config.data.task
-        folds = coco1k_folds(task, split, len(data.images))  # retrieval test: COCO 1K too
+        folds = self.task.num_folds(split, len(data.images))  # retrieval test: COCO 1K too
         return evaluate_split(self.model, data, task=task, device=self.device,
                               batch_size=max(self.config.train.batch_size, 64),
                               autocast=self.autocast, **({"num_folds": folds} if folds else {}))
@@ -233,22 +201,64 @@ class Trainer:
         return names
 
     # ---------------------------------------------------------------- run
-    def fit(self, callbacks: tuple[EpochCallback, ...] = ()) -> TrainResult:
-        self.maybe_resume()  # first: a mismatched checkpoint must not get this config beside it
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        save_config(self.config, self.output_dir / "config.yaml")
-        for epoch in range(self.start_epoch, self.config.train.epochs):
-            metrics = {"epoch": epoch + 1, **self.train_epoch(epoch, self.train_loader(epoch))}
-            for split in self.eval_splits(epoch):
-                metrics.update({f"{split}/{k}": v for k, v in self.evaluate(split).items()})
-            self.history.append(metrics)
-            save_checkpoint(self.checkpoint_path, self.state(epoch))
-            for callback in callbacks:
-                callback(epoch, metrics, self.checkpoint_path)
+    def fit(self, hooks: RunHooks | None = None,
+            callbacks: tuple[EpochCallback, ...] = ()) -> TrainResult:
+        """The run's whole lifecycle: restore, save the config, train the remaining epochs
+        (evaluating, keeping the history, checkpointing each), write metrics.json; MLflow-tracked
+        where config.tracking.enabled. `hooks` say where the run runs (default: this process)."""
+        hooks = hooks or RunHooks()
+        hooks.restore(self)  # first: a mismatched checkpoint must not get this config beside it
+        chief = hooks.rank == 0
+        tracker = None
+        if chief:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            save_config(self.config, self.output_dir / CONFIG_FILE)
+            tracker = self._start_tracking(hooks)
+        try:
+            self._epochs(hooks, (*callbacks, tracker) if tracker else callbacks)
+        except BaseException:
+            if tracker is not None:
+                tracker.fail()  # the MLflow run: FAILED, not left RUNNING
+            raise
         final = self.history[-1] if self.history else {}
-        write_json(self.output_dir / "metrics.json", {"final": final, "history": self.history})
-        return TrainResult(history=self.history, final_metrics=final,
-                           checkpoint=self.checkpoint_path)
+        result = TrainResult(history=self.history, final_metrics=final,
+                             checkpoint=self.checkpoint_path)
+        if chief:
+            write_json(self.output_dir / METRICS_FILE, {"final": final, "history": self.history})
+            if tracker is not None:
+                tracker.finish(result, self.output_dir)
+        return result
+
+    def _epochs(self, hooks: RunHooks, callbacks: tuple[EpochCallback, ...]) -> None:
+        chief, resumed_from = hooks.rank == 0, self.start_epoch
+        dataset, loss_fn = self.train_dataset(), hooks.loss_fn(self)
+        for epoch in range(self.start_epoch, self.config.train.epochs):
+            hooks.before_epoch(epoch)
+            loader = self.train_loader(epoch, dataset, rank=hooks.rank,
+                                       world_size=hooks.world_size)
+            metrics = {"epoch": epoch + 1, **self.train_epoch(epoch, loader, loss_fn=loss_fn,
+                                                               show_progress=chief)}
+            if resumed_from and hooks.marks_resume:
+                metrics["resumed_from_epoch"] = resumed_from  # visible in the history and MLflow
+            if chief:
+                for split in self.eval_splits(epoch):
+                    metrics.update({f"{split}/{k}": v for k, v in self.evaluate(split).items()})
+                self.history.append(metrics)
+            checkpoint = hooks.after_epoch(self, epoch, metrics)
+            if chief:
+                for callback in callbacks:
+                    callback(epoch, metrics, checkpoint)
+        if resumed_from >= self.config.train.epochs and self.history:
+            hooks.after_restored_finished_run(self)
+
+    def _start_tracking(self, hooks: RunHooks):
+        """The run's MLflow callback, when config.tracking asks for one (mlflow loads only then)."""
+        if not self.config.tracking.enabled:
+            return None
+        from vacsr.tracking import TrackingCallback
+
+        return TrackingCallback.from_config(self.config, resume=hooks.tracking_resume(self),
+                                            tags=hooks.tracking_tags())
 
 
 LOSS_TERMS = ("kl", "recon", "sigma_pos", "sigma_neg", "sigmoid")  # the parts a loss sums
@@ -288,19 +298,4 @@ def write_json(path: Path, payload: dict) -> None:
 
 def train(config: Config, callbacks: tuple[EpochCallback, ...] = ()) -> TrainResult:
     """Build a Trainer from `config` and run it to the last epoch (MLflow-tracked if enabled)."""
-    trainer = Trainer(config)
-    if not config.tracking.enabled:
-        return trainer.fit(callbacks)
-    from vacsr.tracking import TrackingCallback  # mlflow only when tracking is asked for
-
-    tracker = TrackingCallback.start(config, experiment=config.tracking.experiment,
-                                     run_name=config.tracking.run_name,
-                                     tracking_uri=config.tracking.uri,
-                                     parent_run_id=config.tracking.parent_run_id)
-    try:
-        result = trainer.fit((*callbacks, tracker))
-    except BaseException:
-        tracker.fail()
-        raise
-    tracker.finish(result, trainer.output_dir)
-    return result
+    return Trainer(config).fit(callbacks=callbacks)
