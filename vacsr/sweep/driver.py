@@ -26,6 +26,7 @@ from vacsr.distributed.placement import start_cleaner
 from vacsr.errors import VacsrError
 from vacsr.sweep.events import EventSink, start_event_log
 from vacsr.sweep.final import final_runs
+from vacsr.sweep.ownership import claim_state
 from vacsr.sweep.plan import SweepPlan, plan_parallelism
 from vacsr.sweep.progress import SweepProgress
 from vacsr.sweep.report import table_spec, write_report
@@ -199,10 +200,10 @@ def _close_after_interrupt(plan: SweepPlan, state: SweepState) -> None:
 def run_sweep(plan: SweepPlan) -> SweepOutcome:
     """The whole sweep; returns the table rows (also printed and logged to the parent run)."""
     plan.storage.mkdir(parents=True, exist_ok=True)
+    state = claim_state(plan)  # a used folder takes only --resume, with its own settings
     quiet_logging(plan.verbose)
     ensure_ray(address=plan.ray_address, log_to_driver=plan.verbose)
     start_cleaner()  # one placement-group cleaner for every trial's run (distributed/placement.py)
-    state = SweepState(plan.storage / "sweep_state.json", fresh=not plan.resume)
     check_optuna_storage(plan)  # the schema is created here once, not by racing dataset tasks
     parent = MlflowTracker(plan.tracking_uri)
     parent_id = parent.start(plan.kind.experiment, plan.name,
