@@ -56,6 +56,7 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 def cmd_train(args) -> int:
     from vacsr.config import load_config
     from vacsr.train.loop import train
+    from vacsr.train.run_folder import check_run_folder
 
     overrides = list(args.overrides)
     if args.ray:
@@ -63,6 +64,7 @@ def cmd_train(args) -> int:
     if args.workers is not None:
         overrides.append(f"train.workers={args.workers}")
     config = load_config(args.config, overrides)
+    check_run_folder(config)  # a finished or stopped run continues only with its own settings
     if config.train.ray:
         from vacsr.distributed.train import fit_ray
 
