@@ -299,8 +299,8 @@ def train(config: Config, callbacks: tuple[EpochCallback, ...] = ()) -> TrainRes
                                      parent_run_id=config.tracking.parent_run_id)
     try:
         result = trainer.fit((*callbacks, tracker))
-    except BaseException:
-        tracker.fail()
+    except BaseException as exc:  # Ctrl-C or SIGTERM (vacsr.stop.Stopped): KILLED, not FAILED
+        tracker.fail("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
     tracker.finish(result, trainer.output_dir)
     return result
