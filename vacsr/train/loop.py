@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from vacsr.atomic import atomic_write_json
-from vacsr.config import Config, save_config, to_dict
+from vacsr.config import Config, public_dict, save_config
 from vacsr.data import build_classification, build_retrieval
 from vacsr.data.base import CaptionPairDataset, LabelledImageDataset
 from vacsr.data.loader import make_loader
@@ -130,7 +130,7 @@ class Trainer:
     def state(self, epoch: int) -> dict:
         return {"epoch": epoch, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "history": self.history,
-                "config": to_dict(self.config)}
+                "config": public_dict(self.config)}
 
     def load_state(self, state: dict, source: str | Path = "resumed checkpoint") -> None:
         """Continue from `state`; a checkpoint of another architecture or trainable set fails
