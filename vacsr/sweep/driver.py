@@ -176,6 +176,9 @@ def _finish_dataset(plan: SweepPlan, state: SweepState, dataset: str, ref) -> st
         state.update(dataset, failed=why)
         run_id = state.dataset(dataset)["run_id"]
         close_running_children(plan.tracking_uri, plan.kind.experiment, run_id)
+        storage = open_optuna_storage(plan)  # nothing left RUNNING for the resume to trip on
+        fail_running_trials(storage, f"{plan.name}-{dataset}")
+        storage.engine.dispose()
         MlflowTracker(plan.tracking_uri).client.set_terminated(run_id, status="FAILED")
         return why
     state.update(dataset, done=True, result=result, failed=None)

@@ -17,6 +17,7 @@ from ray.tune.search.optuna import OptunaSearch
 from vacsr.distributed.train import CHECKPOINT_FILE
 from vacsr.errors import ConfigError
 from vacsr.sweep.plan import SweepPlan
+from vacsr.sweep.repair import repair_experiment
 from vacsr.sweep.selection import (ORDER_FILE, DatasetFailed, TrialOrder,  # noqa: F401
                                    read_trial_order, select_best)
 from vacsr.sweep.space import DefineByRun, start_point
@@ -105,11 +106,12 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
            callbacks: list) -> tune.Tuner:
     """A new Tuner, or the restored one when --resume finds this dataset's experiment."""
     folder = plan.ray_path("tune", dataset)
+    storage_failed = plan.resume and repair_experiment(folder)  # what a full disk left
     if plan.resume and tune.Tuner.can_restore(folder):
-        # errored trials stay failed: their errors are deterministic (worker loss is retried by
-        # Ray Train inside the trial)
+        # errored trials stay failed, their errors are deterministic (worker loss is retried by
+        # Ray Train inside the trial), unless a full disk stopped them (sweep/repair.py)
         return tune.Tuner.restore(folder, trainable=trainable, resume_unfinished=True,
-                                  restart_errored=False)
+                                  resume_errored=storage_failed, restart_errored=False)
     base, space = plan.configs[dataset], plan.spaces[dataset]
     search = ResumableOptunaSearch(DefineByRun(space), metric=plan.kind.metric, mode=plan.kind.mode,
                           storage=storage, study_name=f"{plan.name}-{dataset}",
