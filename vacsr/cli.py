@@ -66,12 +66,12 @@ def cmd_train(args) -> int:
         overrides.append(f"train.workers={args.workers}")
     config = load_config(args.config, overrides)
     check_run_folder(config)  # a finished or stopped run continues only with its own settings
-    with stop_on_signals():  # SIGTERM / Ctrl-C: the MLflow run closes as KILLED (train())
-        if config.train.ray:
-            from vacsr.distributed.train import fit_ray
+    if config.train.ray:
+        from vacsr.distributed.train import fit_ray
 
-            result = fit_ray(config)
-        else:
+        result = fit_ray(config)  # its workers own the MLflow run
+    else:
+        with stop_on_signals():  # SIGTERM / Ctrl-C: the MLflow run closes as KILLED (train())
             result = train(config)
     print(format_metrics(result.final_metrics))
     print(f"checkpoint: {result.checkpoint}")
