@@ -1,4 +1,4 @@
-"""`vacsr train` stopped by SIGTERM or Ctrl-C: its MLflow run KILLED, one line, exit 128 + signal."""
+"""`vacsr train` stopped by SIGTERM or Ctrl-C: its MLflow run KILLED, one line, exit 143 / 130."""
 from __future__ import annotations
 
 import json

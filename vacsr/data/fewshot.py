@@ -10,8 +10,9 @@ state.
 The sample is cached as `split_fewshot/shot_{K}-seed_{S}.pkl` in the dataset folder with paths
 relative to that folder, so the cache survives moving the data. Where the dataset folder cannot be
 written (shared data mounted read-only) it goes to `$VACSR_CACHE_DIR/fewshot/<dataset>-<hash of
-its path>/` (default `~/.cache/vacsr/fewshot/...`), as the folder listing cache does. Caches written by CoOp-family code
-(pickled `dassl` Datum objects with absolute paths) are read too, without importing dassl.
+its path>/` (default `~/.cache/vacsr/fewshot/...`), as the folder listing cache does. Caches
+written by CoOp-family code (pickled `dassl` Datum objects with absolute paths) are read too,
+without importing dassl.
 """
 from __future__ import annotations
 
@@ -211,7 +212,8 @@ def load_or_sample(dataset_dir: Path, train: Sequence[Item], val: Sequence[Item]
     `val=None` means the dataset has no val split (ImageNet): val then comes from the remaining
     train images (see `val_from_remaining_train`).
     """
-    paths = (fewshot_path(dataset_dir, shots, seed), fallback_fewshot_path(dataset_dir, shots, seed))
+    paths = (fewshot_path(dataset_dir, shots, seed),
+             fallback_fewshot_path(dataset_dir, shots, seed))
     path = next((p for p in paths if p.is_file()), None)
     if path is not None:
         few_train, few_val = read_fewshot_cache(path, dataset_dir.name)
