@@ -34,3 +34,42 @@ def tiny_weights(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("weights") / "tiny-clip.pt"
     return pretrain_clip(path, progress=False)
+
+
+@pytest.fixture
+def read_only():
+    """Make a folder read-only for real: a read-only bind mount for root (who ignores file
+    modes), else chmod. Skips where neither holds."""
+    import subprocess
+    from pathlib import Path
+
+    mounted, chmodded = [], []
+
+    def apply(folder: Path) -> Path:
+        if os.geteuid() == 0:
+            done = subprocess.run(["mount", "--bind", str(folder), str(folder)],
+                                  capture_output=True).returncode == 0
+            if done:
+                mounted.append(folder)
+                done = subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)],
+                                      capture_output=True).returncode == 0
+        else:
+            folder.chmod(0o555)
+            chmodded.append(folder)
+            done = True
+        probe = folder / ".write-probe"
+        try:
+            probe.write_text("")
+            probe.unlink()
+            writable = True
+        except OSError:
+            writable = False
+        if not done or writable:
+            pytest.skip("cannot make a folder read-only here (needs root with mount, or a user)")
+        return folder
+
+    yield apply
+    for folder in reversed(mounted):
+        subprocess.run(["umount", str(folder)], capture_output=True)
+    for folder in chmodded:
+        folder.chmod(0o755)

@@ -112,7 +112,7 @@ def _resume_other_architecture(tmp, weights, caltech_root, k2):
     shutil.copy(k2, tmp / "run" / "last.ckpt")
     argv = ["train", *TINY, f"model.pretrained={weights}", "train.epochs=2",
             "adapter.num_components=3", f"train.output_dir={tmp / 'run'}"]
-    return argv, [str(tmp / "run" / "last.ckpt"), "built with adapter.num_components=2",
+    return argv, [str(tmp / "run" / "last.ckpt"), "adapter.num_components=2",
                   "this config has 3", "train.resume=false"]
 
 
@@ -270,3 +270,25 @@ def test_sampler_drops_the_last_partial_batch():
     batches = list(sampler)
     assert len(sampler) == len(batches) == 3 and all(len(b) == 16 for b in batches)
     assert len(GlobalBatchSampler(50, global_batch=128)) == 0  # what the Trainer refuses
+
+
+def test_other_settings_into_a_finished_run_folder_are_refused(tmp_path, capsys, k2_checkpoint,
+                                                               weights):
+    """Training keys that differ from the finished run's are named; the folder stays as it was;
+    an evaluation-only change continues the run and says so."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(k2_checkpoint, run / "last.ckpt")
+    shutil.copy(k2_checkpoint.parent / "config.yaml", run / "config.yaml")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    line = _run(["train", *TINY, f"model.pretrained={weights}", "optim.lr=0.3", "loss.gamma=5",
+                 "train.seed=7", f"train.output_dir={run}"], capsys)
+    for part in (str(run / "last.ckpt"), "trained with other settings", "loss.gamma=1.0 (this "
+                 "config has 5.0)", "optim.lr=", "train.seed=1 (this config has 7)",
+                 "train.resume=false"):
+        assert part in line, line
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert main([*map(str, ["train", *TINY, f"model.pretrained={weights}", "train.eval_every=2",
+                            f"train.output_dir={run}"])]) == 0
+    assert "evaluation-only settings: train.eval_every=1 (this config has 2)" in \
+        capsys.readouterr().err

@@ -147,3 +147,25 @@ def test_imagenet_val_comes_from_remaining_train_images():
     val = val_from_remaining_train(train, few_train, 4, 1)
     assert not {i.path for i in val} & {i.path for i in few_train}
     assert len(val) == 5 * 4
+
+
+def test_read_only_dataset_folder_caches_the_draw_in_the_cache_dir(tmp_path, read_only,
+                                                                  monkeypatch):
+    from vacsr.data.classification import load_classification
+    from vacsr.data.generate import generate_all
+
+    root = generate_all(tmp_path / "data", seed=0, per_class=(3, 3, 1), datasets=["eurosat"])
+    monkeypatch.setenv("VACSR_CACHE_DIR", str(tmp_path / "cache"))
+    read_only(root)
+    first = load_classification(root, "eurosat", shots=2, seed=2, subsample="base")
+    from vacsr.data.fewshot import fallback_fewshot_path
+
+    cached = fallback_fewshot_path(root / "eurosat", 2, 2)
+    assert cached.is_file() and not fewshot_path(root / "eurosat", 2, 2).exists()
+    assert str(cached).startswith(str(tmp_path / "cache" / "fewshot"))
+    cached.write_bytes(b"garbage")  # the second load reads the fallback file, not a new draw
+    with pytest.raises(DataError, match="unreadable few-shot cache"):
+        load_classification(root, "eurosat", shots=2, seed=2, subsample="base")
+    cached.unlink()
+    again = load_classification(root, "eurosat", shots=2, seed=2, subsample="base")
+    assert again["train"].images == first["train"].images

@@ -60,12 +60,16 @@ def test_block_ranges_follow_the_backbone_depth_not_its_name():
 def test_selection_uses_val_metrics_only_and_skips_failed_trials():
     trials = [
         {"config": "a", "metrics": {"val/acc": 70.0, "test/acc": 95.0}},  # best test, not val
-        {"config": "b", "metrics": {"val/acc": 80.0, "test/acc": 60.0}},
-        {"config": "c", "metrics": {"val/acc": 80.0, "test/acc": 90.0}},  # ties b: later loses
+        {"config": "b", "metrics": {"val/acc": 80.0, "test/acc": 60.0}, "order": 1},
+        {"config": "c", "metrics": {"val/acc": 80.0, "test/acc": 90.0}, "order": 2},  # ties b
         {"config": "d", "metrics": {"test/acc": 99.0}},  # never reported val
         {"config": "e", "metrics": {"val/acc": 99.0}, "error": "diverged"},  # failed after epoch 1
     ]
     assert select_best(trials, "val/acc")["config"] == "b"
+    # the tie goes to the trial that started first, whatever order Tune lists them in
+    assert select_best(trials[::-1], "val/acc")["config"] == "b"
+    swapped = [dict(t, order={1: 2, 2: 1}[t["order"]]) if "order" in t else t for t in trials]
+    assert select_best(swapped, "val/acc")["config"] == "c"
     assert select_best(trials, "val/acc", mode="min")["config"] == "a"
     with pytest.raises(ValueError, match="val metric"):
         select_best(trials, "test/acc")
@@ -187,3 +191,16 @@ def test_the_study_search_draws_the_same_configs_again_and_fails_errored_trials(
         return configs
 
     assert draws("a.db") == draws("b.db")
+
+
+def test_trial_order_keeps_the_first_start_of_each_trial(tmp_path):
+    from types import SimpleNamespace
+
+    from vacsr.sweep.selection import TrialOrder, read_trial_order
+
+    path = tmp_path / "trials" / "dtd" / "trial_order.json"
+    order = TrialOrder(path)
+    for trial_id in ("b_1", "a_0", "b_1"):  # a restored trial starts again: it keeps its place
+        order.on_trial_start(0, [], SimpleNamespace(trial_id=trial_id))
+    assert read_trial_order(path) == {"b_1": 0, "a_0": 1}
+    assert TrialOrder(path) and read_trial_order(tmp_path / "missing.json") == {}

@@ -57,6 +57,8 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 def cmd_train(args) -> int:
     from vacsr.config import load_config
     from vacsr.train.loop import train
+    from vacsr.stop import stop_on_signals
+    from vacsr.train.run_folder import check_run_folder
 
     overrides = list(args.overrides)
     if args.ray:
@@ -64,12 +66,14 @@ def cmd_train(args) -> int:
     if args.workers is not None:
         overrides.append(f"train.workers={args.workers}")
     config = load_config(args.config, overrides)
+    check_run_folder(config)  # a finished or stopped run continues only with its own settings
     if config.train.ray:
         from vacsr.distributed.train import fit_ray
 
-        result = fit_ray(config)
+        result = fit_ray(config)  # its workers own the MLflow run
     else:
-        result = train(config)
+        with stop_on_signals():  # SIGTERM / Ctrl-C: the MLflow run closes as KILLED (train())
+            result = train(config)
     print(format_metrics(result.final_metrics))
     print(f"checkpoint: {result.checkpoint}")
     return 0
@@ -225,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     except VacsrError as exc:
         print(f"vacsr: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # vacsr.stop.Stopped for SIGTERM, or a bare Ctrl-C
+        code = getattr(exc, "exit_code", 130)
+        print(f"vacsr: {exc or 'stopped by SIGINT'}; an MLflow run it had open is closed as "
+              "KILLED; the same command continues from the last checkpoint", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import yaml
 
 from vacsr.atomic import atomic_write_text
 from vacsr.errors import ConfigError
+from vacsr.redact import redact_uri
 
 
 @dataclass
@@ -279,9 +280,19 @@ def from_dict(mapping: dict[str, Any]) -> Config:
     return config
 
 
+def public_dict(config: Config) -> dict[str, dict[str, Any]]:
+    """`to_dict(config)` as it may be written or logged: a password in tracking.uri is `***`
+    (the run gets it from the config in memory, MLflow from its environment variables)."""
+    values = to_dict(config)
+    if values["tracking"]["uri"]:
+        values["tracking"]["uri"] = redact_uri(values["tracking"]["uri"])
+    return values
+
+
 def save_config(config: Config, path: str | Path) -> None:
-    """Write the resolved config as YAML, atomically; `load_config` reads it back unchanged."""
-    atomic_write_text(path, yaml.safe_dump(to_dict(config), sort_keys=False))
+    """Write the resolved config as YAML, atomically; `load_config` reads it back unchanged
+    (a password in tracking.uri excepted: see public_dict)."""
+    atomic_write_text(path, yaml.safe_dump(public_dict(config), sort_keys=False))
 
 
 # ---------------------------------------------------------------- validation

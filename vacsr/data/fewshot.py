@@ -8,12 +8,17 @@ the same stream as `random.seed(seed)` followed by module-level calls, without t
 state.
 
 The sample is cached as `split_fewshot/shot_{K}-seed_{S}.pkl` in the dataset folder with paths
-relative to that folder, so the cache survives moving the data. Caches written by CoOp-family code
-(pickled `dassl` Datum objects with absolute paths) are read too, without importing dassl.
+relative to that folder, so the cache survives moving the data. Where the dataset folder cannot be
+written (shared data mounted read-only) it goes to `$VACSR_CACHE_DIR/fewshot/<dataset>-<hash of
+its path>/` (default `~/.cache/vacsr/fewshot/...`), as the folder listing cache does. Caches
+written by CoOp-family code (pickled `dassl` Datum objects with absolute paths) are read too,
+without importing dassl.
 """
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 import pickle
 import random
 import warnings
@@ -23,7 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import Protocol, Sequence, runtime_checkable
 
 from vacsr.data.files import atomic_pickle
-from vacsr.errors import DataError
+from vacsr.errors import DataError, StorageError
 
 CACHE_FORMAT = "vacsr-fewshot/1"
 VAL_MAX_SHOTS = 4
@@ -101,6 +106,14 @@ def fewshot_path(dataset_dir: Path, shots: int, seed: int) -> Path:
     return dataset_dir / "split_fewshot" / f"shot_{shots}-seed_{seed}.pkl"
 
 
+def fallback_fewshot_path(dataset_dir: Path, shots: int, seed: int) -> Path:
+    """Where the cache goes when the dataset folder is read-only: one folder per dataset path."""
+    base = os.environ.get("VACSR_CACHE_DIR")
+    root = Path(base) if base else Path.home() / ".cache" / "vacsr"
+    digest = hashlib.sha256(str(Path(dataset_dir).resolve()).encode()).hexdigest()[:16]
+    return root / "fewshot" / f"{dataset_dir.name}-{digest}" / f"shot_{shots}-seed_{seed}.pkl"
+
+
 # ---------------------------------------------------------------- cache reading and writing
 class _DatumShim:
     """Stands in for dassl's Datum when unpickling CoOp caches; keeps the attribute dict."""
@@ -173,16 +186,23 @@ def _check_subset(cached: Sequence[Item], full: Sequence[Item], path: Path, spli
                             "resample)")
 
 
-def write_fewshot_cache(path: Path, train: Sequence[Item], val: Sequence[Item]) -> None:
+def write_fewshot_cache(paths: Sequence[Path], train: Sequence[Item],
+                        val: Sequence[Item]) -> Path | None:
+    """Write to the first of `paths` that takes it (the dataset folder, then the cache folder);
+    None, with a warning, when none does."""
     payload = {"format": CACHE_FORMAT,
                "train": [(i.path, i.label, i.classname) for i in train],
                "val": [(i.path, i.label, i.classname) for i in val]}
-    try:
-        atomic_pickle(path, payload)
-    except OSError as exc:
-        # A read-only dataset folder must not stop training: the draw is deterministic anyway.
-        warnings.warn(f"{path}: could not write the few-shot cache ({exc.__class__.__name__}); "
-                      "continuing without it", stacklevel=2)
+    for path in paths:
+        try:
+            atomic_pickle(path, payload)
+            return path
+        except (OSError, StorageError):  # atomic writes report EROFS / ENOSPC as StorageError
+            continue
+    # A read-only dataset folder must not stop training: the draw is deterministic anyway.
+    warnings.warn(f"{paths[-1]}: could not write the few-shot cache; continuing without it",
+                  stacklevel=2)
+    return None
 
 
 def load_or_sample(dataset_dir: Path, train: Sequence[Item], val: Sequence[Item] | None, *,
@@ -192,8 +212,10 @@ def load_or_sample(dataset_dir: Path, train: Sequence[Item], val: Sequence[Item]
     `val=None` means the dataset has no val split (ImageNet): val then comes from the remaining
     train images (see `val_from_remaining_train`).
     """
-    path = fewshot_path(dataset_dir, shots, seed)
-    if path.is_file():
+    paths = (fewshot_path(dataset_dir, shots, seed),
+             fallback_fewshot_path(dataset_dir, shots, seed))
+    path = next((p for p in paths if p.is_file()), None)
+    if path is not None:
         few_train, few_val = read_fewshot_cache(path, dataset_dir.name)
         _check_subset(few_train, train, path, "train")
         if few_val is None:  # CoOp's ImageNet caches hold train only
@@ -206,7 +228,7 @@ def load_or_sample(dataset_dir: Path, train: Sequence[Item], val: Sequence[Item]
         few_val = val_from_remaining_train(train, few_train, shots, seed)
     else:
         few_train, few_val = sample_train_val(train, val, shots, seed)
-    write_fewshot_cache(path, few_train, few_val)
+    write_fewshot_cache(paths, few_train, few_val)
     return few_train, few_val
 
 

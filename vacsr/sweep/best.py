@@ -11,14 +11,15 @@ import yaml
 
 from vacsr.errors import ConfigError
 from vacsr.sweep.report import table_rows, to_markdown
-from vacsr.tracking import MlflowTracker, check_tracking_uri, resolve_tracking_uri
+from vacsr.tracking import MlflowTracker, check_tracking_uri, redact_uri, resolve_tracking_uri
 
 
 def find_sweep_run(tracker: MlflowTracker, experiment: str, sweep: str | None):
     """The sweep's parent run (the newest one when `sweep` is None)."""
     found = tracker.client.get_experiment_by_name(experiment)
     if found is None:
-        raise ConfigError(f"MLflow experiment {experiment!r} not found in {tracker.tracking_uri}")
+        raise ConfigError(f"MLflow experiment {experiment!r} not found in "
+                          f"{redact_uri(tracker.tracking_uri)}")
     query = "tags.`vacsr.kind` != ''" + (f" and tags.`vacsr.sweep` = '{sweep}'" if sweep else "")
     runs = tracker.client.search_runs([found.experiment_id], filter_string=query,
                                       order_by=["attributes.start_time DESC"], max_results=1)

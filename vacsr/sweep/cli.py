@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import mlflow  # noqa: F401  (imported here so that a job's interpreter without the driver's
 import optuna  # noqa: F401   dependencies fails at once, in the sweep script's import guard)
@@ -19,7 +19,9 @@ import yaml
 
 from vacsr import config as cfg
 from vacsr.errors import ConfigError, VacsrError
+from vacsr.redact import redact_uri
 from vacsr.sweep.kind import SweepKind
+from vacsr.sweep.ownership import DriverLock
 from vacsr.sweep.plan import SweepPlan, build_config
 from vacsr.sweep.space import clamp_blocks, dataset_space, parse_range, tower_depths
 from vacsr.sweep.storage import storage_filesystem, sweep_folder
@@ -195,9 +197,11 @@ def _pick(flag: Any, profile: dict, key: str) -> Any:
     return flag if flag is not None else profile.get(key, DEFAULTS[key])
 
 
-def plan_from_args(kind: SweepKind, args) -> SweepPlan:
+def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | None = None
+                   ) -> SweepPlan:
     """Parse and check everything (names, ranges, configs, MLflow, Optuna) into a SweepPlan;
-    only then write the embedded profile's synthetic data."""
+    only then call `on_folder(sweep folder)` (the driver takes its lock there) and write the
+    embedded profile's synthetic data."""
     datasets = _datasets(kind, args.datasets)
     embedded = args.data_root is None
     profile = load_profile(kind) if embedded else {}
@@ -232,6 +236,8 @@ def plan_from_args(kind: SweepKind, args) -> SweepPlan:
         ray_address=args.ray_address, eval_actors=args.eval_actors, verbose=args.verbose)
     if plan.optuna_url:  # an unreachable study database fails here, not in a trial
         check_optuna_storage(plan)
+    if on_folder is not None:
+        on_folder(storage)
     if embedded:
         _embedded_data(kind, profile, storage, model, args.pretrained, datasets)
     return plan
@@ -243,8 +249,9 @@ def main(kind: SweepKind, argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
     args = build_parser(kind).parse_args(argv)
     start = time.time()
-    try:
-        plan = plan_from_args(kind, args)
+    locks: list[DriverLock] = []
+    try:  # one driver per sweep folder, from before its data is written (sweep/ownership.py)
+        plan = plan_from_args(kind, args, on_folder=lambda folder: locks.append(DriverLock(folder)))
         from vacsr.sweep.driver import mlflow_ui_hint, run_sweep
 
         outcome = run_sweep(plan)
@@ -254,11 +261,15 @@ def main(kind: SweepKind, argv: list[str] | None = None) -> int:
             return exc.exit_code
         print(f"vacsr: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        for lock in locks:
+            lock.release()
     print(f"sweep {plan.name} done in {time.time() - start:.0f} s; results in {plan.storage}")
     from vacsr.tracking import MlflowTracker
 
     experiment_id = MlflowTracker(plan.tracking_uri).experiment_id(plan.kind.experiment)
-    print(f"open the MLflow UI: {mlflow_ui_hint(plan.tracking_uri, experiment_id, plan.name)}")
+    shown = redact_uri(plan.tracking_uri)  # the password stays out of the console
+    print(f"open the MLflow UI: {mlflow_ui_hint(shown, experiment_id, plan.name)}")
     if outcome.failed:
         print(f"vacsr: {len(outcome.failed)} dataset(s) failed: " + "; ".join(
             f"{d}: {why}" for d, why in outcome.failed.items()), file=sys.stderr)

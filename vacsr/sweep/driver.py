@@ -25,6 +25,7 @@ from vacsr.distributed.cluster import ensure_ray, quiet_logging
 from vacsr.errors import VacsrError
 from vacsr.sweep.events import EventSink, start_event_log
 from vacsr.sweep.final import final_runs
+from vacsr.sweep.ownership import claim_state
 from vacsr.sweep.plan import SweepPlan, plan_parallelism
 from vacsr.sweep.progress import SweepProgress
 from vacsr.sweep.report import table_spec, write_report
@@ -174,6 +175,9 @@ def _finish_dataset(plan: SweepPlan, state: SweepState, dataset: str, ref) -> st
         state.update(dataset, failed=why)
         run_id = state.dataset(dataset)["run_id"]
         close_running_children(plan.tracking_uri, plan.kind.experiment, run_id)
+        storage = open_optuna_storage(plan)  # nothing left RUNNING for the resume to trip on
+        fail_running_trials(storage, f"{plan.name}-{dataset}")
+        storage.engine.dispose()
         MlflowTracker(plan.tracking_uri).client.set_terminated(run_id, status="FAILED")
         return why
     state.update(dataset, done=True, result=result, failed=None)
@@ -198,9 +202,9 @@ def _close_after_interrupt(plan: SweepPlan, state: SweepState) -> None:
 def run_sweep(plan: SweepPlan) -> SweepOutcome:
     """The whole sweep; returns the table rows (also printed and logged to the parent run)."""
     plan.storage.mkdir(parents=True, exist_ok=True)
+    state = claim_state(plan)  # a used folder takes only --resume, with its own settings
     quiet_logging(plan.verbose)
     ensure_ray(address=plan.ray_address, log_to_driver=plan.verbose)
-    state = SweepState(plan.storage / "sweep_state.json", fresh=not plan.resume)
     check_optuna_storage(plan)  # the schema is created here once, not by racing dataset tasks
     parent = MlflowTracker(plan.tracking_uri)
     parent_id = parent.start(plan.kind.experiment, plan.name,

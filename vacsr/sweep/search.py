@@ -13,17 +13,16 @@ from typing import Any, Callable
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
+from vacsr.errors import ConfigError
 from vacsr.train.files import CHECKPOINT_FILE
-from vacsr.errors import ConfigError, VacsrError
 from vacsr.sweep.plan import SweepPlan
+from vacsr.sweep.repair import repair_experiment
 from vacsr.sweep.searcher import OptunaStudySearch
+from vacsr.sweep.selection import (ORDER_FILE, DatasetFailed, TrialOrder,  # noqa: F401
+                                   read_trial_order, select_best)
 from vacsr.sweep.space import DefineByRun, start_point
 from vacsr.sweep.trial import TrialMeta, run_trial, with_suggestions
 from vacsr.tracking import MlflowTracker, redact_uri
-
-
-class DatasetFailed(VacsrError):
-    """No trial of a dataset finished with its selection metric."""
 
 
 def sampler_seed(sweep_seed: int, dataset: str) -> int:
@@ -78,11 +77,12 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
            callbacks: list) -> tune.Tuner:
     """A new Tuner, or the restored one when --resume finds this dataset's experiment."""
     folder = plan.ray_path("tune", dataset)
+    storage_failed = plan.resume and repair_experiment(folder)  # what a full disk left
     if plan.resume and tune.Tuner.can_restore(folder):
-        # errored trials stay failed: their errors are deterministic (worker loss is retried by
-        # Ray Train inside the trial)
+        # errored trials stay failed, their errors are deterministic (worker loss is retried by
+        # Ray Train inside the trial), unless a full disk stopped them (sweep/repair.py)
         return tune.Tuner.restore(folder, trainable=trainable, resume_unfinished=True,
-                                  restart_errored=False)
+                                  resume_errored=storage_failed, restart_errored=False)
     base, space = plan.configs[dataset], plan.spaces[dataset]
     search = OptunaStudySearch(DefineByRun(space), metric=plan.kind.metric, mode=plan.kind.mode,
                                storage=storage, study_name=f"{plan.name}-{dataset}",
@@ -124,23 +124,6 @@ class TrialEvents(tune.Callback):
         self._send(trial, "FAILED")
 
 
-def select_best(trials: list[dict], metric: str, mode: str = "max") -> dict:
-    """The trial whose last reported `metric` (a val metric) is best; test metrics never count.
-    Ties go to the earlier trial; failed trials and trials without the metric are skipped."""
-    if not metric.startswith("val/"):
-        raise ValueError(f"selection must use a val metric, got {metric!r}")
-    scored = [t for t in trials if t.get("error") is None
-              and isinstance(t.get("metrics", {}).get(metric), (int, float))
-              and math.isfinite(t["metrics"][metric])]
-    if not scored:
-        errors = [t["error"] for t in trials if t.get("error")]
-        why = f": {errors[0]}" if errors else ""
-        raise DatasetFailed(f"none of {len(trials)} trial(s) reported {metric}"
-                            f" ({len(errors)} failed){why}")
-    sign = 1 if mode == "max" else -1
-    return max(scored, key=lambda t: (sign * t["metrics"][metric], -trials.index(t)))
-
-
 def _error_line(error: Any) -> str | None:
     if error is None:
         return None
@@ -153,12 +136,17 @@ def search_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concu
     """Run (or resume) the dataset's search; the best trial's config, val metric and checkpoint."""
     storage = open_optuna_storage(plan)
     study = f"{plan.name}-{dataset}"
+    order_file = plan.storage / "trials" / dataset / ORDER_FILE
     tuner = _tuner(plan, dataset, _trainable(plan, dataset, dataset_run_id), storage,
-                   max_concurrent, [TrialEvents(dataset, plan.kind.metric, report)])
+                   max_concurrent, [TrialEvents(dataset, plan.kind.metric, report),
+                                    TrialOrder(order_file)])
     results = tuner.fit()
     fail_running_trials(storage, study)  # a trial Tune restarted afresh leaves its old one behind
+    order = read_trial_order(order_file)
     trials = [{"config": r.config or {}, "metrics": dict(r.metrics or {}),
-               "error": _error_line(r.error)} for r in results]
+               "error": _error_line(r.error), "trial_id": (r.metrics or {}).get("trial_id"),
+               "order": order.get((r.metrics or {}).get("trial_id"), math.inf)}
+              for r in results]
     close_running_children(plan.tracking_uri, plan.kind.experiment, dataset_run_id)
     best = select_best(trials, plan.kind.metric, plan.kind.mode)
     config = with_suggestions(plan.configs[dataset], best["config"])

@@ -14,7 +14,7 @@ from vacsr.config import Config
 from vacsr.errors import ConfigError
 from vacsr.plots import plot_training_curves
 from vacsr.tracking.run import MlflowTracker
-from vacsr.tracking.uri import _absolute, check_tracking_uri, resolve_tracking_uri
+from vacsr.tracking.uri import _absolute, check_tracking_uri, redact_uri, resolve_tracking_uri
 from vacsr.train.files import CONFIG_FILE, METRICS_FILE
 
 RUN_STATE_FILE = "mlflow_run.json"  # in a training output_dir: the run a resumed training continues
@@ -79,7 +79,7 @@ class TrackingCallback:
                                tags={"vacsr.output_dir": str(output_dir), **(tags or {})})
         # record the run first: a process killed while the config is being logged must leave a
         # run that its restart continues, not an orphan beside a second one
-        _write_run_state(output_dir, {"run_id": run_id, "tracking_uri": uri,
+        _write_run_state(output_dir, {"run_id": run_id, "tracking_uri": redact_uri(uri),
                                       "experiment": experiment})
         tracker.log_config(config)
         callback = cls(uri, run_id, output_dir, metric=metric, mode=mode)
@@ -144,7 +144,8 @@ def _stored_run_id(output_dir: Path, tracking_uri: str) -> str | None:
         state = json.loads((output_dir / RUN_STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
-    return state.get("run_id") if state.get("tracking_uri") == tracking_uri else None
+    same_store = state.get("tracking_uri") == redact_uri(tracking_uri)  # stored redacted
+    return state.get("run_id") if same_store else None
 
 
 def _write_run_state(output_dir: Path, state: dict) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+import os
 import re
 import tempfile
 import time
@@ -19,14 +20,16 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
-from vacsr.config import Config, flatten, save_config
+from vacsr.config import Config, public_dict, save_config
 from vacsr.errors import ConfigError
+from vacsr.redact import split_credentials
 from vacsr.tracking.uri import _absolute, redact_uri, resolve_tracking_uri, sqlite_path
 
 log = logging.getLogger(__name__)
 
 ARTIFACTS_DIR = "mlartifacts"  # next to the SQLite file, like `mlflow server`'s default
 PARENT_TAG = "mlflow.parentRunId"
+MLFLOW_USER_ENV, MLFLOW_PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
 PARAMS_CHANGED_TAG = "vacsr.params_changed_on_resume"
 # The experiment kind MLflow 3.x's UI reads to choose between its GenAI views (traces) and its
 # model-training views (runs, charts). 3.17's UI follows its sidebar switch instead (a link can
@@ -70,6 +73,19 @@ def _chunks(items: list, size: int) -> list[list]:
     return [items[start:start + size] for start in range(0, len(items), size)]
 
 
+def client_uri(uri: str) -> str:
+    """The URI MLflow's client gets: without `user:password@`, which MLflow would print in its
+    "View run" lines; the credentials go to MLflow's own MLFLOW_TRACKING_USERNAME /
+    MLFLOW_TRACKING_PASSWORD variables of this process (Ray workers build their own tracker
+    from the config, so they set theirs)."""
+    bare, user, password = split_credentials(uri)
+    if user is not None:
+        os.environ[MLFLOW_USER_ENV] = user
+    if password is not None:
+        os.environ[MLFLOW_PASSWORD_ENV] = password
+    return bare
+
+
 # ---------------------------------------------------------------- one MLflow run
 class MlflowTracker:
     """One MLflow run, addressed by run id through its own MlflowClient.
@@ -80,7 +96,7 @@ class MlflowTracker:
 
     def __init__(self, tracking_uri: str | None = None, *, default_dir: str | Path = ".") -> None:
         self.tracking_uri = resolve_tracking_uri(tracking_uri, default_dir)
-        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        self.client = MlflowClient(tracking_uri=client_uri(self.tracking_uri))
         self.run_id: str | None = None
         self._read_store = False  # the run may hold data this tracker did not log itself
         self._steps: dict[str, set[int]] = {}  # metric -> steps known to be in the run
@@ -199,9 +215,12 @@ class MlflowTracker:
         return changed
 
     def log_config(self, config: Config) -> None:
-        """Params = flatten(config) (see log_params: a resumed run keeps its first values); also
-        the resolved config as artifact `config.yaml`."""
-        self.log_params(flatten(config))
+        """Params = the flattened config, a password in tracking.uri as `***` (see log_params:
+        a resumed run keeps its first values); also the resolved config as artifact
+        `config.yaml`."""
+        self.log_params({f"{section}.{key}": value
+                         for section, values in public_dict(config).items()
+                         for key, value in values.items()})
         with tempfile.TemporaryDirectory() as tmp:
             save_config(config, Path(tmp) / "config.yaml")
             self.client.log_artifact(self._require_run(), str(Path(tmp) / "config.yaml"))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vacsr.errors import ConfigError
+from vacsr.redact import redact_uri  # noqa: F401  (one redaction, also for error lines)
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 DB_NAME = "mlflow.db"
@@ -87,15 +88,6 @@ def resolve_tracking_uri(uri: str | None = None, default_dir: str | Path = ".") 
     if scheme == "file":
         return _absolute_file(chosen)
     return chosen
-
-
-def redact_uri(uri: str) -> str:
-    """The URI without a password, fit for an error message."""
-    parts = urllib.parse.urlsplit(uri)
-    if parts.password is None:
-        return uri
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def _unreachable(uri: str, reason: Any) -> ConfigError:

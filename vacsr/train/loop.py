@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from vacsr.atomic import atomic_write_json
-from vacsr.config import Config, save_config, to_dict
+from vacsr.config import Config, public_dict, save_config
 from vacsr.data.loader import make_loader
 from vacsr.data.sampler import GlobalBatchSampler, require_one_batch
 from vacsr.errors import CheckpointError, TrainingDiverged
@@ -98,7 +98,7 @@ class Trainer:
     def state(self, epoch: int) -> dict:
         return {"epoch": epoch, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "history": self.history,
-                "config": to_dict(self.config)}
+                "config": public_dict(self.config)}
 
     def load_state(self, state: dict, source: str | Path = "resumed checkpoint") -> None:
         """Continue from `state`; a checkpoint of another architecture or trainable set fails
@@ -216,9 +216,9 @@ class Trainer:
             tracker = self._start_tracking(hooks)
         try:
             self._epochs(hooks, (*callbacks, tracker) if tracker else callbacks)
-        except BaseException:
-            if tracker is not None:
-                tracker.fail()  # the MLflow run: FAILED, not left RUNNING
+        except BaseException as exc:  # the MLflow run is not left RUNNING; Ctrl-C or SIGTERM
+            if tracker is not None:  # (vacsr.stop.Stopped) close it as KILLED, not FAILED
+                tracker.fail("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
             raise
         final = self.history[-1] if self.history else {}
         result = TrainResult(history=self.history, final_metrics=final,

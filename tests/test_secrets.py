@@ -1,0 +1,135 @@
+"""A password in the tracking URI reaches MLflow (through its own environment variables) and
+nothing else: no console line, log record, param, artifact or file holds it."""
+from __future__ import annotations
+
+import base64
+import http.server
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+PASSWORD = "s3cr3t-pw"
+USER = "vacsr"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _auth_proxy(upstream: str) -> tuple[http.server.ThreadingHTTPServer, int]:
+    """Basic auth in front of `mlflow server` (this venv has no mlflow[auth]): a request without
+    USER:PASSWORD gets 401, so a run logs only if the credentials reach MLflow's requests."""
+    expected = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def _forward(self) -> None:
+            if self.headers.get("Authorization") != expected:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", "Basic")
+                self.end_headers()
+                return
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            headers = {k: v for k, v in self.headers.items()
+                       if k.lower() not in ("host", "authorization", "content-length")}
+            request = urllib.request.Request(upstream + self.path, data=body or None,
+                                             headers=headers, method=self.command)
+            try:
+                reply = urllib.request.urlopen(request, timeout=60)
+            except urllib.error.HTTPError as exc:
+                reply = exc
+            with reply:
+                payload = reply.read()
+                self.send_response(reply.status)
+                for key, value in reply.headers.items():
+                    if key.lower() not in ("transfer-encoding", "content-length", "connection"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    port = _free_port()
+    store = tmp_path / "server"
+    store.mkdir()
+    log = open(tmp_path / "mlflow-server.log", "w")
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+         f"sqlite:///{store / 'mlflow.db'}", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"], cwd=store, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True, env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
+    url, deadline = f"http://127.0.0.1:{port}", time.time() + 200
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5):
+                break
+        except OSError:
+            assert server.poll() is None and time.time() < deadline, \
+                (tmp_path / "mlflow-server.log").read_text()[-2000:]
+            time.sleep(1)
+    proxy, proxy_port = _auth_proxy(url)
+    try:
+        yield store, proxy_port
+    finally:
+        proxy.shutdown()
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
+
+
+def test_a_password_in_the_uri_reaches_mlflow_and_nothing_else(tmp_path, mlflow_server,
+                                                               monkeypatch, capsys, caplog):
+    from mlflow import MlflowClient
+
+    from vacsr.cli import main
+    from vacsr.model.backbone import create_clip
+
+    store, port = mlflow_server
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    weights = tmp_path / "random-tiny.pt"
+    torch.save(create_clip("vacsr-tiny")[0].state_dict(), weights)
+    uri = f"http://{USER}:{PASSWORD}@127.0.0.1:{port}"
+    caplog.set_level(logging.DEBUG)
+    code = main(["train", f"model.pretrained={weights}", "data.num_train=16", "data.num_test=10",
+                 "train.batch_size=16", "train.epochs=1", "adapter.hidden_dim=16",
+                 "data.augment=false", "train.progress=false", "train.device=cpu",
+                 "tracking.enabled=true", f"tracking.uri={uri}",
+                 f"train.output_dir={tmp_path / 'run'}"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "View run" in out  # MLflow's own line is there, without the password
+    shown = f"http://{USER}:***@127.0.0.1:{port}"
+    assert PASSWORD not in out + err + caplog.text
+    leaks = [p for p in tmp_path.rglob("*") if p.is_file() and PASSWORD.encode() in p.read_bytes()]
+    assert leaks == []  # run folder (config.yaml, last.ckpt, mlflow_run.json), server store
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", USER)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PASSWORD)
+    client = MlflowClient(f"http://127.0.0.1:{port}")
+    [run] = client.search_runs([client.get_experiment_by_name("vacsr-train").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["tracking.uri"] == shown
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "config.yaml" in artifacts and any(store.rglob("config.yaml"))

@@ -1,0 +1,68 @@
+"""A sweep folder belongs to one sweep: one driver at a time (an OS lock the kernel drops on
+SIGKILL), a used folder only with --resume, and --resume only with the settings it started with."""
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sweeps.base2novel import SWEEP as BASE2NOVEL
+from vacsr.errors import ConfigError
+from vacsr.sweep import cli
+from vacsr.sweep.ownership import LOCK_FILE, DriverLock, claim_state
+
+
+def _plan(tmp_path, *argv):
+    args = cli.build_parser(BASE2NOVEL).parse_args(
+        ["--datasets", "eurosat,dtd", "--data-root", str(tmp_path / "data"), "--trials", "2",
+         "--storage", str(tmp_path), *argv])
+    return cli.plan_from_args(BASE2NOVEL, args)
+
+
+def test_a_second_driver_is_refused_until_the_first_dies(tmp_path):
+    folder = tmp_path / "sweep"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from vacsr.sweep.ownership import DriverLock; DriverLock(Path(sys.argv[1])); "
+         "print('locked', flush=True); time.sleep(120)", str(folder)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ConfigError, match=rf"another sweep driver is running in this folder "
+                                              rf"\(pid {holder.pid} on {socket.gethostname()}\)"):
+            DriverLock(folder)
+        holder.send_signal(signal.SIGKILL)  # no clean-up runs: the kernel drops the lock
+        holder.wait(timeout=30)
+    finally:
+        holder.kill()
+    time.sleep(0.1)
+    lock = DriverLock(folder)
+    assert (folder / LOCK_FILE).read_text().split()[0] != str(holder.pid)
+    lock.release()
+    DriverLock(folder).release()  # released: the next driver takes it
+
+
+def test_a_used_folder_takes_only_resume_with_its_own_settings(tmp_path):
+    plan = _plan(tmp_path)
+    state = claim_state(plan)
+    state.update(parent_run_id="abc")
+    with pytest.raises(ConfigError, match=r"holds the sweep 'base2novel' already .*--resume"):
+        claim_state(_plan(tmp_path))
+    assert claim_state(_plan(tmp_path, "--resume")).data["parent_run_id"] == "abc"
+    with pytest.raises(ConfigError, match=r"--resume: .* \(--trials 2 -> 3\)"):
+        claim_state(_plan(tmp_path, "--resume", "--trials", "3"))
+    with pytest.raises(ConfigError, match=r"--datasets eurosat,dtd -> eurosat"):
+        claim_state(_plan(tmp_path, "--resume", "--datasets", "eurosat"))
+    with pytest.raises(ConfigError, match=r"dtd config loss.gamma; eurosat config loss.gamma|"
+                                          r"eurosat config loss.gamma; dtd config loss.gamma"):
+        claim_state(_plan(tmp_path, "--resume", "--set", "loss.gamma=2"))
+    with pytest.raises(ConfigError, match=r"search range loss.beta"):
+        claim_state(_plan(tmp_path, "--resume", "--range", "loss.beta=log:0.5:2"))
+    # resources do not change results: a resume may place the runs differently
+    claim_state(_plan(tmp_path, "--resume", "--cpus-per-worker", "2"))
+    # a new sweep under another name has a folder of its own
+    assert claim_state(_plan(tmp_path, "--name", "second")).data.get("parent_run_id") is None

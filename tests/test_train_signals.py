@@ -1,0 +1,94 @@
+"""`vacsr train` stopped by SIGTERM or Ctrl-C: its MLflow run KILLED, one line, exit 143 / 130."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory) -> Path:
+    from vacsr.model.backbone import create_clip
+
+    path = tmp_path_factory.mktemp("weights") / "random-tiny.pt"
+    torch.save(create_clip("vacsr-tiny")[0].state_dict(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def template_db(tmp_path_factory) -> Path:
+    """A migrated MLflow database: creating one costs seconds, copying it nothing."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+def _argv(tmp_path, weights, template_db) -> tuple[list[str], str, Path]:
+    shutil.copy(template_db, tmp_path / "mlflow.db")
+    uri, run = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
+    return (["train", f"model.pretrained={weights}", "data.num_train=64", "data.num_test=10",
+             "train.batch_size=16", "train.epochs=500", "adapter.hidden_dim=16",
+             "data.augment=false", "train.progress=false", "train.device=cpu",
+             "tracking.enabled=true", f"tracking.uri={uri}", f"train.output_dir={run}"], uri, run)
+
+
+def _wait_for_training(run: Path, alive=lambda: True) -> None:
+    deadline = time.time() + 240
+    while not (run / "last.ckpt").is_file():  # the run is open and its first epoch saved
+        assert alive() and time.time() < deadline
+        time.sleep(0.2)
+
+
+def _status(uri: str, run: Path) -> str:
+    from mlflow import MlflowClient
+
+    run_id = json.loads((run / "mlflow_run.json").read_text())["run_id"]
+    return MlflowClient(uri).get_run(run_id).info.status
+
+
+def test_sigterm_closes_the_run_as_killed_and_exits_143(tmp_path, weights, template_db):
+    argv, uri, run = _argv(tmp_path, weights, template_db)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    driver = subprocess.Popen([sys.executable, "-m", "vacsr.cli", *argv], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_training(run, alive=lambda: driver.poll() is None)
+        driver.send_signal(signal.SIGTERM)
+        _, err = driver.communicate(timeout=120)
+    finally:
+        driver.kill()
+    assert driver.returncode == 143, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        "vacsr: stopped by SIGTERM; an MLflow run it had open is closed as KILLED"), err
+    assert _status(uri, run) == "KILLED"
+
+
+def test_ctrl_c_closes_the_run_as_killed_and_exits_130(tmp_path, weights, template_db, capsys):
+    from vacsr.cli import main
+
+    argv, uri, run = _argv(tmp_path, weights, template_db)
+    interrupt = threading.Thread(target=lambda: (_wait_for_training(run),
+                                                 os.kill(os.getpid(), signal.SIGINT)))
+    interrupt.start()
+    code = main(argv)
+    interrupt.join()
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("vacsr: stopped by SIGINT; an MLflow run")
+    assert _status(uri, run) == "KILLED"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored

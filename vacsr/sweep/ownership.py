@@ -1,0 +1,122 @@
+"""A sweep folder belongs to one sweep.
+
+- While a driver runs it holds an OS lock on `<sweep folder>/driver.lock` (flock: the kernel drops
+  it when the driver dies, SIGKILL included); a second driver on the folder stops with one line
+  naming the holder's pid and host.
+- A folder that already holds a sweep (its sweep_state.json, or Optuna studies of its name) takes
+  only `--resume`: a new sweep there would reuse the earlier one's MLflow runs and mix both in one
+  Optuna study. Start a new sweep under another `--name` (a folder and studies of its own) or
+  another `--storage`.
+- `--resume` continues the sweep as it was started: the settings that decide its results
+  (datasets, trials, seeds, sampler seed, every dataset's config and search space) are recorded
+  in sweep_state.json at the start, and a resume with other values stops with one line naming them.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from vacsr.config import flatten
+from vacsr.errors import ConfigError
+from vacsr.sweep.plan import SweepPlan
+from vacsr.sweep.state import SweepState
+
+LOCK_FILE = "driver.lock"
+# config keys that place or pace a run but do not change its results
+RESOURCE_KEYS = ("train.cpus_per_worker", "train.progress", "data.num_workers")
+
+
+class DriverLock:
+    """flock on `<folder>/driver.lock`, held until release() or the process ends."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / LOCK_FILE
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 200, 0).decode(errors="replace").split() or ["?", "?"]
+            os.close(self._fd)
+            pid, host = (holder + ["?"])[:2]
+            raise ConfigError(f"{folder}: another sweep driver is running in this folder (pid "
+                              f"{pid} on {host}); wait for it to end, or use another --name or "
+                              "--storage") from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the lock
+            self._fd = None
+
+
+def sweep_settings(plan: SweepPlan) -> dict[str, Any]:
+    """What decides the sweep's results, as JSON-ready values."""
+    def config(dataset: str) -> dict[str, str]:
+        return {k: repr(v) for k, v in flatten(plan.configs[dataset]).items()
+                if k not in RESOURCE_KEYS}
+
+    return {"datasets": plan.datasets, "trials": plan.trials, "seeds": list(plan.seeds),
+            "seed": plan.sampler_seed,
+            "configs": {d: config(d) for d in plan.datasets},
+            "spaces": {d: {k: repr(v) for k, v in plan.spaces[d].items()} for d in plan.datasets}}
+
+
+def _differences(recorded: dict, current: dict) -> list[str]:
+    """`--flag old -> new` for the plain settings, `dataset: key` for configs and spaces."""
+    diffs = [f"--{key} {_show(recorded[key])} -> {_show(current[key])}"
+             for key in ("datasets", "trials", "seeds", "seed")
+             if key in recorded and recorded[key] != current[key]]
+    for part, label in (("configs", "config"), ("spaces", "search range")):
+        for dataset, values in current[part].items():
+            old = recorded.get(part, {}).get(dataset)
+            if old is None or old == values:
+                continue
+            keys = sorted(k for k in set(old) | set(values) if old.get(k) != values.get(k))
+            diffs.append(f"{dataset} {label} {', '.join(keys[:4])}"
+                         + (f" (+{len(keys) - 4} more)" if len(keys) > 4 else ""))
+    return diffs
+
+
+def _show(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def _studies_of(plan: SweepPlan) -> list[str]:
+    from vacsr.sweep.search import open_optuna_storage
+
+    storage = open_optuna_storage(plan)
+    try:
+        names = {s.study_name for s in storage.get_all_studies()}
+    finally:
+        storage.engine.dispose()
+    return sorted(n for n in names if n in {f"{plan.name}-{d}" for d in plan.kind.datasets})
+
+
+def claim_state(plan: SweepPlan) -> SweepState:
+    """The sweep's state: a fresh one for a new sweep in an unused folder, the recorded one for
+    `--resume` with the same settings; ConfigError (one line) otherwise."""
+    path = plan.storage / "sweep_state.json"
+    settings = sweep_settings(plan)
+    if not plan.resume:
+        used = path.is_file() or _studies_of(plan)
+        if used:
+            what = f"{path}" if path.is_file() else f"Optuna studies {', '.join(used)}"
+            raise ConfigError(f"{plan.storage}: holds the sweep {plan.name!r} already ({what}); "
+                              "continue it with --resume, or start a new one with another "
+                              "--name or --storage")
+        state = SweepState(path, fresh=True)
+    else:
+        state = SweepState(path, fresh=False)
+        recorded = state.data.get("settings")
+        diffs = _differences(recorded, settings) if recorded else []
+        if diffs:
+            raise ConfigError(f"--resume: sweep {plan.name!r} was started with other settings "
+                              f"({'; '.join(diffs)}); resume it with the settings it started "
+                              "with, or start a new sweep with another --name")
+    state.update(settings=settings)
+    return state

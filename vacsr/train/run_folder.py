@@ -1,0 +1,86 @@
+"""A run folder remembers what it was trained with.
+
+`vacsr train` continues a run from `train.output_dir` (train.resume): with other settings the
+checkpoint, its metrics and the config written beside them would disagree, and the old metrics
+would be printed as the new run's. So the stored config (the checkpoint's, else config.yaml) is
+compared with the new one first: a key that changes training stops the run with one line naming
+it; evaluation-only keys are allowed and said; where and how the run is placed (folders, Ray,
+workers, tracking) may change freely.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vacsr.config import Config, flatten
+from vacsr.errors import ConfigError
+
+CHECKPOINT_NAME = "last.ckpt"
+CONFIG_NAME = "config.yaml"
+# keys that change only what is evaluated and shown, not what is trained
+EVALUATION_KEYS = ("train.eval_every", "train.eval_test", "train.progress", "data.num_workers")
+# keys that place the run (its folders, runtime, worker count, recovery, MLflow run)
+PLACEMENT_KEYS = ("train.output_dir", "train.resume", "train.ray", "train.workers",
+                  "train.cpus_per_worker", "train.max_failures", "train.storage_path",
+                  "tracking.enabled", "tracking.uri", "tracking.experiment",
+                  "tracking.run_name", "tracking.parent_run_id")
+FRESH_START = "use another train.output_dir, or train.resume=false to start afresh"
+
+
+def _flat(nested: Any) -> dict[str, Any] | None:
+    if not isinstance(nested, dict):
+        return None
+    return {f"{s}.{k}": v for s, values in nested.items() if isinstance(values, dict)
+            for k, v in values.items()}
+
+
+def stored_config(folder: Path) -> tuple[Path, dict[str, Any]] | None:
+    """(the file, the flattened config) the run in `folder` was trained with: the checkpoint's
+    own config, else config.yaml beside it; None for a folder without a checkpoint."""
+    checkpoint = folder / CHECKPOINT_NAME
+    if not checkpoint.is_file():
+        return None
+    from vacsr.train.checkpoint import load_checkpoint
+
+    stored = _flat(load_checkpoint(checkpoint).get("config"))
+    if stored is not None:
+        return checkpoint, stored
+    path = folder / CONFIG_NAME
+    try:  # a checkpoint that does not store its config
+        stored = _flat(yaml.safe_load(path.read_text()))
+    except (OSError, yaml.YAMLError):
+        return None
+    return (path, stored) if stored is not None else None
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
+
+
+def check_run_folder(config: Config) -> None:
+    """ConfigError naming the training keys on which `config` differs from the run already in
+    its output folder; a note on stderr for evaluation-only keys. Nothing to check for a new
+    folder or train.resume=false."""
+    if not config.train.resume:
+        return
+    found = stored_config(Path(config.train.output_dir).expanduser().resolve())
+    if found is None:
+        return
+    source, stored = found
+    current = flatten(config)
+    differing = [k for k in current if k in stored and stored[k] != current[k]
+                 and k not in PLACEMENT_KEYS]
+    changes = {k: f"{k}={_show(stored[k])} (this config has {_show(current[k])})"
+               for k in differing}
+    trained = [changes[k] for k in differing if k not in EVALUATION_KEYS]
+    if trained:
+        raise ConfigError(f"{source}: trained with other settings: {', '.join(trained)}; "
+                          f"{FRESH_START}")
+    if differing:
+        print(f"vacsr: note: {source}: continuing the run with other evaluation-only settings: "
+              f"{', '.join(changes.values())}", file=sys.stderr)
