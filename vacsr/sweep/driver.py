@@ -26,6 +26,7 @@ from vacsr.distributed.placement import start_cleaner
 from vacsr.errors import VacsrError
 from vacsr.sweep.events import EventSink, start_event_log
 from vacsr.sweep.final import final_runs
+from vacsr.sweep.importance import record_sensitivity
 from vacsr.sweep.plan import SweepPlan, plan_parallelism
 from vacsr.sweep.progress import SweepProgress
 from vacsr.sweep.report import table_spec, write_report
@@ -78,7 +79,9 @@ def run_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurre
     run.resume(dataset_run_id)
     run.log_artifact(write_best_config(best["config"], plan.storage / "best" / dataset))
     values = flatten(best["config"])
-    run.log_params({key: values[key] for key in plan.spaces[dataset]})
+    selected = {key: values[key] for key in plan.spaces[dataset]}
+    run.log_params(selected)
+    importance = record_sensitivity(plan, dataset, run, selected)  # appendix E, per dataset
     finals = final_runs(plan, dataset, best, dataset_run_id, report)
     per_seed = finals["per_seed"]
     keys = [k for k in per_seed[0] if k != "seed"]
@@ -89,7 +92,8 @@ def run_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurre
                   **{f"test_{k}": mean(r[k] for r in per_seed) for k in keys}})
     run.log_json("final_runs.json", finals)
     run.finish()
-    return {"val": best["val"], "per_seed": per_seed, "num_trials": best["num_trials"]}
+    return {"val": best["val"], "per_seed": per_seed, "num_trials": best["num_trials"],
+            "importance": importance}
 
 
 class StopRequest:
