@@ -34,6 +34,7 @@ from vacsr.sweep.search import (close_running_children, fail_running_trials, ope
                                 search_dataset)
 from vacsr.sweep.state import SweepState
 from vacsr.tracking import MlflowTracker, check_tracking_uri, resolve_tracking_uri
+from vacsr.tracking.inputs import log_dataset_inputs
 
 
 class SweepInterrupted(VacsrError):
@@ -82,6 +83,7 @@ def run_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurre
     selected = {key: values[key] for key in plan.spaces[dataset]}
     run.log_params(selected)
     importance = record_sensitivity(plan, dataset, run, selected)  # appendix E, per dataset
+    log_dataset_inputs(run, best["config"])  # the runs table's Dataset column
     finals = final_runs(plan, dataset, best, dataset_run_id, report)
     per_seed = finals["per_seed"]
     keys = [k for k in per_seed[0] if k != "seed"]
