@@ -33,6 +33,7 @@ from vacsr.sweep.report import table_spec, write_report
 from vacsr.sweep.search import (close_running_children, fail_running_trials, open_optuna_storage,
                                 search_dataset)
 from vacsr.sweep.state import SweepState
+from vacsr.sweep.view import publish_table, view_query
 from vacsr.tracking import MlflowTracker, check_tracking_uri, resolve_tracking_uri
 from vacsr.tracking.inputs import log_dataset_inputs
 
@@ -240,23 +241,29 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     rows, paths, text = write_report(plan.kind, results, failed, plan.storage / "report")
     for path in paths:
         parent.log_artifact(path)
+    publish_table(parent, plan, rows, {d: state.dataset(d).get("run_id") for d in plan.datasets})
     parent.finish("FAILED" if failed else "FINISHED")
     print("\n" + text, flush=True)
     return SweepOutcome(rows=rows, failed=failed)
 
 
 def mlflow_ui_hint(uri: str, experiment_id: str | None = None, sweep: str | None = None) -> str:
-    """The command that serves the store, and the link to open. MLflow 3.17's UI opens every
-    experiment on its GenAI overview (traces) whatever the experiment's kind tag says, so the link
-    asks for the runs table (`workflowType`). Sorted by start time the table folds the dataset runs
-    under the sweep's run; filtered on the sweep and sorted by name it lists them flat."""
+    """The command that serves the store, and the link to open: the sweep's saved view (its runs
+    with the table's metrics as columns, vacsr/sweep/view.py) when the sweep saved one, else its
+    runs filtered and sorted by name. MLflow 3.17's UI opens every experiment on its GenAI
+    overview (traces) whatever the experiment's kind tag says, so the link asks for the runs table
+    (`workflowType`); sorted by start time the table would fold the dataset runs under the
+    sweep's run."""
     from urllib.parse import quote, urlencode
 
     hint = f"mlflow ui --backend-store-uri {uri}   # then open http://127.0.0.1:5000"
     if experiment_id is None:
         return hint
     query = {"workflowType": "machine_learning"}
-    if sweep and "'" not in sweep:  # a quote would end the filter's string early
+    view = view_query(MlflowTracker(uri).client, experiment_id, sweep) if sweep else None
+    if view:
+        query.update(view)  # alone: a search facet in the URL would override the view
+    elif sweep and "'" not in sweep:  # a quote would end the filter's string early
         query.update(searchFilter=f"tags.`vacsr.sweep` = '{sweep}'",
                      orderByKey="tags.`mlflow.runName`", orderByAsc="true")
     # the /runs route: `#/experiments/<id>` redirects there and drops the filter on the way
