@@ -7,8 +7,8 @@ runs page, listed under "Views"), which the UI keeps as an experiment tag
 `mlflow.sharedViewState.<id>` and opens from `#/experiments/<id>/runs?viewStateShareKey=<id>`.
 The sweep saves such a view at its end, in the form the UI writes (a JSON envelope with name,
 times and the state as a JSON string): filtered on the sweep, every run shown, columns Dataset,
-the table's metrics (`table/<column>`) and the selection metric. The link carries only the view
-key: the UI ignores a saved view when the URL also sets a search facet.
+the table's metrics (`table/<column>`) and the selection metric, those first. The link carries
+only the view key: the UI ignores a saved view when the URL also sets a search facet.
 """
 from __future__ import annotations
 
@@ -48,12 +48,17 @@ def table_titles(kind, rows: list[dict]) -> list[str]:
 
 
 def view_state(sweep: str, columns: list[str]) -> dict:
-    """The saved view's state: the UI merges it over its defaults, so only what differs."""
+    """The saved view's state: the UI merges it over its defaults, so only what differs. Column
+    ids are the UI's (`metrics.`<key>``); the order puts the metrics right of the run names, where
+    they show without scrolling, and the Dataset column after them."""
+    metrics = [f"metrics.`{c}`" for c in columns]
+    dataset = "attributes.`Dataset`"
     return {"searchFilter": f"tags.`vacsr.sweep` = '{sweep}'",
             "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
-            "selectedColumns": ["attributes.`Dataset`"] + [f"metrics.`{c}`" for c in columns],
+            "selectedColumns": [dataset, *metrics],
+            "columnOrder": ["attributes.`Run Name`", *metrics, dataset],
             # the chart view: every dataset's bars (its default shows the first 10 runs), and
-            # the table's metrics first
+            # the table's metrics only
             "runsHiddenMode": "SHOW_ALL", "chartsSearchFilter": TABLE_PREFIX}
 
 
