@@ -81,9 +81,11 @@ def _plan(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_dataset_run_holds_the_table_and_figure_and_best_prints_them(tmp_path, capsys):
+    """Also `vacsr best`: values rounded for reading, the exported YAML at full precision."""
     from PIL import Image
 
     from vacsr.cli import main
+    from vacsr.config import Config, load_config, save_config
     from vacsr.sweep.importance import record_sensitivity
     from vacsr.tracking import MlflowTracker
 
@@ -103,6 +105,13 @@ def test_the_dataset_run_holds_the_table_and_figure_and_best_prints_them(tmp_pat
     run_id = run.start(plan.kind.experiment, "eurosat", parent_run_id=parent_id,
                        tags={"vacsr.dataset": "eurosat", "vacsr.sweep": plan.name})
     summary = record_sensitivity(plan, "eurosat", run, study.best_trial.params)
+    best = Config()
+    best.loss.alpha_kl = 0.0007891721226571268
+    run.log_params({"loss.alpha_kl": best.loss.alpha_kl, "adapter.num_components": 3,
+                    "loss.neg_sigma_target": "positive"})
+    run.log_best({"val/acc": 71.23456})
+    save_config(best, tmp_path / "best_config.yaml")
+    run.log_artifact(tmp_path / "best_config.yaml")
     run.finish()
     parent.finish()
 
@@ -124,3 +133,10 @@ def test_the_dataset_run_holds_the_table_and_figure_and_best_prints_them(tmp_pat
     for key in space:
         assert f"| {key} | " in out, out
     assert f"| *finished trials* | {MIN_FINISHED_TRIALS} |" in out
+
+    assert main(["best", "--tracking-uri", plan.tracking_uri, "--export", str(tmp_path / "x")]) == 0
+    out = capsys.readouterr().out
+    assert "config:  adapter.num_components=3, loss.alpha_kl=0.0007892, " \
+           "loss.neg_sigma_target=positive" in out, out
+    assert "metrics: val/acc=71.23" in out, out
+    assert load_config(tmp_path / "x" / "eurosat.yaml").loss.alpha_kl == 0.0007891721226571268
