@@ -15,7 +15,7 @@ say so; the slices (raw observations) are drawn whatever the count.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,6 @@ class Sensitivity:
     message: str | None = None  # why importance is absent
     method: str = METHOD
     min_trials: int = MIN_FINISHED_TRIALS
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def top(self, n: int = 2) -> list[tuple[str, float]]:
         if not self.importance:
