@@ -43,8 +43,13 @@ def _free_port() -> int:
 
 def _sweep_records(tmp_path: Path, monkeypatch) -> tuple[object, str, dict[str, str]]:
     """A finished two-dataset sweep in SQLite: (plan, parent run id, dataset -> run id)."""
+    import optuna
+
     from sweeps.base2novel import SWEEP
     from vacsr.config import set_value
+    from vacsr.data.generate import generate_all
+    from vacsr.sweep.report import write_report
+    from vacsr.sweep.space import start_point, suggest
     from vacsr.sweep import driver
     from vacsr.sweep.cli import build_parser, plan_from_args
     from vacsr.sweep.state import SweepState
@@ -55,12 +60,20 @@ def _sweep_records(tmp_path: Path, monkeypatch) -> tuple[object, str, dict[str, 
         "--storage", str(tmp_path / "sweeps"), "--pretrained", str(tmp_path / "none.pt"),
         "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
     plan = plan_from_args(SWEEP, args)
+    plan.storage.mkdir(parents=True)
+    generate_all(tmp_path / "data", datasets=list(DATASETS))  # read for the dataset inputs
 
     def search(plan, dataset, dataset_run_id, max_concurrent, report):
-        """One trial run under the dataset's run, as run_trial makes it; its config is the best."""
+        """One trial run under the dataset's run, as run_trial makes it, and in the dataset's
+        Optuna study; its config is the best."""
         config = copy.deepcopy(plan.configs[dataset])
         for key, value in DATASETS[dataset].items():
             set_value(config, key, value)
+        space = plan.spaces[dataset]
+        study = optuna.create_study(storage=plan.optuna_storage_url, direction="maximize",
+                                    study_name=f"{plan.name}-{dataset}")
+        study.enqueue_trial(start_point(space, config))
+        study.optimize(lambda trial: suggest(trial, space) and 0.5, n_trials=1)
         config.train.output_dir = str(tmp_path / "trials" / dataset / "trial_00000")
         trial = TrackingCallback.start(config, experiment=plan.kind.experiment,
                                        run_name=f"{dataset}-trial_00000",
@@ -71,7 +84,9 @@ def _sweep_records(tmp_path: Path, monkeypatch) -> tuple[object, str, dict[str, 
         return {"config": config, "val": 0.5, "num_trials": 1, "failed_trials": 0}
 
     def finals(plan, dataset, best, dataset_run_id, report):
-        return {"per_seed": [{"seed": s, "acc": 0.6 + s / 100, "novel_acc": 0.4} for s in (1, 2)],
+        shift = list(DATASETS).index(dataset) / 10  # each dataset's values its own
+        return {"per_seed": [{"seed": s, "acc": 0.6 + s / 100 + shift, "novel_acc": 0.4}
+                             for s in (1, 2)],
                 "reused_trial": None}
 
     monkeypatch.setattr(driver, "search_dataset", search)
@@ -82,10 +97,12 @@ def _sweep_records(tmp_path: Path, monkeypatch) -> tuple[object, str, dict[str, 
     parent = MlflowTracker(plan.tracking_uri)
     parent_id = parent.start(plan.kind.experiment, plan.name,
                              tags={"vacsr.sweep": plan.name, "vacsr.kind": plan.kind.name})
-    runs = {}
+    runs, results = {}, {}
     for dataset in DATASETS:
         runs[dataset] = driver._dataset_run(plan, state, dataset, parent_id)
-        driver.run_dataset(plan, dataset, runs[dataset], 1, queue.Queue())
+        results[dataset] = driver.run_dataset(plan, dataset, runs[dataset], 1, queue.Queue())
+    rows, _, _ = write_report(plan.kind, results, {}, plan.storage / "report")
+    driver.publish_table(parent, plan, rows, runs)  # as run_sweep ends
     parent.finish()
     return plan, parent_id, runs
 
@@ -134,7 +151,8 @@ def _render(url: str, profile: Path) -> str:
     localStorage, as for someone opening the UI for the first time."""
     out = subprocess.run(
         [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--dump-dom", url],
+         f"--user-data-dir={profile}", "--virtual-time-budget=20000",
+         "--window-size=1600,1000", "--dump-dom", url],  # the grid renders only visible columns
         capture_output=True, text=True, timeout=180)
     assert out.returncode == 0 and out.stdout, f"chromium failed on {url}: {out.stderr[-2000:]}"
     return out.stdout
@@ -144,6 +162,11 @@ def _text(dom: str) -> str:
     """The page's visible text on one line."""
     dom = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", dom)).split())
+
+
+def _row(dom: str, run_id: str) -> str:
+    """The runs grid's cells of one run (its row-id is the run id), every container's part."""
+    return " ".join(re.findall(rf'row-id="{run_id}".*?(?=role="row"|$)', dom, flags=re.S))
 
 
 def _title(dom: str) -> str:
@@ -172,6 +195,18 @@ def test_ui_opens_on_runs_and_shows_selected_params(tmp_path, monkeypatch, mlflo
                         rf'(?:<[^>]+>)*{re.escape(name)}<', dom)
         assert row, f"run {name} ({run_id}) not listed in the runs table: {text[:1500]}"
     assert "trial_00000" not in text  # trials stay out of the sweep's list
+    assert "base2novel: results" in text  # the sweep's saved view is the one open
+    # the final table's metrics are columns, without clicking: H of each dataset in its row
+    client = MlflowTracker(plan.tracking_uri).client
+    for name, run_id in runs.items():
+        metrics = client.get_run(run_id).data.metrics
+        row = _row(dom, run_id)
+        for key in ("table/base", "table/novel", "table/H", "best_val/acc"):
+            cell = re.search(rf'col-id="metrics\.`{re.escape(key)}`" aria-describedby="cell-[^"]*"'
+                             rf'[^>]*>(?:<[^>]+>|\s)*{re.escape(repr(metrics[key]))}', row)
+            assert cell, f"{key} = {metrics[key]} of {name} not shown: {_text(row)}"
+        digest = client.get_run(run_id).inputs.dataset_inputs[0].dataset.digest
+        assert f"{name} ({digest})" in text  # the Dataset column: the run's dataset input
 
     # (b) a dataset run's page, through the link in that table
     dom = _render(f"{base}/#/experiments/{experiment_id}/runs/{runs['eurosat']}",

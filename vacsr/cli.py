@@ -142,8 +142,11 @@ def cmd_generate_data(args) -> int:
 
 
 def cmd_best(args) -> int:
-    from vacsr.sweep.best import best_configs, format_rows, sweep_table
+    from vacsr.sweep.best import best_configs, format_rows, sweep_importance, sweep_table
 
+    if args.importance:
+        print(sweep_importance(args.tracking_uri, args.experiment, args.sweep), end="")
+        return 0
     if args.table:
         print(sweep_table(args.tracking_uri, args.experiment, args.sweep), end="")
         return 0
@@ -212,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="folder to write <dataset>.yaml best configs into")
     best.add_argument("--table", action="store_true",
                       help="print the sweep's table (mean ± std over seeds) from MLflow alone")
+    best.add_argument("--importance", action="store_true",
+                      help="print each dataset's importance of the searched keys (MLflow alone)")
     best.set_defaults(func=cmd_best)
 
     demo = sub.add_parser("demo", help="end-to-end run on synthetic data with the tiny model")

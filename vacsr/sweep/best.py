@@ -10,7 +10,8 @@ from pathlib import Path
 import yaml
 
 from vacsr.errors import ConfigError
-from vacsr.sweep.report import table_rows, to_markdown
+from vacsr.sweep.importance import FOLDER, Sensitivity, importance_table
+from vacsr.sweep.report import readable, table_rows, to_markdown
 from vacsr.tracking import MlflowTracker, check_tracking_uri, redact_uri, resolve_tracking_uri
 
 
@@ -75,10 +76,11 @@ def best_configs(tracking_uri: str | None, experiment: str, sweep: str | None,
 
 
 def format_rows(rows: list[dict]) -> str:
+    """Values rounded for reading (4 significant digits); the exported YAML keeps them whole."""
     lines = []
     for row in rows:
-        metrics = ", ".join(f"{k}={v:.3g}" for k, v in sorted(row["metrics"].items()))
-        chosen = ", ".join(f"{k}={v}" for k, v in sorted(row["params"].items()))
+        metrics = ", ".join(f"{k}={readable(v)}" for k, v in sorted(row["metrics"].items()))
+        chosen = ", ".join(f"{k}={readable(v)}" for k, v in sorted(row["params"].items()))
         lines.append(f"{row['dataset']}  [{row['status']}]\n  metrics: {metrics}\n"
                      f"  config:  {chosen}")
     return "\n".join(lines)
@@ -102,3 +104,16 @@ def sweep_table(tracking_uri: str | None, experiment: str, sweep: str | None) ->
         results[dataset] = {"per_seed": finals["per_seed"],
                             "val": run.data.metrics.get(f"best_{info['metric']}", float("nan"))}
     return to_markdown(info["table"], table_rows(info["table"], results, failed))
+
+
+def sweep_importance(tracking_uri: str | None, experiment: str, sweep: str | None) -> str:
+    """The per-dataset importance table (searched keys x datasets), from the importance.json each
+    dataset run holds in MLflow."""
+    tracker = _tracker(tracking_uri)
+    parent = find_sweep_run(tracker, experiment, sweep)
+    analyses = []
+    for run in dataset_runs(tracker, parent):
+        payload = _artifact_json(tracker, run.info.run_id, f"{FOLDER}/importance.json")
+        if payload is not None:
+            analyses.append(Sensitivity.from_json(payload))
+    return importance_table(analyses)

@@ -25,6 +25,7 @@ from vacsr.distributed.cluster import ensure_ray, quiet_logging
 from vacsr.errors import VacsrError
 from vacsr.sweep.events import EventSink, start_event_log
 from vacsr.sweep.final import final_runs
+from vacsr.sweep.importance import record_sensitivity
 from vacsr.sweep.ownership import claim_state
 from vacsr.sweep.plan import SweepPlan, plan_parallelism
 from vacsr.sweep.progress import SweepProgress
@@ -32,7 +33,9 @@ from vacsr.sweep.report import table_spec, write_report
 from vacsr.sweep.search import (close_running_children, fail_running_trials, open_optuna_storage,
                                 search_dataset)
 from vacsr.sweep.state import SweepState
+from vacsr.sweep.view import publish_table, view_query
 from vacsr.tracking import MlflowTracker, check_tracking_uri, resolve_tracking_uri
+from vacsr.tracking.inputs import log_dataset_inputs
 
 
 class SweepInterrupted(VacsrError):
@@ -78,7 +81,10 @@ def run_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurre
     run.resume(dataset_run_id)
     run.log_artifact(write_best_config(best["config"], plan.storage / "best" / dataset))
     values = flatten(best["config"])
-    run.log_params({key: values[key] for key in plan.spaces[dataset]})
+    selected = {key: values[key] for key in plan.spaces[dataset]}
+    run.log_params(selected)
+    importance = record_sensitivity(plan, dataset, run, selected)  # appendix E, per dataset
+    log_dataset_inputs(run, best["config"])  # the runs table's Dataset column
     finals = final_runs(plan, dataset, best, dataset_run_id, report)
     per_seed = finals["per_seed"]
     keys = [k for k in per_seed[0] if k != "seed"]
@@ -89,7 +95,8 @@ def run_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurre
                   **{f"test_{k}": mean(r[k] for r in per_seed) for k in keys}})
     run.log_json("final_runs.json", finals)
     run.finish()
-    return {"val": best["val"], "per_seed": per_seed, "num_trials": best["num_trials"]}
+    return {"val": best["val"], "per_seed": per_seed, "num_trials": best["num_trials"],
+            "importance": importance}
 
 
 class StopRequest:
@@ -236,23 +243,29 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     rows, paths, text = write_report(plan.kind, results, failed, plan.storage / "report")
     for path in paths:
         parent.log_artifact(path)
+    publish_table(parent, plan, rows, {d: state.dataset(d).get("run_id") for d in plan.datasets})
     parent.finish("FAILED" if failed else "FINISHED")
     print("\n" + text, flush=True)
     return SweepOutcome(rows=rows, failed=failed)
 
 
 def mlflow_ui_hint(uri: str, experiment_id: str | None = None, sweep: str | None = None) -> str:
-    """The command that serves the store, and the link to open. MLflow 3.17's UI opens every
-    experiment on its GenAI overview (traces) whatever the experiment's kind tag says, so the link
-    asks for the runs table (`workflowType`). Sorted by start time the table folds the dataset runs
-    under the sweep's run; filtered on the sweep and sorted by name it lists them flat."""
+    """The command that serves the store, and the link to open: the sweep's saved view (its runs
+    with the table's metrics as columns, vacsr/sweep/view.py) when the sweep saved one, else its
+    runs filtered and sorted by name. MLflow 3.17's UI opens every experiment on its GenAI
+    overview (traces) whatever the experiment's kind tag says, so the link asks for the runs table
+    (`workflowType`); sorted by start time the table would fold the dataset runs under the
+    sweep's run."""
     from urllib.parse import quote, urlencode
 
     hint = f"mlflow ui --backend-store-uri {uri}   # then open http://127.0.0.1:5000"
     if experiment_id is None:
         return hint
     query = {"workflowType": "machine_learning"}
-    if sweep and "'" not in sweep:  # a quote would end the filter's string early
+    view = view_query(MlflowTracker(uri).client, experiment_id, sweep) if sweep else None
+    if view:
+        query.update(view)  # alone: a search facet in the URL would override the view
+    elif sweep and "'" not in sweep:  # a quote would end the filter's string early
         query.update(searchFilter=f"tags.`vacsr.sweep` = '{sweep}'",
                      orderByKey="tags.`mlflow.runName`", orderByAsc="true")
     # the /runs route: `#/experiments/<id>` redirects there and drops the filter on the way

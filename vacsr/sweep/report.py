@@ -20,6 +20,24 @@ from vacsr.eval.metrics import harmonic_mean
 HIDDEN = ("seed", "eval_seconds", "num_samples")  # per-seed entries that are not results
 
 
+def readable(value: Any, digits: int = 4) -> str:
+    """A value as a person reads it: floats (and MLflow's float strings) to `digits` significant
+    digits; ints, bools, names and lists as they are. Stored records keep full precision."""
+    if isinstance(value, str):
+        try:
+            int(value)
+            return value
+        except ValueError:
+            pass
+        try:
+            value = float(value)
+        except ValueError:
+            return value
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
 def table_spec(table) -> dict[str, Any]:
     """A kind's Table as plain data (logged as the parent run's sweep.json)."""
     return {"columns": [list(c) for c in table.columns],
@@ -141,9 +159,11 @@ def plot_columns(spec: dict, rows: list[dict], path: Path) -> Path:
 def write_report(kind, results: dict[str, dict], failed: dict[str, str], folder: Path
                  ) -> tuple[list[dict], list[Path], str]:
     """results.md / results.csv / per_seed.csv (+ a chart when the kind names its columns)."""
+    from vacsr.sweep.importance import importance_section
+
     spec = table_spec(kind.table)
     rows = table_rows(spec, results, failed)
-    text = to_markdown(spec, rows)
+    text = to_markdown(spec, rows) + importance_section(results, kind.metric)
     paths = [atomic_write_text(folder / "results.md", text),
              atomic_write_text(folder / "results.csv", _csv(rows)),
              atomic_write_text(folder / "per_seed.csv", _csv(per_seed_rows(results)))]

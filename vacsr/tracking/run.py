@@ -265,6 +265,11 @@ class MlflowTracker:
                 synced.append(int(entry["epoch"]))
         return synced
 
+    def log_values(self, metrics: Mapping[str, Any], step: int = 0) -> int:
+        """Log summary values (not per epoch) under their own names at `step`; pairs already
+        logged are skipped. Returns how many were new."""
+        return self._log_new(numeric_metrics(metrics), int(step))
+
     def log_best(self, metrics: Mapping[str, Any], step: int = 0) -> None:
         """Log `metrics` as `best_<name>`: search_runs compares a metric's latest value, so the
         best epoch's values must be logged last under their own names."""
