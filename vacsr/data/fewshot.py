@@ -13,8 +13,10 @@ relative to that folder, so the cache survives moving the data. Caches written b
 """
 from __future__ import annotations
 
+import io
 import math
 import pickle
+import pickletools
 import random
 import warnings
 from collections import defaultdict
@@ -105,7 +107,9 @@ def fewshot_path(dataset_dir: Path, shots: int, seed: int) -> Path:
 class _DatumShim:
     """Stands in for dassl's Datum when unpickling CoOp caches; keeps the attribute dict."""
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state) -> None:
+        if not isinstance(state, dict):
+            raise pickle.UnpicklingError(f"a Datum's state is a {type(state).__name__}, not a dict")
         self.__dict__.update(state)
 
 
@@ -118,9 +122,9 @@ class _CacheUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unexpected object {module}.{name}")
 
 
-def _relative_to_dataset(path: str, folder_name: str, source: Path) -> str:
+def _relative_to_dataset(path, folder_name: str, source: Path) -> str:
     """CoOp stores absolute paths: keep what follows the last `<dataset folder>` component."""
-    parts = PurePosixPath(path.replace("\\", "/")).parts
+    parts = PurePosixPath(path.replace("\\", "/")).parts if isinstance(path, str) else ()
     for index in range(len(parts) - 1, -1, -1):
         if parts[index] == folder_name:
             return "/".join(parts[index + 1:])
@@ -129,6 +133,9 @@ def _relative_to_dataset(path: str, folder_name: str, source: Path) -> str:
 
 
 def _to_items(entries, folder_name: str, source: Path) -> list[Item]:
+    if not isinstance(entries, (list, tuple)):
+        raise DataError(f"{source}: few-shot cache holds a {type(entries).__name__} where a list "
+                        f"of items belongs; {_RESAMPLE}")
     items = []
     for entry in entries:
         if isinstance(entry, _DatumShim):
@@ -136,24 +143,52 @@ def _to_items(entries, folder_name: str, source: Path) -> list[Item]:
             entry = (_relative_to_dataset(state.get("_impath", ""), folder_name, source),
                      state.get("_label"), state.get("_classname"))
         if not (isinstance(entry, (tuple, list)) and len(entry) == 3 and isinstance(entry[0], str)
-                and isinstance(entry[1], int) and isinstance(entry[2], str)):
-            raise DataError(f"{source}: cache entry {entry!r} is malformed; expected "
+                and type(entry[1]) is int and isinstance(entry[2], str)):
+            raise DataError(f"{source}: cache entry {_short(entry)} is malformed; expected "
                             "(relative path, integer label, class name)")
-        items.append(Item(entry[0], int(entry[1]), entry[2]))
+        items.append(Item(entry[0], entry[1], entry[2]))
     return items
 
 
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+_MEMO_OPS = {"PUT", "BINPUT", "LONG_BINPUT", "GET", "BINGET", "LONG_BINGET"}
+
+
+def _check_opcodes(payload: bytes) -> None:
+    """Walk the pickle's opcodes without building anything (pickletools reads lengths against
+    what is left, allocating nothing): raise ValueError for a truncated stream or a memo index no
+    pickle of this size can hold."""
+    for opcode, arg, _ in pickletools.genops(payload):
+        if opcode.name in _MEMO_OPS and not 0 <= int(arg) <= len(payload):
+            raise ValueError(f"memo index {arg} beyond a {len(payload)}-byte pickle")
+
+
+_RESAMPLE = "expected a pickled {'train': [...], 'val': [...]} (delete the file to resample)"
+
+
 def read_fewshot_cache(path: Path, folder_name: str) -> tuple[list[Item], list[Item] | None]:
-    """(train, val) from a vacsr or CoOp-family cache; val is None when the file has none."""
+    """(train, val) from a vacsr or CoOp-family cache; val is None when the file has none.
+
+    Every way a damaged or crafted file can fail (a flipped byte makes pickle raise anything from
+    TypeError to MemoryError) is one DataError. The opcodes are checked first (`_check_opcodes`):
+    a flipped byte in a memo index makes the C unpickler allocate and clear gigabytes.
+    """
     try:
-        with open(path, "rb") as handle:
-            data = _CacheUnpickler(handle).load()
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ValueError) as exc:
-        raise DataError(f"{path}: unreadable few-shot cache ({exc}); expected a pickled "
-                        "{'train': [...], 'val': [...]} (delete the file to resample)") from None
+        payload = path.read_bytes()
+        _check_opcodes(payload)
+        data = _CacheUnpickler(io.BytesIO(payload)).load()
+    except RecursionError:
+        raise DataError(f"{path}: unreadable few-shot cache (nested too deeply); "
+                        f"{_RESAMPLE}") from None
+    except Exception as exc:  # noqa: BLE001  pickle raises any type on damaged input
+        reason = " ".join(str(exc).split())[:120] or exc.__class__.__name__
+        raise DataError(f"{path}: unreadable few-shot cache ({reason}); {_RESAMPLE}") from None
     if not isinstance(data, dict) or "train" not in data:
-        raise DataError(f"{path}: few-shot cache has no 'train' entry; expected a pickled "
-                        "{'train': [...], 'val': [...]} (delete the file to resample)")
+        raise DataError(f"{path}: few-shot cache has no 'train' entry; {_RESAMPLE}")
     train = _to_items(data["train"], folder_name, path)
     val = _to_items(data["val"], folder_name, path) if "val" in data else None
     return train, val

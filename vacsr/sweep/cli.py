@@ -15,7 +15,6 @@ from typing import Any
 import mlflow  # noqa: F401  (imported here so that a job's interpreter without the driver's
 import optuna  # noqa: F401   dependencies fails at once, in the sweep script's import guard)
 import ray  # noqa: F401
-import yaml
 
 from vacsr import config as cfg
 from vacsr.errors import ConfigError, VacsrError
@@ -110,7 +109,7 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
 
 def load_profile(kind: SweepKind, path: Path = PROFILE) -> dict[str, Any]:
     """The embedded profile with the kind's section merged in (`set` merges, `range` replaces)."""
-    profile = yaml.safe_load(path.read_text())
+    profile = cfg.read_yaml_file(path, "the embedded sweep profile")
     section = (profile.pop("kinds", None) or {}).get(kind.name, {})
     profile["set"] = {**profile.get("set", {}), **section.get("set", {})}
     profile["range"] = section.get("range", profile.get("range", {}))
