@@ -20,7 +20,8 @@ from vacsr import config as cfg
 from vacsr.errors import ConfigError, VacsrError
 from vacsr.sweep.kind import SweepKind
 from vacsr.sweep.plan import SweepPlan, build_config
-from vacsr.sweep.space import clamp_blocks, dataset_space, parse_range, tower_depths
+from vacsr.sweep.space import (check_space_values, clamp_blocks, dataset_space, parse_range,
+                               tower_depths)
 from vacsr.sweep.storage import storage_filesystem, sweep_folder
 
 PROFILE = Path(__file__).with_name("embedded.yaml")
@@ -218,6 +219,8 @@ def plan_from_args(kind: SweepKind, args) -> SweepPlan:
     spaces = {d: clamp_blocks(dataset_space(kind.space, kind.batch_sizes.get(d, ()), ranges,
                                             configs[d].train.workers, d), depths)
               for d in datasets}
+    for d in datasets:  # a value the runs refuse fails here, before Ray starts
+        check_space_values(spaces[d], configs[d], d)
     from vacsr.sweep.driver import check_optuna_storage, prepare_tracking
 
     plan = SweepPlan(
