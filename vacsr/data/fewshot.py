@@ -13,6 +13,7 @@ relative to that folder, so the cache survives moving the data. Caches written b
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import pickle
@@ -27,7 +28,9 @@ from typing import Protocol, Sequence, runtime_checkable
 from vacsr.data.files import atomic_pickle
 from vacsr.errors import DataError
 
-CACHE_FORMAT = "vacsr-fewshot/1"
+# {"format", "sha256", "items": pickled {"train", "val"}}: the checksum turns a damaged file into
+# one line before its items are unpickled (format 1, the items unwrapped, is still read)
+CACHE_FORMAT = "vacsr-fewshot/2"
 VAL_MAX_SHOTS = 4
 
 
@@ -167,6 +170,20 @@ def _check_opcodes(payload: bytes) -> None:
             raise ValueError(f"memo index {arg} beyond a {len(payload)}-byte pickle")
 
 
+def _decode(payload: bytes):
+    """The unpickled cache. vacsr's own files are a small wrapper, checked opcode by opcode
+    (cheap: a dozen opcodes), around the items, unpickled at C speed once their checksum holds;
+    CoOp's files and format 1 are the items themselves, checked opcode by opcode (slower)."""
+    _check_opcodes(payload)
+    data = _CacheUnpickler(io.BytesIO(payload)).load()
+    if isinstance(data, dict) and data.get("format") == CACHE_FORMAT:
+        items = data.get("items")
+        if not isinstance(items, bytes) or hashlib.sha256(items).hexdigest() != data.get("sha256"):
+            raise ValueError("checksum mismatch: the file is damaged")
+        data = _CacheUnpickler(io.BytesIO(items)).load()
+    return data
+
+
 _RESAMPLE = "expected a pickled {'train': [...], 'val': [...]} (delete the file to resample)"
 
 
@@ -174,13 +191,11 @@ def read_fewshot_cache(path: Path, folder_name: str) -> tuple[list[Item], list[I
     """(train, val) from a vacsr or CoOp-family cache; val is None when the file has none.
 
     Every way a damaged or crafted file can fail (a flipped byte makes pickle raise anything from
-    TypeError to MemoryError) is one DataError. The opcodes are checked first (`_check_opcodes`):
-    a flipped byte in a memo index makes the C unpickler allocate and clear gigabytes.
+    TypeError to MemoryError) is one DataError. Opcodes are checked before the C unpickler sees
+    them (`_decode`): a flipped byte in a memo index makes it allocate and clear gigabytes.
     """
     try:
-        payload = path.read_bytes()
-        _check_opcodes(payload)
-        data = _CacheUnpickler(io.BytesIO(payload)).load()
+        data = _decode(path.read_bytes())
     except RecursionError:
         raise DataError(f"{path}: unreadable few-shot cache (nested too deeply); "
                         f"{_RESAMPLE}") from None
@@ -209,9 +224,11 @@ def _check_subset(cached: Sequence[Item], full: Sequence[Item], path: Path, spli
 
 
 def write_fewshot_cache(path: Path, train: Sequence[Item], val: Sequence[Item]) -> None:
-    payload = {"format": CACHE_FORMAT,
-               "train": [(i.path, i.label, i.classname) for i in train],
-               "val": [(i.path, i.label, i.classname) for i in val]}
+    items = pickle.dumps({"train": [(i.path, i.label, i.classname) for i in train],
+                          "val": [(i.path, i.label, i.classname) for i in val]},
+                         protocol=pickle.HIGHEST_PROTOCOL)
+    payload = {"format": CACHE_FORMAT, "sha256": hashlib.sha256(items).hexdigest(),
+               "items": items}
     try:
         atomic_pickle(path, payload)
     except OSError as exc:
