@@ -80,7 +80,8 @@ def test_seeds_reproduce_and_differ(root, name):
 
 def test_fewshot_cache_is_relative_and_survives_a_move(root, tmp_path):
     first = load_classification(root, "dtd", shots=SHOTS, seed=3, subsample="base")
-    stored = pickle.loads(fewshot_path(root / "dtd", SHOTS, 3).read_bytes())
+    wrapper = pickle.loads(fewshot_path(root / "dtd", SHOTS, 3).read_bytes())  # format 2
+    stored = pickle.loads(wrapper["items"])
     assert all(path.startswith("images/") for path, _, _ in stored["train"])
     moved = tmp_path / "moved"
     shutil.copytree(root / "dtd", moved / "dtd")

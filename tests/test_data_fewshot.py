@@ -93,7 +93,7 @@ def test_cache_written_with_relative_paths_and_reused(tmp_path):
     first = load_or_sample(dataset_dir, train, val, shots=2, seed=1)
     path = fewshot_path(dataset_dir, 2, 1)
     assert path.name == "shot_2-seed_1.pkl" and path.parent.name == "split_fewshot"
-    stored = pickle.loads(path.read_bytes())
+    stored = pickle.loads(pickle.loads(path.read_bytes())["items"])  # format 2: checksummed
     assert all(not p.startswith("/") for p, _, _ in stored["train"] + stored["val"])
     # Reused as is: a different split order would give another draw if it were resampled.
     assert load_or_sample(dataset_dir, train[::-1], val[::-1], shots=2, seed=1) == first

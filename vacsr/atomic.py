@@ -64,6 +64,22 @@ def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
     return path
 
 
+def require_writable_folder(path: str | Path, what: str) -> Path:
+    """Create `path` if needed and write (then remove) a temporary file in it, before a command
+    writes anything: a read-only folder fails in one StorageError line instead of half-way. A real
+    write, because permission bits say nothing for root (nor on read-only mounts)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        reason = _STORAGE_ERRNOS.get(exc.errno or 0, exc.strerror or exc.__class__.__name__)
+        raise StorageError(f"{path}: cannot write ({reason.lower()}); expected a writable "
+                           f"folder for {what}") from None
+    return path
+
+
 def _as_storage_error(path: Path, exc: OSError) -> BaseException:
     reason = _STORAGE_ERRNOS.get(exc.errno or 0, exc.strerror or exc.__class__.__name__)
     return StorageError(f"{path}: cannot write ({reason})")

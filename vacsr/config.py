@@ -240,19 +240,39 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def read_config_text(path: Path, expected: str) -> str:
+    """The text of a config file the user names, or one ConfigError line: missing, unreadable,
+    or not UTF-8 (a UTF-8 byte-order mark is accepted)."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found; expected {expected}")
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                          f"{exc.start}); expected {expected}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: unreadable ({exc.strerror or exc.__class__.__name__}); "
+                          f"expected {expected}") from None
+
+
+def read_yaml_file(path: Path, expected: str) -> Any:
+    """A config file parsed as YAML (`read_config_text`), or one ConfigError line."""
+    text = read_config_text(path, expected)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__}); "
+                          f"expected {expected}") from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
                 base: Config | None = None) -> Config:
     """Defaults <- YAML file <- `key.sub=value` overrides, then validate."""
     config = base if base is not None else Config()
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: config file not found")
-        try:
-            mapping = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__})")
-        apply_mapping(config, mapping, source=str(path))
+        apply_mapping(config, read_yaml_file(path, "a YAML file of config overrides") or {},
+                      source=str(path))
     for text in overrides:
         set_value(config, *parse_override(text))
     validate(config)

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from vacsr.data.base import ClassificationData
 from vacsr.data.fewshot import Item, label_set, load_or_sample, subsample_classes
-from vacsr.data.files import check_files_exist, read_json, read_lines, require_dir
+from vacsr.data.files import check_files_exist, dataset_path, read_json, read_lines, require_dir
 from vacsr.data.imagenet import VARIANTS, read_imagenet, read_variant
 from vacsr.errors import ConfigError, DataError
 
@@ -83,7 +83,7 @@ def _entry_to_item(entry, prefix: str, path: Path, where: str) -> Item:
             and isinstance(entry[2], str)):
         raise DataError(f"{path}: {where} is {entry!r}; expected [image path, integer label, "
                         "class name]")
-    return Item(f"{prefix}{entry[0]}", entry[1], entry[2])
+    return Item(f"{prefix}{dataset_path(entry[0], path, where)}", entry[1], entry[2])
 
 
 def read_split_json(dataset_dir: Path, spec: DatasetSpec) -> dict[str, list[Item]]:
@@ -117,7 +117,8 @@ def read_aircraft(dataset_dir: Path, spec: DatasetSpec) -> dict[str, list[Item]]
             if variant not in label_of:
                 raise DataError(f"{path}: line {number} names variant {variant!r}, which is not in "
                                 f"{dataset_dir / 'variants.txt'}; expected '<image id> <variant>'")
-            items.append(Item(f"{spec.image_dir}/{image_id}.jpg", label_of[variant], variant))
+            image = dataset_path(f"{image_id}.jpg", path, f"line {number}")
+            items.append(Item(f"{spec.image_dir}/{image}", label_of[variant], variant))
         splits[split] = items
     return splits
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vacsr.data.base import RetrievalData
-from vacsr.data.files import check_files_exist, read_json, require_dir
+from vacsr.data.files import check_files_exist, dataset_path, read_json, require_dir
 from vacsr.data.noise import default_noise_path, noisy_caption_to_image
 from vacsr.errors import DataError
 
@@ -57,6 +57,7 @@ def _parse_image(entry, path: Path, index: int) -> KarpathyImage:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DataError(f"{where}: missing or malformed field ({exc.__class__.__name__}: {exc}); "
                         f"expected {KARPATHY_EXPECTED}") from None
+    dataset_path(image.path, path, f"images[{index}]")
     if len(image.captions) < CAPTIONS_PER_IMAGE:
         raise DataError(f"{where} (cocoid {image.cocoid}) has {len(image.captions)} captions; "
                         f"expected at least {CAPTIONS_PER_IMAGE}")

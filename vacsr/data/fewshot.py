@@ -17,9 +17,11 @@ without importing dassl.
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import os
 import pickle
+import pickletools
 import random
 import warnings
 from collections import defaultdict
@@ -30,7 +32,9 @@ from typing import Protocol, Sequence, runtime_checkable
 from vacsr.data.files import atomic_pickle
 from vacsr.errors import DataError, StorageError
 
-CACHE_FORMAT = "vacsr-fewshot/1"
+# {"format", "sha256", "items": pickled {"train", "val"}}: the checksum turns a damaged file into
+# one line before its items are unpickled (format 1, the items unwrapped, is still read)
+CACHE_FORMAT = "vacsr-fewshot/2"
 VAL_MAX_SHOTS = 4
 
 
@@ -118,7 +122,9 @@ def fallback_fewshot_path(dataset_dir: Path, shots: int, seed: int) -> Path:
 class _DatumShim:
     """Stands in for dassl's Datum when unpickling CoOp caches; keeps the attribute dict."""
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state) -> None:
+        if not isinstance(state, dict):
+            raise pickle.UnpicklingError(f"a Datum's state is a {type(state).__name__}, not a dict")
         self.__dict__.update(state)
 
 
@@ -131,9 +137,9 @@ class _CacheUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unexpected object {module}.{name}")
 
 
-def _relative_to_dataset(path: str, folder_name: str, source: Path) -> str:
+def _relative_to_dataset(path, folder_name: str, source: Path) -> str:
     """CoOp stores absolute paths: keep what follows the last `<dataset folder>` component."""
-    parts = PurePosixPath(path.replace("\\", "/")).parts
+    parts = PurePosixPath(path.replace("\\", "/")).parts if isinstance(path, str) else ()
     for index in range(len(parts) - 1, -1, -1):
         if parts[index] == folder_name:
             return "/".join(parts[index + 1:])
@@ -142,6 +148,9 @@ def _relative_to_dataset(path: str, folder_name: str, source: Path) -> str:
 
 
 def _to_items(entries, folder_name: str, source: Path) -> list[Item]:
+    if not isinstance(entries, (list, tuple)):
+        raise DataError(f"{source}: few-shot cache holds a {type(entries).__name__} where a list "
+                        f"of items belongs; {_RESAMPLE}")
     items = []
     for entry in entries:
         if isinstance(entry, _DatumShim):
@@ -149,24 +158,64 @@ def _to_items(entries, folder_name: str, source: Path) -> list[Item]:
             entry = (_relative_to_dataset(state.get("_impath", ""), folder_name, source),
                      state.get("_label"), state.get("_classname"))
         if not (isinstance(entry, (tuple, list)) and len(entry) == 3 and isinstance(entry[0], str)
-                and isinstance(entry[1], int) and isinstance(entry[2], str)):
-            raise DataError(f"{source}: cache entry {entry!r} is malformed; expected "
+                and type(entry[1]) is int and isinstance(entry[2], str)):
+            raise DataError(f"{source}: cache entry {_short(entry)} is malformed; expected "
                             "(relative path, integer label, class name)")
-        items.append(Item(entry[0], int(entry[1]), entry[2]))
+        items.append(Item(entry[0], entry[1], entry[2]))
     return items
 
 
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+_MEMO_OPS = {"PUT", "BINPUT", "LONG_BINPUT", "GET", "BINGET", "LONG_BINGET"}
+
+
+def _check_opcodes(payload: bytes) -> None:
+    """Walk the pickle's opcodes without building anything (pickletools reads lengths against
+    what is left, allocating nothing): raise ValueError for a truncated stream or a memo index no
+    pickle of this size can hold."""
+    for opcode, arg, _ in pickletools.genops(payload):
+        if opcode.name in _MEMO_OPS and not 0 <= int(arg) <= len(payload):
+            raise ValueError(f"memo index {arg} beyond a {len(payload)}-byte pickle")
+
+
+def _decode(payload: bytes):
+    """The unpickled cache. vacsr's own files are a small wrapper, checked opcode by opcode
+    (cheap: a dozen opcodes), around the items, unpickled at C speed once their checksum holds;
+    CoOp's files and format 1 are the items themselves, checked opcode by opcode (slower)."""
+    _check_opcodes(payload)
+    data = _CacheUnpickler(io.BytesIO(payload)).load()
+    if isinstance(data, dict) and data.get("format") == CACHE_FORMAT:
+        items = data.get("items")
+        if not isinstance(items, bytes) or hashlib.sha256(items).hexdigest() != data.get("sha256"):
+            raise ValueError("checksum mismatch: the file is damaged")
+        data = _CacheUnpickler(io.BytesIO(items)).load()
+    return data
+
+
+_RESAMPLE = "expected a pickled {'train': [...], 'val': [...]} (delete the file to resample)"
+
+
 def read_fewshot_cache(path: Path, folder_name: str) -> tuple[list[Item], list[Item] | None]:
-    """(train, val) from a vacsr or CoOp-family cache; val is None when the file has none."""
+    """(train, val) from a vacsr or CoOp-family cache; val is None when the file has none.
+
+    Every way a damaged or crafted file can fail (a flipped byte makes pickle raise anything from
+    TypeError to MemoryError) is one DataError. Opcodes are checked before the C unpickler sees
+    them (`_decode`): a flipped byte in a memo index makes it allocate and clear gigabytes.
+    """
     try:
-        with open(path, "rb") as handle:
-            data = _CacheUnpickler(handle).load()
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ValueError) as exc:
-        raise DataError(f"{path}: unreadable few-shot cache ({exc}); expected a pickled "
-                        "{'train': [...], 'val': [...]} (delete the file to resample)") from None
+        data = _decode(path.read_bytes())
+    except RecursionError:
+        raise DataError(f"{path}: unreadable few-shot cache (nested too deeply); "
+                        f"{_RESAMPLE}") from None
+    except Exception as exc:  # noqa: BLE001  pickle raises any type on damaged input
+        reason = " ".join(str(exc).split())[:120] or exc.__class__.__name__
+        raise DataError(f"{path}: unreadable few-shot cache ({reason}); {_RESAMPLE}") from None
     if not isinstance(data, dict) or "train" not in data:
-        raise DataError(f"{path}: few-shot cache has no 'train' entry; expected a pickled "
-                        "{'train': [...], 'val': [...]} (delete the file to resample)")
+        raise DataError(f"{path}: few-shot cache has no 'train' entry; {_RESAMPLE}")
     train = _to_items(data["train"], folder_name, path)
     val = _to_items(data["val"], folder_name, path) if "val" in data else None
     return train, val
@@ -186,21 +235,23 @@ def _check_subset(cached: Sequence[Item], full: Sequence[Item], path: Path, spli
                             "resample)")
 
 
-def write_fewshot_cache(paths: Sequence[Path], train: Sequence[Item],
+def write_fewshot_cache(paths: Path | Sequence[Path], train: Sequence[Item],
                         val: Sequence[Item]) -> Path | None:
     """Write to the first of `paths` that takes it (the dataset folder, then the cache folder);
     None, with a warning, when none does."""
-    payload = {"format": CACHE_FORMAT,
-               "train": [(i.path, i.label, i.classname) for i in train],
-               "val": [(i.path, i.label, i.classname) for i in val]}
-    for path in paths:
+    items = pickle.dumps({"train": [(i.path, i.label, i.classname) for i in train],
+                          "val": [(i.path, i.label, i.classname) for i in val]},
+                         protocol=pickle.HIGHEST_PROTOCOL)
+    payload = {"format": CACHE_FORMAT, "sha256": hashlib.sha256(items).hexdigest(),
+               "items": items}
+    for path in [paths] if isinstance(paths, Path) else paths:
         try:
             atomic_pickle(path, payload)
             return path
         except (OSError, StorageError):  # atomic writes report EROFS / ENOSPC as StorageError
             continue
     # A read-only dataset folder must not stop training: the draw is deterministic anyway.
-    warnings.warn(f"{paths[-1]}: could not write the few-shot cache; continuing without it",
+    warnings.warn(f"{path}: could not write the few-shot cache; continuing without it",
                   stacklevel=2)
     return None
 

@@ -6,6 +6,7 @@ deep inside a DataLoader worker.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -54,9 +55,50 @@ def read_lines(path: Path, expected: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
+def dataset_path(path: str, source: Path | str, where: str) -> str:
+    """A path a dataset's own file lists (split JSON, Karpathy JSON, Aircraft's image lists),
+    checked to stay inside the dataset folder: relative and without '..' parts.
+
+    The check is on the text, not on the resolved path, so that symbolic links the user placed
+    inside the folder (an image folder on another disk) keep working; '..' is refused outright
+    because after a symbolic link it climbs from the link's target, not from the folder.
+    """
+    if path.startswith("/") or ".." in path.split("/"):
+        raise DataError(f"{source}: {where} names {path!r}, outside the dataset folder; expected "
+                        "a path relative to the dataset's image folder, without '..' parts")
+    return path
+
+
+def _listing(path: Path, keep) -> list[str]:
+    """Sorted non-hidden names of `path` whose entry passes `keep`; a symbolic link loop (the
+    folder itself or an entry) becomes one DataError naming it."""
+    names = []
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                try:
+                    if keep(entry):
+                        names.append(entry.name)
+                except OSError as exc:
+                    raise _unlistable(Path(entry.path), exc) from None
+    except OSError as exc:
+        raise _unlistable(path, exc) from None
+    return sorted(names)
+
+
+def _unlistable(path: Path, exc: OSError) -> DataError:
+    if exc.errno == errno.ELOOP:
+        return DataError(f"{path}: symbolic link loop; expected an image file or a class folder "
+                         "(remove or fix the link)")
+    return DataError(f"{path}: cannot be listed ({exc.strerror or exc.__class__.__name__}); "
+                     "expected a readable folder")
+
+
 def subdirs(path: Path) -> list[str]:
     """Sorted names of the non-hidden sub-folders (sorted so that labels never depend on the FS)."""
-    return sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
+    return _listing(path, lambda entry: entry.is_dir())
 
 
 def files_in(path: Path) -> list[str]:
@@ -65,7 +107,7 @@ def files_in(path: Path) -> list[str]:
     CoOp lists with os.listdir (file-system order); sorting makes the item order, and hence the
     seeded few-shot sample, identical on every machine.
     """
-    return sorted(e.name for e in os.scandir(path) if e.is_file() and not e.name.startswith("."))
+    return _listing(path, lambda entry: entry.is_file())
 
 
 def check_files_exist(paths: Iterable[Path], source: str) -> None:

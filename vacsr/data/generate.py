@@ -19,9 +19,11 @@ from typing import Callable
 
 from PIL import Image, ImageDraw, ImageOps
 
+from vacsr.atomic import require_writable_folder
 from vacsr.data.classification import DATASETS
 from vacsr.data.coco import GROUP_FIELD
 from vacsr.data.synthetic import Scene, all_scenes, captions_for, render, scene_index
+from vacsr.errors import ConfigError
 
 BAND_COLORS = {"cyan": (0, 200, 200), "brown": (120, 70, 20), "navy": (10, 10, 110),
                "lime": (150, 250, 60)}
@@ -305,7 +307,12 @@ def generate_all(root: str | Path, *, seed: int = 0, size: int = 32,
                  per_class: tuple[int, int, int] = (4, 3, 2)) -> Path:
     """Write every layout (or the named ones) under `root`, ready to be used as data.root."""
     root = Path(root)
-    for name in datasets or ALL_DATASETS:
+    names = list(datasets or ALL_DATASETS)
+    unknown = [name for name in names if name not in ALL_DATASETS]
+    if unknown:
+        raise ConfigError(f"unknown dataset {unknown[0]!r} (known: {', '.join(ALL_DATASETS)})")
+    require_writable_folder(root, "the synthetic datasets")
+    for name in names:
         generate(root, name, seed=seed, size=size, per_class=per_class)
     return root
 

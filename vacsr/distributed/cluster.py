@@ -8,6 +8,8 @@ import warnings
 
 import ray
 
+from vacsr.distributed.leftovers import reap_dead_instances, record_instance
+
 # Loggers whose INFO output (Tune's tables and hints, Train's per-report lines, Optuna's study
 # notices) belongs in the log files, not on the researcher's console.
 CHATTY_LOGGERS = ("ray", "ray.tune", "ray.train", "ray.data", "optuna", "mlflow", "alembic")
@@ -52,6 +54,8 @@ def ensure_ray(num_cpus: int | None = None, num_gpus: int | None = None,
         return
     # one machine is never preempted: skip Ray Train's per-run preemption-watcher actor
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus,
-             include_dashboard=include_dashboard, dashboard_host="127.0.0.1",
-             log_to_driver=log_to_driver, **quiet)
+    reap_dead_instances()  # what a SIGKILLed driver's own instance left (distributed/leftovers.py)
+    context = ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1,
+                       num_gpus=num_gpus, include_dashboard=include_dashboard,
+                       dashboard_host="127.0.0.1", log_to_driver=log_to_driver, **quiet)
+    record_instance(context.address_info["session_dir"])

@@ -14,6 +14,7 @@ from torch import nn
 
 from vacsr.errors import ConfigError
 from vacsr.model.gpo import GPO
+from vacsr.model.weights import create_with_weights
 
 MODEL_CONFIG_DIR = Path(__file__).with_name("model_configs")
 
@@ -42,8 +43,11 @@ def create_clip(name: str, pretrained: str | None = None):
     if name not in open_clip.list_models() and not name.startswith("hf-hub:"):
         raise ConfigError(f"model.name: unknown open_clip model {name!r}")
     resolved = _resolve_pretrained(name, pretrained)
-    model, train_transform, eval_transform = open_clip.create_model_and_transforms(
-        name, pretrained=resolved)
+    if resolved is not None and Path(resolved).is_file():  # the one loader of weights files
+        model, train_transform, eval_transform = create_with_weights(name, resolved)
+    else:
+        model, train_transform, eval_transform = open_clip.create_model_and_transforms(
+            name, pretrained=resolved)
     return model, train_transform, eval_transform, open_clip.get_tokenizer(name)
 
 

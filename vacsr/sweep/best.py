@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import yaml
 
+from vacsr.atomic import atomic_write_bytes, require_writable_folder
 from vacsr.errors import ConfigError
 from vacsr.sweep.importance import FOLDER, Sensitivity, importance_table
 from vacsr.sweep.report import readable, table_rows, to_markdown
@@ -55,6 +55,8 @@ def best_configs(tracking_uri: str | None, experiment: str, sweep: str | None,
                  export: Path | None = None) -> list[dict]:
     """Per dataset: best_* metrics, the searched keys' selected values and the best config
     (optionally exported as YAML files `vacsr train --config` accepts)."""
+    if export is not None:  # a read-only folder fails before any file is written
+        require_writable_folder(export, "the exported best configs")
     tracker = _tracker(tracking_uri)
     parent = find_sweep_run(tracker, experiment, sweep)
     rows = []
@@ -66,8 +68,7 @@ def best_configs(tracking_uri: str | None, experiment: str, sweep: str | None,
             continue
         local = tracker.client.download_artifacts(run.info.run_id, "best_config.yaml")
         if export is not None:
-            export.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(local, export / f"{dataset}.yaml")
+            atomic_write_bytes(export / f"{dataset}.yaml", Path(local).read_bytes())
         metrics = {k[len("best_"):]: v for k, v in run.data.metrics.items() if k.startswith("best_")}
         rows.append({"dataset": dataset, "run_id": run.info.run_id, "status": run.info.status,
                      "metrics": metrics, "params": dict(run.data.params),

@@ -15,7 +15,6 @@ from typing import Any, Callable
 import mlflow  # noqa: F401  (imported here so that a job's interpreter without the driver's
 import optuna  # noqa: F401   dependencies fails at once, in the sweep script's import guard)
 import ray  # noqa: F401
-import yaml
 
 from vacsr import config as cfg
 from vacsr.errors import ConfigError, VacsrError
@@ -23,7 +22,8 @@ from vacsr.redact import redact_uri
 from vacsr.sweep.kind import SweepKind
 from vacsr.sweep.ownership import DriverLock
 from vacsr.sweep.plan import SweepPlan, build_config
-from vacsr.sweep.space import clamp_blocks, dataset_space, parse_range, tower_depths
+from vacsr.sweep.space import (check_space_values, clamp_blocks, dataset_space, parse_range,
+                               tower_depths)
 from vacsr.sweep.storage import storage_filesystem, sweep_folder
 
 PROFILE = Path(__file__).with_name("embedded.yaml")
@@ -112,7 +112,7 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
 
 def load_profile(kind: SweepKind, path: Path = PROFILE) -> dict[str, Any]:
     """The embedded profile with the kind's section merged in (`set` merges, `range` replaces)."""
-    profile = yaml.safe_load(path.read_text())
+    profile = cfg.read_yaml_file(path, "the embedded sweep profile")
     section = (profile.pop("kinds", None) or {}).get(kind.name, {})
     profile["set"] = {**profile.get("set", {}), **section.get("set", {})}
     profile["range"] = section.get("range", profile.get("range", {}))
@@ -223,6 +223,8 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
     spaces = {d: clamp_blocks(dataset_space(kind.space, kind.batch_sizes.get(d, ()), ranges,
                                             configs[d].train.workers, d), depths)
               for d in datasets}
+    for d in datasets:  # a value the runs refuse fails here, before Ray starts
+        check_space_values(spaces[d], configs[d], d)
     from vacsr.sweep.driver import check_optuna_storage, prepare_tracking
 
     plan = SweepPlan(

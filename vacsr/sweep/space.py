@@ -1,14 +1,16 @@
 """Search spaces as data: every key is a config key (the kinds in sweeps/*.py hold the ranges).
 
 A space is data (ranges and choices); `suggest` turns it into Optuna suggestions inside a
-define-by-run function, and `validate_space` rejects empty or inverted ranges before any trial.
+define-by-run function, `validate_space` rejects empty or inverted ranges and `check_space_values`
+values a dataset's runs would refuse, all before Ray starts.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 from typing import Any, Union
 
-from vacsr.config import Config, flatten, set_value
+from vacsr.config import Config, flatten, set_value, validate
 from vacsr.errors import ConfigError
 
 
@@ -72,6 +74,29 @@ def validate_space(space: dict[str, Domain]) -> None:
                 raise ConfigError(f"search space {key}: a log range needs low > 0, got {domain.low}")
             sample = domain.low
         set_value(probe, key, sample)  # raises for keys that are not config keys
+
+
+def bounding_values(domain: Domain) -> tuple:
+    """The values that stand for all a domain can produce: every choice, or both ends of a range
+    (the config's checks are bounds and sets, so a range's inner values pass when its ends do)."""
+    if isinstance(domain, Choice):
+        return domain.options
+    return (domain.low, domain.high)
+
+
+def check_space_values(space: dict[str, Domain], base: Config, dataset: str) -> None:
+    """Every value a trial of `dataset` can be given, checked against its config key on the
+    dataset's base config (`validate`): a refused value fails the sweep before Ray starts, not
+    every trial that draws it."""
+    for key, domain in space.items():
+        for value in bounding_values(domain):
+            config = copy.deepcopy(base)
+            try:
+                set_value(config, key, value)
+                validate(config)
+            except ConfigError as exc:
+                raise ConfigError(f"search space {key} of {dataset} can draw {value!r}, which its "
+                                  f"runs refuse ({exc})") from None
 
 
 def parse_range(text: str) -> tuple[str, Domain]:

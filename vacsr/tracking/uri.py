@@ -31,6 +31,8 @@ DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 MLFLOW_PROBE_PATH = "/api/2.0/mlflow/experiments/get-by-name"
 _PROBE_QUERY = "experiment_name=Default"
 _MAX_PROBE_BYTES = 1 << 16
+# what MLflow answers the probe with: the experiment, or its error (RESOURCE_DOES_NOT_EXIST)
+_MLFLOW_ANSWER_KEYS = {"experiment", "error_code"}
 
 
 def _absolute(path: str | Path) -> Path:
@@ -141,9 +143,10 @@ def _check_http(shown: str, uri: str, timeout_s: float) -> None:
     if status >= 500:
         detail = f": {str(answer.get('message', ''))[:200]}" if answer else ""
         raise _unreachable(shown, f"server answered HTTP {status}{detail}")
-    if answer is None:
+    if answer is None or not _MLFLOW_ANSWER_KEYS & set(answer):
+        what = kind if answer is None else "JSON without an 'experiment' or 'error_code'"
         raise _unreachable(shown, f"answered, but not as an MLflow tracking server (HTTP {status}, "
-                                  f"{kind}); expected an MLflow server (mlflow server / mlflow ui)")
+                                  f"{what}); expected an MLflow server (mlflow server / mlflow ui)")
 
 
 def _http_get(url: str, timeout_s: float) -> tuple[int, str, bytes]:
@@ -182,11 +185,15 @@ def _check_sqlite(shown: str, uri: str, timeout_s: float) -> None:
     _check_folder(shown, _absolute(path).parent)
     if not path.exists():
         return
-    try:  # mode=rw: open an existing file for writing, never create one
+    # mode=rw opens an existing file, never creates one, and quietly falls back to read-only
+    # when the file cannot be written: only a write tells, so write one and roll it back
+    try:
         conn = sqlite3.connect(f"file:{urllib.parse.quote(str(_absolute(path)))}?mode=rw",
-                               uri=True, timeout=timeout_s)
+                               uri=True, timeout=timeout_s, isolation_level=None)
         try:
-            conn.execute("PRAGMA schema_version").fetchone()
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("CREATE TABLE vacsr_write_check (x INTEGER)")
+            conn.execute("ROLLBACK")
         finally:
             conn.close()
     except sqlite3.Error as exc:

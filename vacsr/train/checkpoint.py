@@ -32,10 +32,14 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises many types for truncated or foreign files
         raise CheckpointError(f"{path}: not a readable vacsr checkpoint "
                               f"({exc.__class__.__name__})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a vacsr checkpoint; "
+                              "expected the dict `vacsr train` writes (last.ckpt)")
+    return state
 
 
 def _show(value: Any) -> str:

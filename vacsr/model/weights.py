@@ -1,0 +1,70 @@
+"""Local weights files (`model.pretrained=<file>`): the one place vacsr loads them.
+
+torch.load runs with weights_only=True (a pickle that would build anything but tensors is refused),
+and every way a file can fail to be weights for the model (random bytes, a YAML file, a pickle
+with code, a truncated archive, another architecture's state dict) is one ConfigError line naming
+the file, instead of torch's multi-line report.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import open_clip
+from torch import nn
+
+from vacsr.errors import ConfigError
+
+EXPECTED = ("a state dict saved with torch.save (e.g. by `vacsr pretrain-tiny`) or an open_clip "
+            "checkpoint of this model")
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, in a few words: torch's reports run over many lines."""
+    text = " ".join(str(exc).split())
+    if "Unsupported global" in text:
+        return ("a pickle of objects other than tensors (it could run code), refused by "
+                "torch.load(weights_only=True)")
+    if "Weights only load failed" in text:
+        return "not tensors saved with torch.save, refused by torch.load(weights_only=True)"
+    if isinstance(exc, RuntimeError) and "loading state_dict" in text:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        problem = lines[1] if len(lines) > 1 else text
+        return "does not fit the model: " + (problem if len(problem) <= 160
+                                               else problem[:157] + "...")
+    return f"not a file torch.save writes ({exc.__class__.__name__})"
+
+
+class _NoRandomInitNotice(logging.Filter):
+    """open_clip says a model built without `pretrained` is randomly initialised; the weights
+    file is loaded right after, so that notice would be false."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No pretrained weights loaded")
+
+
+def load_weights(model: nn.Module, path: str | Path, model_name: str) -> None:
+    """Load the weights file `path` into `model` (open_clip's loader: it converts third-party
+    and older open_clip state dicts), or raise one ConfigError line."""
+    try:
+        with warnings.catch_warnings():  # torch notes the pickle protocol of every old file
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            open_clip.load_checkpoint(model, str(path), strict=True, weights_only=True)
+    except Exception as exc:  # noqa: BLE001  torch and open_clip raise many types here
+        raise ConfigError(f"model.pretrained: {path} is not {model_name} weights "
+                          f"({_reason(exc)}); expected {EXPECTED}") from None
+
+
+def create_with_weights(model_name: str, path: str | Path):
+    """(model, train transform, eval transform) of open_clip's `model_name` with the weights
+    file `path` loaded."""
+    notice = _NoRandomInitNotice()
+    logging.getLogger().addFilter(notice)
+    try:
+        model, train_transform, eval_transform = open_clip.create_model_and_transforms(
+            model_name, pretrained=None)
+    finally:
+        logging.getLogger().removeFilter(notice)
+    load_weights(model, path, model_name)
+    return model, train_transform, eval_transform
