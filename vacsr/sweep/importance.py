@@ -109,6 +109,7 @@ def _slice(axes, sensitivity: Sensitivity, key: str) -> None:
     """The metric against one key's value, one point per finished trial (colour: trial order)."""
     from matplotlib import colormaps
     from matplotlib.colors import Normalize
+    from matplotlib.ticker import MaxNLocator, NullFormatter
 
     info = sensitivity.keys[key]
     points = [p for p in sensitivity.trials if key in p["params"]]
@@ -122,6 +123,9 @@ def _slice(axes, sensitivity: Sensitivity, key: str) -> None:
         xs = [p["params"][key] for p in points]
         if info["scale"] == "log":
             axes.set_xscale("log")
+            axes.xaxis.set_minor_formatter(NullFormatter())  # they overlap on a short range
+        elif info["scale"] == "int":
+            axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     numbers = [p["number"] for p in sensitivity.trials] or [0]
     colours = colormaps["viridis"](Normalize(min(numbers), max(numbers) + 1e-9)(
         [p["number"] for p in points]))
