@@ -2,6 +2,8 @@
 errors from workers."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from vacsr.config import load_config
 from vacsr.data.base import ClassificationData, LabelledImageDataset
 from vacsr.data.loader import image_loader, make_loader, wants_pinning
 from vacsr.errors import DataError
+from vacsr.tasks import task_type
 from vacsr.train.loop import Trainer
 
 
@@ -52,6 +55,8 @@ def bare_trainer(*overrides: str) -> Trainer:
     trainer = Trainer.__new__(Trainer)
     trainer.config = load_config(overrides=["data.task=classification", *overrides])
     trainer.device = torch.device("cpu")
+    trainer.task = task_type("classification")  # its collate: the loader's default stacking
+    trainer.model = SimpleNamespace(backbone=None)  # the classification collate reads none
     return trainer
 
 

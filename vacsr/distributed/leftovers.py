@@ -119,6 +119,9 @@ def _end(processes: list[tuple[int, int]]) -> list[int]:
     for pid, when in living:
         if _alive_as_recorded(pid, when):
             _signal(pid, signal.SIGKILL)
+    deadline = time.monotonic() + TERM_GRACE_S  # SIGKILL is delivered asynchronously
+    while time.monotonic() < deadline and any(_alive_as_recorded(*p) for p in living):
+        time.sleep(0.05)
     return [pid for pid, _ in living]
 
 

@@ -25,7 +25,7 @@ from vacsr.distributed.cluster import ensure_ray, quiet_logging
 from vacsr.errors import VacsrError
 from vacsr.sweep.events import EventSink, start_event_log
 from vacsr.sweep.final import final_runs
-from vacsr.sweep.importance import record_sensitivity
+from vacsr.sweep.importance import importance_section, record_sensitivity
 from vacsr.sweep.ownership import claim_state
 from vacsr.sweep.plan import SweepPlan, plan_parallelism
 from vacsr.sweep.progress import SweepProgress
@@ -240,7 +240,8 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
         stop.restore()
     progress.close()
     results = state.finished(plan.datasets)
-    rows, paths, text = write_report(plan.kind, results, failed, plan.storage / "report")
+    rows, paths, text = write_report(plan.kind, results, failed, plan.storage / "report",
+                                     sections=importance_section(results, plan.kind.metric))
     for path in paths:
         parent.log_artifact(path)
     publish_table(parent, plan, rows, {d: state.dataset(d).get("run_id") for d in plan.datasets})

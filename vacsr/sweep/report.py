@@ -156,14 +156,13 @@ def plot_columns(spec: dict, rows: list[dict], path: Path) -> Path:
     return atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
 
 
-def write_report(kind, results: dict[str, dict], failed: dict[str, str], folder: Path
-                 ) -> tuple[list[dict], list[Path], str]:
-    """results.md / results.csv / per_seed.csv (+ a chart when the kind names its columns)."""
-    from vacsr.sweep.importance import importance_section
-
+def write_report(kind, results: dict[str, dict], failed: dict[str, str], folder: Path,
+                 sections: str = "") -> tuple[list[dict], list[Path], str]:
+    """results.md / results.csv / per_seed.csv (+ a chart when the kind names its columns);
+    `sections`: markdown appended to results.md after the table (the importance summary)."""
     spec = table_spec(kind.table)
     rows = table_rows(spec, results, failed)
-    text = to_markdown(spec, rows) + importance_section(results, kind.metric)
+    text = to_markdown(spec, rows) + sections
     paths = [atomic_write_text(folder / "results.md", text),
              atomic_write_text(folder / "results.csv", _csv(rows)),
              atomic_write_text(folder / "per_seed.csv", _csv(per_seed_rows(results)))]

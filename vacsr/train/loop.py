@@ -212,9 +212,11 @@ class Trainer:
         tracker = None
         if chief:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            save_config(self.config, self.output_dir / CONFIG_FILE)
+            # before any file: a store that is not MLflow (or not writable) leaves nothing behind
             tracker = self._start_tracking(hooks)
         try:
+            if chief:
+                save_config(self.config, self.output_dir / CONFIG_FILE)
             self._epochs(hooks, (*callbacks, tracker) if tracker else callbacks)
         except BaseException as exc:  # the MLflow run is not left RUNNING; Ctrl-C or SIGTERM
             if tracker is not None:  # (vacsr.stop.Stopped) close it as KILLED, not FAILED
