@@ -84,7 +84,8 @@ def train_run(data: ConceptData, config: Config, *, seed: int, epochs: int, batc
     head = build_head(kind=a.kind, embed_dim=data.init_projection.shape[1],
                       hidden_dim=a.hidden_dim, latent_dim=a.latent_dim,
                       num_components=a.num_components, decoder_hidden_dim=a.decoder_hidden_dim,
-                      bounded_sigma=a.bounded_sigma, logvar_bound=a.logvar_bound)
+                      bounded_sigma=a.bounded_sigma, logvar_bound=a.logvar_bound,
+                      init_logit_bias=a.init_logit_bias, init=a.init)
     optim = AdamP([{"params": towers.parameters(), "lr": lr * tower_lr_mult},
                    {"params": head.parameters(), "lr": lr}], weight_decay=1e-4)
     split, loss_kwargs = data.train, asdict(config.loss)

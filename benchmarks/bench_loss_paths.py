@@ -59,6 +59,9 @@ def _run(job: tuple) -> dict:
         return {"nonfinite": 1.0}
     final = {k[len("test/"):]: v for k, v in result.final_metrics.items() if k.startswith("test/")}
     final.update({k: v for k, v in result.final_metrics.items() if k.startswith("train/sigma_hat")})
+    if path == "retrieval":  # Fig. 3: top-1 sigma_hat bin vs that bin's R@1, both directions
+        final["sigma_r1_pearson"] = float(np.nanmean([final.get(f"uncertainty_{d}_pearson", np.nan)
+                                                      for d in ("i2t", "t2i")]))
     if path == "classification":
         novel = evaluate_checkpoint(config, result.checkpoint, subsample="novel")
         final["base"], final["novel"] = final["acc"], novel["acc"]
@@ -109,6 +112,9 @@ def _table(path: str, keys, results) -> list[str]:
         sig = [r.get("train/sigma_hat_pos", np.nan) for r in runs]
         hard = [r.get("train/sigma_hat_hard_neg", np.nan) for r in runs]
         sigma = f"{np.mean(sig):6.3f}/{np.mean(hard):.3f}" if not np.isnan(sig).any() else "-"
+        if path == "retrieval":
+            corr = [r.get("sigma_r1_pearson", np.nan) for r in runs]
+            sigma += f"  {np.nanmean(corr):+.2f} ± {np.nanstd(corr):.2f}" if row != "baseline" else ""
         lines.append(f"{label} {row:<16}" + "".join(f"{c:>15}" for c in cells) + f"  {sigma}")
     return lines
 
@@ -118,7 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("--path", choices=("retrieval", "classification"), required=True)
     p.add_argument("--rows", default=",".join(ROWS))
     p.add_argument("--noise", default="0,0.2,0.5")
-    p.add_argument("--datasets", default="caltech101,oxford_flowers,dtd,ucf101")
+    p.add_argument("--datasets", default="caltech101,oxford_flowers,ucf101,food101,dtd,eurosat")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--set", action="append", default=[], help="override for the VACSR rows")
     p.add_argument("--workdir", type=Path, default=Path("bench_out/loss_paths"))
@@ -142,7 +148,8 @@ def main(argv=None) -> int:
     with ProcessPoolExecutor(args.processes) as pool:
         results = list(pool.map(_run, jobs))
     cols = RETRIEVAL_KEYS if args.path == "retrieval" else ("base", "novel", "H")
-    print(f"{'':<22}" + "".join(f"{c:>15}" for c in cols) + "  sigma_hat pos/hard-neg")
+    print(f"{'':<22}" + "".join(f"{c:>15}" for c in cols) + "  sigma_hat pos/hard-neg"
+          + ("  sigma-R@1 r" if args.path == "retrieval" else ""))
     print("\n".join(_table(args.path, keys, results)))
     print(f"done in {time.time() - started:.0f} s")
     return 0
