@@ -46,7 +46,17 @@ ROWS: dict[str, tuple[str, dict]] = {
     "no_sigma": ("w/o L_sigma", {"loss.use_sigma_loss": False}),
     "k1": ("w/o GMM (K = 1)", {"adapter.num_components": 1}),
     "unbounded": ("w/o sigmoid (exp sigma_hat)", {"adapter.bounded_sigma": False}),
+    # where the gap to the baseline comes from (run with adapter.init=cosine): no sampling noise
+    # of z in training, then also a frozen head (the adapter stays the fixed 10 cos - 10)
+    "recon_mean_z": ("L_recon only, z = mu", {"loss.use_kl": False, "loss.use_sigma_loss": False}),
+    "label_mean_z": ("VACSR label, z = mu", {"loss.neg_sigma_target": "label"}),
+    "recon_frozen": ("L_recon only, z = mu, head frozen",
+                     {"loss.use_kl": False, "loss.use_sigma_loss": False}),
 }
+# how a row trains besides its config: sample z (None = in training mode), the head's lr factor
+ROW_TRAINING: dict[str, dict] = {"recon_mean_z": {"sample": False},
+                                 "label_mean_z": {"sample": False},
+                                 "recon_frozen": {"sample": False, "head_lr_mult": 0.0}}
 NOISE = (0.0, 0.2, 0.5)
 
 
@@ -77,27 +87,31 @@ def build_config(row: str, overrides: list[str]) -> Config:
 
 
 def train_run(data: ConceptData, config: Config, *, seed: int, epochs: int, batch: int,
-              lr: float, tower_lr_mult: float) -> tuple[Towers, nn.Module, dict]:
+              lr: float, tower_lr_mult: float, sample: bool | None = None,
+              head_lr_mult: float = 1.0) -> tuple[Towers, nn.Module, dict]:
     torch.manual_seed(seed)
     towers = Towers(data.init_projection)
     a = config.adapter
     head = build_head(kind=a.kind, embed_dim=data.init_projection.shape[1],
                       hidden_dim=a.hidden_dim, latent_dim=a.latent_dim,
                       num_components=a.num_components, decoder_hidden_dim=a.decoder_hidden_dim,
-                      bounded_sigma=a.bounded_sigma, logvar_bound=a.logvar_bound)
+                      bounded_sigma=a.bounded_sigma, logvar_bound=a.logvar_bound,
+                      init_logit_bias=a.init_logit_bias, init=a.init)
     optim = AdamP([{"params": towers.parameters(), "lr": lr * tower_lr_mult},
-                   {"params": head.parameters(), "lr": lr}], weight_decay=1e-4)
+                   {"params": head.parameters(), "lr": lr * head_lr_mult}], weight_decay=1e-4)
     split, loss_kwargs = data.train, asdict(config.loss)
     gen = torch.Generator().manual_seed(seed)
     last, steps = {}, 0
-    for _ in range(epochs):
+    for epoch in range(epochs):
+        hard = HardNegativeStats()  # of the last epoch
         order = torch.randperm(len(split.texts), generator=gen)
         for start in range(0, len(order) - batch + 1, batch):
             texts = order[start:start + batch]
             owners = split.text_owner[texts]
             v, t = towers(split.images[owners], split.texts[texts])
             labels = (owners[:, None] == owners[None, :]).float()  # (B, B)
-            output = head(v, t)
+            output = head(v, t, sample=sample)
+            hard.add(output, labels, split.groups[owners])
             if output.sigma_hat is None:
                 loss, parts = sigmoid_loss(output.logits, labels)
             else:
@@ -109,7 +123,30 @@ def train_run(data: ConceptData, config: Config, *, seed: int, epochs: int, batc
             nn.utils.clip_grad_norm_([*towers.parameters(), *head.parameters()], 2.0)
             optim.step()
             last, steps = {k: float(v) for k, v in parts.items()}, steps + 1
-    return towers, head, last
+    return towers, head, {**last, **hard.result()}
+
+
+class HardNegativeStats:
+    """Over training steps: how often a row's hardest negative (the one L_sigma^N weighs) is a
+    false negative (same concept set), and the factor 1 / sigma_hat by which L_sigma^N's push on
+    its logit, (p - y') / sigma_hat, exceeds L_recon's (p - y) under the straight-through gradient."""
+
+    def __init__(self) -> None:
+        self.false_neg, self.inv_sigma, self.rows = 0.0, 0.0, 0
+
+    @torch.no_grad()
+    def add(self, output, labels: torch.Tensor, groups: torch.Tensor) -> None:
+        negatives = output.logits.masked_fill(labels.bool(), float("-inf"))  # (B, B)
+        hardest = negatives.argmax(dim=1)  # (B,)
+        self.false_neg += float((groups[hardest] == groups).sum())
+        if output.sigma_hat is not None:
+            self.inv_sigma += float(output.sigma_hat.gather(1, hardest[:, None]).reciprocal().sum())
+        self.rows += len(hardest)
+
+    def result(self) -> dict[str, float]:
+        rows = max(self.rows, 1)
+        return {"hard_neg_false_frac": self.false_neg / rows,
+                "hard_neg_inv_sigma": self.inv_sigma / rows if self.inv_sigma else float("nan")}
 
 
 @torch.no_grad()
@@ -126,6 +163,10 @@ def evaluate(towers: Towers, head: nn.Module, data: ConceptData) -> dict[str, fl
     i2t, t2i = rank_topk(logits, depth["i2t"]), rank_topk(logits.T, depth["t2i"])
     out = semantic_metrics(i2t, t2i, split.groups, owner, prefix="")
     out.update(map_r=out["map_at_r"], rp=out["rprecision"])
+    # binary R@1 (the exact pair, what the training labels reward), both directions
+    images = torch.arange(len(split.groups))
+    out["inst_r1"] = 50.0 * float((owner[i2t[:, 0]] == images).float().mean()
+                                  + (t2i[:, 0] == owner).float().mean())
     if sigma is not None:
         correct = split.text_groups[i2t[:, 0]] == split.groups  # (N,) top-1 relevant
         top1_sigma = sigma.gather(1, i2t[:, :1]).squeeze(1)
@@ -139,7 +180,8 @@ def run_cell(row: str, noise: float, seed: int, args) -> dict[str, float]:
     data = replace(data, train=add_correspondence_noise(data.train, noise, seed=seed))
     config = build_config(row, args.set)
     towers, head, last = train_run(data, config, seed=seed, epochs=args.epochs, batch=args.batch,
-                                   lr=args.lr, tower_lr_mult=args.tower_lr_mult)
+                                   lr=args.lr, tower_lr_mult=args.tower_lr_mult,
+                                   **ROW_TRAINING.get(row, {}))
     if "nonfinite_step" in last:
         return {"map_r": float("nan"), "rp": float("nan"), "r1": float("nan"),
                 "nonfinite_step": last["nonfinite_step"]}
@@ -178,16 +220,20 @@ def main(argv=None) -> int:
                      make_concept_data(ConceptSpec(), seed=s)) for s in seeds]
     print(f"untrained towers (cosine): mAP@R {_cell([z['map_r'] for z in zero])}, "
           f"R@1 {_cell([z['r1'] for z in zero])}")
-    header = f"{'row':<30}{'noise':>6}{'mAP@R':>14}{'R-P':>14}{'R@1':>14}{'sigma-R@1 r':>13}"
+    header = (f"{'row':<34}{'noise':>6}{'mAP@R':>14}{'R-P':>14}{'R@1':>14}{'sigma-R@1 r':>13}"
+              f"{'inst R@1':>14}{'hard neg FN':>12}{'1/sigma':>9}")
     print(header + "\n" + "-" * len(header), flush=True)
     for noise in noises:
         for row in rows:
             cells = [run_cell(row, noise, seed, args) for seed in seeds]
             pearson = [c.get("sigma_r1_pearson", float("nan")) for c in cells]
             corr = f"{np.nanmean(pearson):13.2f}" if not np.isnan(pearson).all() else f"{'-':>13}"
-            print(f"{ROWS[row][0]:<30}{noise:>6.0%}{_cell([c['map_r'] for c in cells]):>14}"
+            false_neg = np.mean([c.get("train_hard_neg_false_frac", np.nan) for c in cells])
+            inv_sigma = np.mean([c.get("train_hard_neg_inv_sigma", np.nan) for c in cells])
+            print(f"{ROWS[row][0]:<34}{noise:>6.0%}{_cell([c['map_r'] for c in cells]):>14}"
                   f"{_cell([c['rp'] for c in cells]):>14}{_cell([c['r1'] for c in cells]):>14}"
-                  f"{corr}", flush=True)
+                  f"{corr}{_cell([c.get('inst_r1', np.nan) for c in cells]):>14}"
+                  f"{false_neg:>12.0%}{inv_sigma:>9.1f}", flush=True)
     print(f"\ndone in {time.time() - started:.0f} s")
     return 0
 

@@ -71,3 +71,76 @@ def test_baseline_head_is_scaled_cosine():
     logits, sigma = head.score_block(v, t)
     assert sigma is None
     torch.testing.assert_close(logits, 10.0 * v @ t.T - 10.0)
+
+
+# ---------------------------------------------------------------- cosine-preserving init
+COSINE_SHAPES = [dict(components=2, decoder_hidden=64), dict(components=1, decoder_hidden=0),
+                 dict(components=3, decoder_hidden=2)]
+
+
+@pytest.mark.parametrize("shape", COSINE_SHAPES)
+def test_cosine_init_starts_at_the_baseline_head(shape):
+    torch.manual_seed(0)
+    adapter = VariationalSimilarityAdapter(embed_dim=48, hidden_dim=40, latent_dim=6,
+                                           num_components=shape["components"],
+                                           decoder_hidden_dim=shape["decoder_hidden"],
+                                           init="cosine").eval()
+    v, t = _feats(13, 48, 11), _feats(17, 48, 12)
+    baseline, _ = SigmoidBaselineHead().score_block(v, t)
+    logits, sigma = adapter.score_block(v, t)
+    torch.testing.assert_close(logits, baseline, atol=1e-5, rtol=0)
+    torch.testing.assert_close(adapter(v, t).logits, baseline, atol=1e-5, rtol=0)  # eval: z = mu
+    assert ((sigma > 0) & (sigma < 1)).all() and sigma.std() > 0  # the uncertainty head is random
+
+
+def test_random_init_is_not_the_baseline():
+    torch.manual_seed(0)
+    adapter = VariationalSimilarityAdapter(embed_dim=48, hidden_dim=40, latent_dim=6).eval()
+    v, t = _feats(13, 48, 11), _feats(17, 48, 12)
+    baseline, _ = SigmoidBaselineHead().score_block(v, t)
+    assert (adapter.score_block(v, t)[0] - baseline).abs().max() > 1.0
+
+
+def test_cosine_init_every_parameter_learns_after_one_step():
+    from vacsr.model.losses import vacsr_loss
+
+    torch.manual_seed(0)
+    adapter = VariationalSimilarityAdapter(embed_dim=32, hidden_dim=24, latent_dim=4,
+                                           decoder_hidden_dim=8, init="cosine")
+    optim = torch.optim.Adam(adapter.parameters(), lr=1e-2)
+    v, t = _feats(8, 32, 13), _feats(8, 32, 14)
+    labels = torch.eye(8)
+    for _ in range(2):
+        optim.zero_grad(set_to_none=True)
+        loss, _ = vacsr_loss(adapter(v, t), labels)
+        loss.backward()
+        optim.step()
+    # every unit learns: each weight row and each bias entry has a non-zero gradient
+    silent = [name for name, p in adapter.named_parameters()
+              if p.grad is None or not (p.grad.abs().reshape(p.shape[0], -1) > 0).any(1).all()]
+    assert not silent
+
+
+def test_cosine_init_needs_the_pair_units():
+    with pytest.raises(ValueError, match="hidden_dim >= 2"):
+        VariationalSimilarityAdapter(embed_dim=8, hidden_dim=1, init="cosine")
+    with pytest.raises(ValueError, match="decoder_hidden_dim 0 or >= 2"):
+        VariationalSimilarityAdapter(embed_dim=8, decoder_hidden_dim=1, init="cosine")
+    with pytest.raises(ValueError, match="init: expected one of random, cosine"):
+        VariationalSimilarityAdapter(embed_dim=8, init="zeros")
+
+
+def test_config_init_reaches_the_model():
+    from vacsr.config import load_config
+    from vacsr.errors import ConfigError
+    from vacsr.model.vacsr import build_model
+
+    model = build_model(load_config(overrides=["adapter.init=cosine", "adapter.hidden_dim=16",
+                                               "adapter.decoder_hidden_dim=4"])).eval()
+    dim = model.backbone.embed_dim
+    v, t = _feats(5, dim, 15), _feats(6, dim, 16)
+    torch.testing.assert_close(model.score(v, t)[0], 10.0 * v @ t.T - 10.0, atol=1e-5, rtol=0)
+    with pytest.raises(ConfigError, match=r"adapter\.init: expected one of random, cosine"):
+        load_config(overrides=["adapter.init=zeros"])
+    with pytest.raises(ConfigError, match=r"adapter\.decoder_hidden_dim: expected 0 or >= 2"):
+        load_config(overrides=["adapter.init=cosine", "adapter.decoder_hidden_dim=1"])

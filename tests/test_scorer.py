@@ -258,3 +258,29 @@ def test_evaluate_classification_ties_to_the_lower_class():
                                       device="cpu")
     # predictions 0, 1, 2 (ties to the higher class would give 1, 2, 2 and 0 correct)
     assert metrics["acc"] == pytest.approx(200 / 3)
+
+
+@pytest.mark.parametrize("decoder", [16, 0])
+def test_cosine_init_scored_as_the_adapter_scores_it(decoder):
+    """The fused kernel, listed pairs and two-stage evaluation score the cosine-init adapter
+    exactly as score_block does, and that is the baseline head's 10 cos - 10."""
+    torch.manual_seed(0)
+    head = VariationalSimilarityAdapter(embed_dim=32, hidden_dim=48, latent_dim=8,
+                                        decoder_hidden_dim=decoder, init="cosine").eval()
+    queries, items = _features(15, 32, 20), _features(40, 32, 21)
+    ref_logits, ref_sigma = head.score_block(queries, items)
+    torch.testing.assert_close(ref_logits, SigmoidBaselineHead().score_block(queries, items)[0],
+                               atol=1e-5, rtol=0)
+    scorer = ChunkedScorer(head, device="cpu", query_chunk=4, item_chunk=9)
+    dense = scorer.score(queries, items, k=5, return_full=True)
+    torch.testing.assert_close(dense.scores, ref_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dense.sigma, ref_sigma, atol=1e-6, rtol=1e-5)
+    q_idx, g_idx = torch.tensor([0, 14, 3, 3]), torch.tensor([39, 0, 5, 6])
+    logits, sigma = scorer.score_pairs(queries, items, q_idx, g_idx)
+    torch.testing.assert_close(logits, ref_logits[q_idx, g_idx], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(sigma, ref_sigma[q_idx, g_idx], atol=1e-6, rtol=1e-5)
+    staged = two_stage_score(scorer, queries, items, k=5, k_prime=8)
+    rows = torch.arange(15)[:, None]
+    torch.testing.assert_close(staged.query_topk.scores, ref_logits[rows, staged.query_topk.indices],
+                               atol=1e-5, rtol=1e-5)
+    assert torch.equal(staged.query_topk.indices, dense.query_topk.indices)  # cosine order

@@ -50,6 +50,9 @@ class AdapterConfig:
     # At 0 every pair starts at p = 0.5 and the negatives' L_recon swamps the few positives: the
     # per-query reduction then left few-shot classification at chance (H ~3 after 8 epochs).
     init_logit_bias: float = -4.0
+    # "random" | "cosine": cosine starts the logit at z = mu at the baseline head's 10 cos - 10
+    # (then init_logit_bias is unused); the paper does not state the init (sec. 3.1, app. C.2)
+    init: str = "random"
 
 
 @dataclass
@@ -340,6 +343,12 @@ def validate(config: Config) -> Config:
     _check(a.latent_dim >= 1, "adapter.latent_dim", ">= 1", a.latent_dim)
     _check(a.num_components >= 1, "adapter.num_components", "K >= 1", a.num_components)
     _check(a.decoder_hidden_dim >= 0, "adapter.decoder_hidden_dim", ">= 0", a.decoder_hidden_dim)
+    _one_of("adapter.init", a.init, ("random", "cosine"))
+    if a.init == "cosine":  # two first-layer units and two decoder units carry +-cos
+        _check(a.hidden_dim >= 2, "adapter.hidden_dim", ">= 2 with adapter.init=cosine",
+               a.hidden_dim)
+        _check(a.decoder_hidden_dim != 1, "adapter.decoder_hidden_dim",
+               "0 or >= 2 with adapter.init=cosine", a.decoder_hidden_dim)
     for name in ("alpha_kl", "beta", "gamma"):
         value = getattr(l, name)
         _check(math.isfinite(value) and value >= 0, f"loss.{name}", "a finite weight >= 0", value)

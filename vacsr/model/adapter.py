@@ -11,6 +11,15 @@ sigma_hat -> 0, so without a bound training can lower the loss without end by sh
 on pairs it already fits instead of learning to rank (measured: the "positive" reading of
 appendix E.1 collapsed below chance and went non-finite). The bound gives
 log sigma_hat >= log sigmoid(-logvar_bound) and also bounds the sampling noise exp(logvar / 2).
+
+Initialisation (the paper does not state it, sec. 3.1 and appendix C.2; this is vacsr's choice):
+"random" is PyTorch's default with the decoder's output bias at init_logit_bias, so ranking starts
+at chance. "cosine" starts the adapter where the sigmoid baseline head starts, at
+m = 10 cos(v, t) - 10 for z = mu: two first-layer units compute +cos and -cos from s_ij (each row
+1/d, since sum(s_ij) = d cos), mu_k0 reads their difference (relu(x) - relu(-x) = x), the decoder's
+hidden layer repeats the pair on z_0 and its output reads it with the baseline's scale and bias;
+the decoder's other output weights start at zero (as LoRA's second matrix), everything else is
+random as in "random", so every weight still learns after the first step.
 """
 from __future__ import annotations
 
@@ -33,16 +42,26 @@ class AdapterOutput:
     mix_weights: torch.Tensor | None = None  # (B, B', K) alpha = softmax(mixture logits)
 
 
+BASELINE_LOGIT_SCALE = 10.0  # SigLIP's initial t' = log 10 and b = -10: the baseline head's start
+BASELINE_LOGIT_BIAS = -10.0
+ADAPTER_INITS = ("random", "cosine")
+
+
 class VariationalSimilarityAdapter(nn.Module):
     """Encoder s -> (mu_k, logvar_k, alpha_k), decoder z_k -> m_k; see module docstring."""
 
     def __init__(self, *, embed_dim: int, hidden_dim: int = 512, latent_dim: int = 32,
                  num_components: int = 2, decoder_hidden_dim: int = 64,
                  bounded_sigma: bool = True, logvar_bound: float = 8.0,
-                 init_logit_bias: float = -4.0) -> None:
+                 init_logit_bias: float = -4.0, init: str = "random") -> None:
         super().__init__()
         if not (logvar_bound > 0 and math.isfinite(logvar_bound)):
             raise ValueError(f"logvar_bound: expected a finite value > 0, got {logvar_bound!r}")
+        if init not in ADAPTER_INITS:
+            raise ValueError(f"init: expected one of {', '.join(ADAPTER_INITS)}, got {init!r}")
+        if init == "cosine" and (hidden_dim < 2 or decoder_hidden_dim == 1):
+            raise ValueError("init 'cosine' needs hidden_dim >= 2 and decoder_hidden_dim 0 or >= 2"
+                             f", got {hidden_dim} and {decoder_hidden_dim}")
         self.embed_dim = embed_dim
         self.logvar_bound = float(logvar_bound)
         self.latent_dim = latent_dim
@@ -58,6 +77,33 @@ class VariationalSimilarityAdapter(nn.Module):
             self.decoder = nn.Linear(latent_dim, 1)
         last = [m for m in self.decoder.modules() if isinstance(m, nn.Linear)][-1]
         nn.init.constant_(last.bias, init_logit_bias)
+        if init == "cosine":
+            self.start_at_cosine(BASELINE_LOGIT_SCALE, BASELINE_LOGIT_BIAS)
+
+    @torch.no_grad()
+    def start_at_cosine(self, logit_scale: float, logit_bias: float) -> None:
+        """Set the weights so that the logit at z = mu is logit_scale * (v . t) + logit_bias for
+        every pair (the "cosine" init, module docstring); the weights not named stay as they are."""
+        plus_minus = torch.tensor([1.0, -1.0])  # units 0 and 1 hold relu(x) and relu(-x)
+        self.fc1.weight[:2] = plus_minus[:, None] / self.embed_dim  # (2, d): +-sum(s) / d = +-cos
+        self.fc1.bias[:2] = 0.0
+        k, l = self.num_components, self.latent_dim
+        mu_rows = torch.arange(k) * l  # mu_k0 of every component (fc2 rows are [mu | logvar | alpha])
+        self.fc2.weight[mu_rows] = 0.0
+        self.fc2.weight[mu_rows, :2] = plus_minus  # mu_k0 = relu(cos) - relu(-cos) = cos
+        self.fc2.bias[mu_rows] = 0.0
+        linears = [m for m in self.decoder.modules() if isinstance(m, nn.Linear)]
+        if len(linears) > 1:  # the same pair on z_0 in the decoder's hidden layer
+            hidden, out = linears
+            hidden.weight[:2] = 0.0
+            hidden.weight[:2, 0] = plus_minus
+            hidden.bias[:2] = 0.0
+            read = plus_minus * logit_scale  # (2,) output weights of the pair
+        else:
+            out, read = linears[0], torch.tensor([logit_scale])  # linear decoder reads z_0 itself
+        out.weight.zero_()  # the other units start silent, as LoRA's second matrix
+        out.weight[0, :read.numel()] = read
+        out.bias.fill_(logit_bias)
 
     # ------------------------------------------------------------------ encoder
     def first_layer(self, image_feats: torch.Tensor, text_feats: torch.Tensor) -> torch.Tensor:
@@ -140,7 +186,8 @@ class VariationalSimilarityAdapter(nn.Module):
 class SigmoidBaselineHead(nn.Module):
     """"w/o all components" of Table 6: SigLIP logits t * cos(v, t) + b, no adapter."""
 
-    def __init__(self, *, init_logit_scale: float = math.log(10.0), init_logit_bias: float = -10.0):
+    def __init__(self, *, init_logit_scale: float = math.log(BASELINE_LOGIT_SCALE),
+                 init_logit_bias: float = BASELINE_LOGIT_BIAS):
         super().__init__()
         self.logit_scale = nn.Parameter(torch.tensor(init_logit_scale))
         self.logit_bias = nn.Parameter(torch.tensor(init_logit_bias))
@@ -160,14 +207,14 @@ class SigmoidBaselineHead(nn.Module):
 def build_head(*, kind: str, embed_dim: int, hidden_dim: int = 512, latent_dim: int = 32,
                num_components: int = 2, decoder_hidden_dim: int = 64,
                bounded_sigma: bool = True, logvar_bound: float = 8.0,
-               init_logit_bias: float = -4.0) -> nn.Module:
+               init_logit_bias: float = -4.0, init: str = "random") -> nn.Module:
     """Factory: the VACSR adapter or the sigmoid baseline, from plain keyword arguments."""
     if kind == "vacsr":
         return VariationalSimilarityAdapter(
             embed_dim=embed_dim, hidden_dim=hidden_dim, latent_dim=latent_dim,
             num_components=num_components, decoder_hidden_dim=decoder_hidden_dim,
             bounded_sigma=bounded_sigma, logvar_bound=logvar_bound,
-            init_logit_bias=init_logit_bias)
+            init_logit_bias=init_logit_bias, init=init)
     if kind == "sigmoid_baseline":
         return SigmoidBaselineHead()
     raise ValueError(f"unknown head kind {kind!r}")

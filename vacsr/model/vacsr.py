@@ -36,5 +36,6 @@ def build_model(config) -> VACSRModel:
     head = build_head(kind=a.kind, embed_dim=backbone.embed_dim, hidden_dim=a.hidden_dim,
                       latent_dim=a.latent_dim, num_components=a.num_components,
                       decoder_hidden_dim=a.decoder_hidden_dim, bounded_sigma=a.bounded_sigma,
-                      logvar_bound=a.logvar_bound, init_logit_bias=a.init_logit_bias)
+                      logvar_bound=a.logvar_bound, init_logit_bias=a.init_logit_bias,
+                      init=a.init)
     return VACSRModel(backbone, head)
