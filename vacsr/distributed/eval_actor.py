@@ -156,7 +156,7 @@ class PoolScorer:
 
         if self.pool is None:
             self.pool = EvalPool(encoded.head, encoded.items, num_actors=self.actors,
-                                 num_cpus_per_actor=self.cpus)
+                                 num_cpus_per_actor=self.cpus, precision=encoded.precision)
         else:
             self.pool.update_head(encoded.head)
         return score_encoded(encoded, scorer=self.pool, **engine_kwargs)

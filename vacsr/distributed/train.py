@@ -22,6 +22,7 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from vacsr.atomic import atomic_write_json
 from vacsr.config import Config, from_dict, to_dict
+from vacsr.device import process_group_backend
 from vacsr.distributed.backend import LazyTorchConfig, imports_outside_gc
 from vacsr.distributed.placement import SharedCleanerCallback, find_cleaner
 
@@ -119,7 +120,8 @@ def build_torch_trainer(config: Config, *, name: str | None = None,
         train_loop_config={"config": to_dict(config)},
         scaling_config=ray.train.ScalingConfig(num_workers=config.train.workers, use_gpu=use_gpu,
                                                resources_per_worker=resources),
-        backend_config=LazyTorchConfig(backend="nccl" if use_gpu else "gloo"),
+        backend_config=LazyTorchConfig(backend=process_group_backend(
+            gpus_per_worker=config.train.gpus_per_worker, device=config.train.device)),
         run_config=ray.train.RunConfig(
             name=name or output_dir.name, storage_path=storage, callbacks=callbacks,
             failure_config=ray.train.FailureConfig(max_failures=config.train.max_failures),

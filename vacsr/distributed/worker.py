@@ -27,6 +27,8 @@ import torch.distributed.nn.functional as dist_fn
 from torch import nn
 
 from vacsr.config import Config, save_config
+from vacsr.device import ray_worker_device
+from vacsr.distributed.devices import record_workers
 from vacsr.distributed.train import CHECKPOINT_FILE
 from vacsr.tasks import PairBatch
 from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
@@ -110,7 +112,9 @@ def train_worker(config: Config) -> None:
     """Build, resume, train the remaining epochs, report."""
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
-    trainer = Trainer(config, device=ray.train.torch.get_device())
+    trainer = Trainer(config, device=ray_worker_device(config.train.device,
+                                                       ray.train.torch.get_device()))
+    record_workers(trainer.output_dir, rank, world, trainer.device)
     _restore(trainer)
     loss_module = ray.train.torch.prepare_model(GlobalLoss(trainer), move_to_device=False)
     tracker = None

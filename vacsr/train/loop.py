@@ -20,6 +20,7 @@ from vacsr.data import build_classification, build_retrieval
 from vacsr.data.base import CaptionPairDataset, LabelledImageDataset
 from vacsr.data.loader import make_loader
 from vacsr.data.sampler import GlobalBatchSampler, require_one_batch
+from vacsr.device import resolve_device
 from vacsr.errors import CheckpointError, TrainingDiverged
 from vacsr.model.vacsr import VACSRModel, build_model
 from vacsr.seed import epoch_seed, seed_everything
@@ -28,14 +29,9 @@ from vacsr.train.checkpoint import (ARCHITECTURE_KEYS, TRAINABLE_KEYS, load_chec
                                     load_model_state, save_checkpoint)
 from vacsr.train.evaluate import coco1k_folds, evaluate_split
 from vacsr.train.optim import build_optimizer, lr_factor, set_learning_rates
+from vacsr.train.precision import STATE_KEY, check_resume_precision, run_precision
 
 EpochCallback = Callable[[int, dict, Path], None]
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 class CaptionCollate:
@@ -62,6 +58,7 @@ class Trainer:
     def __init__(self, config: Config, *, device: torch.device | None = None) -> None:
         self.config = config
         self.device = device or resolve_device(config.train.device)
+        self.precision = run_precision(self.device, config.train)
         seed_everything(config.train.seed)
         self.model: VACSRModel = build_model(config).to(self.device)
         self.splits = self._build_splits()
@@ -130,7 +127,7 @@ class Trainer:
     def state(self, epoch: int) -> dict:
         return {"epoch": epoch, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "history": self.history,
-                "config": to_dict(self.config)}
+                "config": to_dict(self.config), STATE_KEY: self.precision.name}
 
     def load_state(self, state: dict, source: str | Path = "resumed checkpoint") -> None:
         """Continue from `state`; a checkpoint of another architecture or trainable set fails
@@ -141,6 +138,7 @@ class Trainer:
                                   f"{', '.join(missing)}); use {FRESH_START}")
         load_model_state(self.model, state, source, self.config,
                          keys=ARCHITECTURE_KEYS + TRAINABLE_KEYS, hint=RESUME_HINT)
+        check_resume_precision(state, self.precision, source)
         try:
             self.optimizer.load_state_dict(state["optimizer"])
         except (KeyError, ValueError) as exc:
@@ -159,8 +157,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- steps
     def autocast(self):
-        enabled = self.device.type == "cuda" and self.config.train.amp
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+        return self.precision()
 
     def compute_loss(self, batch, gather: Callable | None = None, step_seed: int | None = None):
         """Backbone under autocast; adapter and losses in fp32 over the (gathered) global batch.
@@ -221,7 +218,8 @@ class Trainer:
         folds = coco1k_folds(task, split, len(data.images))  # retrieval test: COCO 1K too
         return evaluate_split(self.model, data, task=task, device=self.device,
                               batch_size=max(self.config.train.batch_size, 64),
-                              autocast=self.autocast, **({"num_folds": folds} if folds else {}))
+                              autocast=self.autocast, precision=self.precision.scorer,
+                              **({"num_folds": folds} if folds else {}))
 
     def eval_splits(self, epoch: int) -> list[str]:
         last = epoch == self.config.train.epochs - 1
