@@ -1,0 +1,45 @@
+"""The embedded base-to-novel sweep with its Ray Train workers on GPUs (benchmarks/gpu_check.sh).
+
+    .venv/bin/python benchmarks/gpu_sweep.py [--logical-gpus N] -- <sweeps/base2novel.py flags>
+
+Without --logical-gpus it is `sweeps/base2novel.py` itself: the sweep starts its local Ray,
+which finds the machine's GPUs. With --logical-gpus N (gpu_check.sh's dry run) a local Ray is
+started first with N logical GPUs (`ray.init(num_gpus=N)`, a resource count: nothing fakes
+CUDA), so the same sweep schedules, packs and places its trials and workers on GPU ids while
+`--set train.device=cpu` keeps their tensors on the CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "sweeps"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--logical-gpus", type=int, default=0,
+                        help="start the local Ray with this many logical GPUs (dry run)")
+    parser.add_argument("--cpus", type=int, default=None,
+                        help="logical CPUs of that Ray (default: the machine's)")
+    parser.add_argument("sweep_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    sweep_args = args.sweep_args[1:] if args.sweep_args[:1] == ["--"] else args.sweep_args
+    from base2novel import SWEEP
+
+    from vacsr.sweep.cli import main as sweep_main
+
+    if args.logical_gpus:
+        from vacsr.distributed.cluster import ensure_ray
+
+        ensure_ray(num_cpus=args.cpus or os.cpu_count() or 1, num_gpus=args.logical_gpus,
+                   address="local", log_to_driver=False)
+    return sweep_main(SWEEP, sweep_args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
