@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = args.images * captions_n
     achieved = pairs * head.flops_per_pair() / plain / 1e12
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)"
-    print(f"  {name}: bf16 matmul {rate:.2f} TFLOP/s ({args.matmul_size}^3, best of 10)")
+    print(f"  {name}: bf16 matmul {rate:.3g} TFLOP/s ({args.matmul_size}^3, best of 10)")
     print(f"  {args.images} x {captions_n} = {pairs:,} pairs, block "
           f"{scorer.plan(args.images, captions_n)}, budget {args.budget_mib} MiB: {plain:.2f} s "
           f"({pairs / plain:,.0f} pairs/s, "
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{large_s:.2f} s")
     verdict = "PASS" if max(plain, grouped) < args.target_s else "FAIL"
     print(f"SUMMARY {verdict}: COCO-5K exact scoring {plain:.2f} s (with 1K folds {grouped:.2f} s),"
-          f" target < {args.target_s:g} s; {achieved / rate:.2f} of bf16 matmul {rate:.2f} TFLOP/s"
+          f" target < {args.target_s:g} s; {achieved / rate:.2f} of bf16 matmul {rate:.3g} TFLOP/s"
           + ("" if device == "cuda" else f"; {args.images} images on the cpu (dry run)"))
     return 0 if verdict == "PASS" else 1
 

@@ -28,7 +28,8 @@ def test_parse_device_rejects_everything_else_in_one_line(text):
     with pytest.raises(ConfigError) as error:
         parse_device(text)
     message = str(error.value)
-    assert message.startswith("train.device: expected auto, cpu, cuda or cuda:N") and "\n" not in message
+    assert message.startswith("train.device: expected auto, cpu, cuda or cuda:N")
+    assert "\n" not in message
 
 
 def _one_error_line(capsys, argv) -> str:
