@@ -1,6 +1,6 @@
 """The embedded base-to-novel sweep with its Ray Train workers on GPUs (benchmarks/gpu_check.sh).
 
-    .venv/bin/python benchmarks/gpu_sweep.py [--logical-gpus N] -- <sweeps/base2novel.py flags>
+    .venv/bin/python benchmarks/gpu_sweep.py [--logical-gpus N] [--cpus C] -- <base2novel flags>
 
 Without --logical-gpus it is `sweeps/base2novel.py` itself: the sweep starts its local Ray,
 which finds the machine's GPUs. With --logical-gpus N (gpu_check.sh's dry run) a local Ray is
@@ -26,9 +26,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="start the local Ray with this many logical GPUs (dry run)")
     parser.add_argument("--cpus", type=int, default=None,
                         help="logical CPUs of that Ray (default: the machine's)")
-    parser.add_argument("sweep_args", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    sweep_args = args.sweep_args[1:] if args.sweep_args[:1] == ["--"] else args.sweep_args
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)  # ours before "--", the sweep's after
+    args = parser.parse_args(argv[:split])
+    sweep_args = argv[split + 1:]
     from base2novel import SWEEP
 
     from vacsr.sweep.cli import main as sweep_main

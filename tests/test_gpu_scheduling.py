@@ -16,7 +16,7 @@ import pytest
 
 from vacsr.distributed.devices import WORKERS_FILE
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 TINY = ["train.batch_size=16", "train.progress=false", "data.num_train=16", "data.num_test=8",
         "adapter.hidden_dim=16", "data.augment=false", "train.resume=false", "train.epochs=1"]
