@@ -104,6 +104,8 @@ fi
 
 SWEEP=(--datasets caltech101 --gpus-per-worker 1 --storage "$OUT/sweep" --name gpu-check)
 if [ "$DRY_RUN" = 1 ]; then
+    # a busy CPU can take longer than Ray Train's 60 s default to start a worker process
+    export RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S=${RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S:-600}
     # random tiny weights: the dry run checks the path, not accuracy (no CLIP pretraining)
     "$PY" -c 'import sys, open_clip, torch
 from vacsr.model.backbone import register_model_configs

@@ -37,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.logical_gpus:
         from vacsr.distributed.cluster import ensure_ray
 
+        os.environ.pop("RAY_ADDRESS", None)  # a local instance of our own, with these resources
         ensure_ray(num_cpus=args.cpus or os.cpu_count() or 1, num_gpus=args.logical_gpus,
-                   address="local", log_to_driver=False)
+                   log_to_driver=False)
     return sweep_main(SWEEP, sweep_args)
 
 
