@@ -1,6 +1,10 @@
 """One bf16 training step at the paper's scale on a GPU: time and peak memory against the estimate.
 
     .venv/bin/python benchmarks/gpu_train_step.py [--model ViT-B-16] [--batch-size 128]
+    .venv/bin/python benchmarks/gpu_train_step.py --device cpu --model vacsr-tiny --batch-size 8
+
+`--device cpu` (gpu_check.sh's dry run) runs the same step through the same bf16 path on the CPU
+(train.amp_on_cpu): time and losses; peak memory is CUDA's allocator statistic and is not measured.
 
 Random weights (nothing is downloaded): speed and memory do not depend on the weights' values. The
 step is the trainer's own (Trainer.compute_loss: backbone under bf16 autocast with GPO over every
@@ -34,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="ViT-B-16")
     parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cpu: the dry run of the same step (bf16 autocast on the CPU)")
     parser.add_argument("--warmup", type=int, default=2, help="steps before measuring")
     parser.add_argument("--steps", type=int, default=3, help="measured steps")
     parser.add_argument("--tolerance", type=float, default=0.25,
@@ -65,38 +71,47 @@ def train_step(trainer: Trainer, batch: list[torch.Tensor], seed: int) -> float:
 
 
 def measure(trainer: Trainer, batch: list[torch.Tensor], warmup: int,
-            steps: int) -> tuple[list[float], list[float], int]:
-    """(step seconds, losses, peak bytes) of `steps` steps after `warmup` ones."""
+            steps: int) -> tuple[list[float], list[float], int | None]:
+    """(step seconds, losses, peak bytes or None on the CPU) of `steps` steps after `warmup`."""
+    cuda = trainer.device.type == "cuda"
     losses = [train_step(trainer, batch, seed) for seed in range(warmup)]
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     seconds = []
     for seed in range(warmup, warmup + steps):
         start = time.perf_counter()
         losses.append(train_step(trainer, batch, seed))  # .item() waits for the GPU
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
-    return seconds, losses, torch.cuda.max_memory_allocated()
+    return seconds, losses, torch.cuda.max_memory_allocated() if cuda else None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_train_step: needs CUDA (torch.cuda.is_available() is False); nothing measured")
         return 0
     config = load_config(overrides=[
         f"model.name={args.model}", f"train.batch_size={args.batch_size}", "train.amp=true",
-        "train.device=cuda", "data.num_train=16", "data.num_test=8", "train.progress=false",
-        *args.set])
-    trainer = Trainer(config, device=torch.device("cuda"))
+        "train.amp_on_cpu=true", f"train.device={args.device}", "data.num_train=16",
+        "data.num_test=8", "train.progress=false", *args.set])
+    trainer = Trainer(config)
+    assert trainer.precision.name == "bf16", trainer.precision
     batch = make_batch(trainer, args.batch_size)
     seconds, losses, peak = measure(trainer, batch, args.warmup, args.steps)
+    step = statistics.median(seconds)
+    finite = all(math.isfinite(x) for x in losses)
+    if peak is None:
+        print(f"SUMMARY {args.model} batch {args.batch_size} bf16 on cpu (dry run): "
+              f"{step:.3f} s/step, losses " + ", ".join(f"{x:.4f}" for x in losses)
+              + f", {'finite' if finite else 'NON-FINITE'}; peak memory needs CUDA")
+        return 0 if finite else 1
     estimate = estimate_for_config(config)
     for name, value in estimate.items():
         print(f"  estimate {name:<12} {value / GIB:8.2f} GiB")
     ratio = peak / estimate["total"]
-    step = statistics.median(seconds)
-    finite = all(math.isfinite(x) for x in losses)
     match = abs(ratio - 1) <= args.tolerance
     print(f"  measured peak allocated {peak / GIB:.2f} GiB; step times "
           + ", ".join(f"{s:.3f}" for s in seconds) + " s; losses "

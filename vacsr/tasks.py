@@ -166,7 +166,8 @@ class ClassificationTask(_Task):
     def score(encoded, *, scorer=None, device=None, **engine_kwargs) -> dict[str, float]:
         """Accuracy (with sigma_hat of the top-1 class)."""
         return evaluate_classification(encoded.image_feats, encoded.text_feats, encoded.head,
-                                       encoded.targets["labels"], device=device, scorer=scorer)
+                                       encoded.targets["labels"], device=device, scorer=scorer,
+                                       precision=engine_kwargs.get("precision", "auto"))
 
     def __init__(self, model: VACSRModel, loss_config, prompt_tokens: torch.Tensor) -> None:
         super().__init__(model, loss_config)

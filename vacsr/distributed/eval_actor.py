@@ -78,6 +78,7 @@ class EvalPool:
         if num_actors is None:
             num_actors = max(1, gpus) if num_gpus_per_actor else 1
         self.memory_budget_bytes = memory_budget_bytes
+        self.num_gpus_per_actor = num_gpus_per_actor
         self.device = torch.device("cpu")  # where two_stage_score runs its cheap cosine stage
         self._items = items
         items_ref, head_ref = ray.put(items.detach().cpu()), ray.put(_cpu_copy(head))
@@ -156,7 +157,7 @@ class PoolScorer:
 
         if self.pool is None:
             self.pool = EvalPool(encoded.head, encoded.items, num_actors=self.actors,
-                                 num_cpus_per_actor=self.cpus)
+                                 num_cpus_per_actor=self.cpus, precision=encoded.precision)
         else:
             self.pool.update_head(encoded.head)
         return score_encoded(encoded, scorer=self.pool, **engine_kwargs)
@@ -164,6 +165,13 @@ class PoolScorer:
     def shutdown(self) -> None:
         if self.pool is not None:
             self.pool.shutdown()
+            self.pool = None  # a later call starts the actors again
+
+    def release_gpus(self) -> None:
+        """Stop actors that hold GPUs, before the next run or encoding asks for GPUs: held across
+        them, on a cluster with no GPU to spare (one GPU) the run would wait for ever."""
+        if self.pool is not None and self.pool.num_gpus_per_actor:
+            self.shutdown()
 
 
 def _shard_bounds(num: int, shards: int) -> list[tuple[int, int]]:

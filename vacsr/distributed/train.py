@@ -88,7 +88,8 @@ def build_torch_trainer(config: Config, *, name: str | None = None,
         # the fault-injection switch of the resilience tests travels with the config
         train_loop_config={"config": to_dict(config),
                            "fail_once": os.environ.get("VACSR_FAIL_ONCE")},
-        torch_config=torch_config(use_gpu),
+        torch_config=torch_config(gpus_per_worker=config.train.gpus_per_worker,
+                                  device=config.train.device),
         scaling_config=ray.train.ScalingConfig(num_workers=config.train.workers, use_gpu=use_gpu,
                                                resources_per_worker=resources),
         run_config=ray.train.RunConfig(

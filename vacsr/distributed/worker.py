@@ -28,6 +28,8 @@ import torch.distributed.nn.functional as dist_fn
 from torch import nn
 
 from vacsr.config import Config
+from vacsr.device import ray_worker_device
+from vacsr.distributed.devices import record_workers
 from vacsr.tasks import PairBatch
 from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
 from vacsr.train.files import CHECKPOINT_FILE
@@ -139,4 +141,8 @@ class RayTrainRun(RunHooks):
 
 def train_worker(config: Config, fail_once: str | None = None) -> None:
     """This worker's share of the run: the one training lifecycle with Ray Train's hooks."""
-    Trainer(config, device=ray.train.torch.get_device()).fit(RayTrainRun(fail_once))
+    trainer = Trainer(config, device=ray_worker_device(config.train.device,
+                                                       ray.train.torch.get_device()))
+    hooks = RayTrainRun(fail_once)
+    record_workers(trainer.output_dir, hooks.rank, hooks.world_size, trainer.device)
+    trainer.fit(hooks)

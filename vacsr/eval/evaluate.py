@@ -41,8 +41,8 @@ def evaluate_retrieval_detailed(image_feats: torch.Tensor, text_feats: torch.Ten
                                 ks: Sequence[int] = (1, 5, 10), num_folds: int | None = None,
                                 eccv_metrics: bool | None = None, two_stage_k: int | None = None,
                                 memory_budget_bytes: int = 256 * 2**20, device=None,
-                                scorer=None, uncertainty_plot=None, num_bins: int = 10,
-                                image_groups=None) -> RetrievalEvaluation:
+                                precision: str = "auto", scorer=None, uncertainty_plot=None,
+                                num_bins: int = 10, image_groups=None) -> RetrievalEvaluation:
     """image_feats (N_i, d), text_feats (N_c, d), caption_to_image (N_c,) image index per caption.
 
     - R@K both directions and RSUM over the whole set (COCO 5K when it is COCO test);
@@ -54,7 +54,8 @@ def evaluate_retrieval_detailed(image_feats: torch.Tensor, text_feats: torch.Ten
     - two_stage_k=k': cosine top-k' candidates re-ranked by the head instead of exact scoring;
     - uncertainty (Fig. 3) Pearson r per direction when the head has sigma_hat; with
       uncertainty_plot=path also the PNG.
-    scorer: a ChunkedScorer or EvalPool to use (head, memory_budget_bytes and device then unused).
+    scorer: a ChunkedScorer or EvalPool to use (head, memory_budget_bytes, device and precision
+    then unused; precision is the ChunkedScorer's: auto, fp32 or bf16).
     """
     use_eccv = _want_eccv(eccv_metrics, image_ids, caption_ids)
     depth_i2t, depth_t2i = _depths(ks, use_eccv, image_groups, caption_to_image)
@@ -62,7 +63,8 @@ def evaluate_retrieval_detailed(image_feats: torch.Tensor, text_feats: torch.Ten
     if num_folds:
         image_folds, caption_folds = fold_groups(caption_to_image, image_feats.shape[0], num_folds)
         groups = {"query_groups": image_folds, "item_groups": caption_folds}
-    scorer = scorer or ChunkedScorer(head, memory_budget_bytes=memory_budget_bytes, device=device)
+    scorer = scorer or ChunkedScorer(head, memory_budget_bytes=memory_budget_bytes, device=device,
+                                     precision=precision)
     if two_stage_k:
         result = two_stage_score(scorer, image_feats, text_feats, k=depth_i2t, k_items=depth_t2i,
                                  k_prime=max(two_stage_k, depth_i2t, depth_t2i), **groups)
@@ -114,10 +116,12 @@ def _want_eccv(requested: bool | None, image_ids, caption_ids) -> bool:
 
 def evaluate_classification(image_feats: torch.Tensor, class_text_feats: torch.Tensor,
                             head: nn.Module, labels, *, memory_budget_bytes: int = 256 * 2**20,
-                            device=None, scorer=None) -> dict[str, float]:
+                            device=None, precision: str = "auto",
+                            scorer=None) -> dict[str, float]:
     """Micro accuracy (percent) of the head's top-1 class per image (ties to the lower class index),
     plus the mean sigma_hat of the predicted pair when the head has one."""
-    scorer = scorer or ChunkedScorer(head, memory_budget_bytes=memory_budget_bytes, device=device)
+    scorer = scorer or ChunkedScorer(head, memory_budget_bytes=memory_budget_bytes, device=device,
+                                     precision=precision)
     result = scorer.score(image_feats, class_text_feats, k=1, k_items=1)
     predictions = result.query_topk.indices[:, 0]
     metrics = {"acc": accuracy_from_predictions(predictions, labels),

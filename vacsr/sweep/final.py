@@ -47,10 +47,14 @@ def test_metrics(plan: SweepPlan, config, checkpoint: Path, score: Callable) -> 
     """The test split, then the kind's extra evaluations (novel classes, domain shifts), then
     the kind's per-seed averages."""
     encode = _encoder(config)
-    metrics = score(ray.get(encode.remote(config, str(checkpoint))))
-    for evaluation in plan.kind.evaluations:
-        encoded = ray.get(encode.remote(config, str(checkpoint), dataset=evaluation.dataset,
-                                        subsample=evaluation.classes))
+    # every split encoded before any is scored: scoring starts the evaluation actors, and where
+    # they hold GPUs an encoding task asking for one would wait for them
+    test = ray.get(encode.remote(config, str(checkpoint)))
+    extra = [ray.get(encode.remote(config, str(checkpoint), dataset=evaluation.dataset,
+                                   subsample=evaluation.classes))
+             for evaluation in plan.kind.evaluations]
+    metrics = score(test)
+    for evaluation, encoded in zip(plan.kind.evaluations, extra):
         metrics[evaluation.metric] = score(encoded)[evaluation.key]
     for name, parts in plan.kind.averages.items():
         metrics[name] = mean(metrics[p] for p in parts)
@@ -88,6 +92,7 @@ def final_runs(plan: SweepPlan, dataset: str, best: dict, dataset_run_id: str,
             else:
                 checkpoint = fit_ray(config, name=f"{dataset}-seed{seed}").checkpoint
             metrics = test_metrics(plan, config, checkpoint, scorer)
+            scorer.release_gpus()  # the next seed's run needs them
             _log_test(config, metrics,
                       {"vacsr.reused_trial": best["trial_id"]} if seed == reused_seed else {})
             per_seed.append({"seed": seed, **metrics})

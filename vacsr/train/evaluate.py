@@ -34,6 +34,7 @@ class EncodedSplit:
     head: nn.Module  # the trained adapter
     targets: dict[str, Any]  # retrieval: caption_to_image, ids, groups; classification: labels
     num_folds: int | None = None
+    precision: str = "auto"  # the scorer's (bf16 where the features were encoded under autocast)
 
     @property
     def items(self) -> torch.Tensor:
@@ -43,9 +44,9 @@ class EncodedSplit:
 @torch.no_grad()
 def encode_split(model: VACSRModel, data, *, task: str, batch_size: int = 128,
                  autocast=nullcontext, keep_on_device: bool = False,
-                 num_folds: int | None = None) -> EncodedSplit:
+                 num_folds: int | None = None, precision: str = "auto") -> EncodedSplit:
     """Encode a split with the eval transform: image features, and caption features (retrieval)
-    or one prompt per class (classification)."""
+    or one prompt per class (classification). `precision` is recorded for the scorer."""
     was_training = model.training
     model.eval()
     try:
@@ -55,18 +56,20 @@ def encode_split(model: VACSRModel, data, *, task: str, batch_size: int = 128,
     finally:
         model.train(was_training)
     return EncodedSplit(task=task, image_feats=image_feats, text_feats=text_feats,
-                        head=model.head, targets=targets, num_folds=num_folds)
+                        head=model.head, targets=targets, num_folds=num_folds,
+                        precision=precision)
 
 
 def evaluate_split(model: VACSRModel, data, *, task: str, device, batch_size: int = 128,
-                   autocast=nullcontext, scorer=None, **engine_kwargs) -> dict[str, float]:
+                   autocast=nullcontext, precision: str = "auto", scorer=None,
+                   **engine_kwargs) -> dict[str, float]:
     """Encode a split, then score it with the evaluation engine (chunked scorer, or the Ray
     EvalPool passed as `scorer`). Retrieval: R@K both ways, RSUM (COCO 1K / ECCV / CxC when the
     ids say COCO test; semantic mAP@R / R-P / R@1, sem_*, when the data has image_groups);
     classification: accuracy. Both with sigma_hat of the top-1 item."""
     was_training = model.training
     encoded = encode_split(model, data, task=task, batch_size=batch_size, autocast=autocast,
-                           keep_on_device=True)
+                           keep_on_device=True, precision=precision)
     model.eval()  # the head scores in eval mode
     try:
         return score_encoded(encoded, scorer=scorer, device=device, **engine_kwargs)
@@ -79,12 +82,17 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
                       subsample: str | None = None, split: str = "test",
                       device=None) -> EncodedSplit:
     """Load a checkpoint, encode `split` of `dataset` (default: the config's) with the eval
-    transform; `subsample` picks base / novel / all classes of a classification dataset."""
+    transform; `subsample` picks base / novel / all classes of a classification dataset. On
+    `device` (default: the config's train.device) in the run's precision, so the metrics are the
+    ones its end-of-epoch evaluation computes."""
+    from vacsr.device import resolve_device
     from vacsr.model.vacsr import build_model
     from vacsr.train.checkpoint import (check_same_architecture, load_checkpoint,
                                         load_model_state)
+    from vacsr.train.precision import run_precision
 
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(device) if device is not None else resolve_device(config.train.device)
+    precision = run_precision(device, config.train)
     state = load_checkpoint(checkpoint_path, device)
     check_same_architecture(checkpoint_path, state, config)  # before the data is read
     data = replace(config.data,
@@ -99,8 +107,9 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
     load_model_state(model, state, checkpoint_path, config)
     part = splits[split]
     encoded = encode_split(model, part, task=data.task,
-                           batch_size=max(config.train.batch_size, 64),
-                           num_folds=kind.num_folds(split, len(part.images)))
+                           batch_size=max(config.train.batch_size, 64), autocast=precision,
+                           num_folds=kind.num_folds(split, len(part.images)),
+                           precision=precision.scorer)
     encoded.image_feats = encoded.image_feats.float().cpu()
     encoded.text_feats = encoded.text_feats.float().cpu()
     encoded.head = model.head.cpu().eval()
@@ -110,6 +119,7 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
 def score_encoded(encoded: EncodedSplit, *, scorer=None, device=None,
                   **engine_kwargs) -> dict[str, float]:
     """The split's metrics from its features (scorer: a ChunkedScorer or an EvalPool)."""
+    engine_kwargs.setdefault("precision", encoded.precision)
     return task_type(encoded.task).score(encoded, scorer=scorer, device=device, **engine_kwargs)
 
 

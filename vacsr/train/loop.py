@@ -19,6 +19,7 @@ from vacsr.atomic import atomic_write_json
 from vacsr.config import Config, public_dict, save_config
 from vacsr.data.loader import make_loader
 from vacsr.data.sampler import GlobalBatchSampler, require_one_batch
+from vacsr.device import resolve_device
 from vacsr.errors import CheckpointError, TrainingDiverged
 from vacsr.model.vacsr import VACSRModel, build_model
 from vacsr.seed import epoch_seed, seed_everything
@@ -29,14 +30,11 @@ from vacsr.train.evaluate import evaluate_split
 from vacsr.train.files import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE
 from vacsr.train.optim import build_optimizer, lr_factor, set_learning_rates
 from vacsr.train.run_hooks import RunHooks
+from vacsr.train.precision import STATE_KEY, check_resume_precision, run_precision
 
 EpochCallback = Callable[[int, dict, Path], None]
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 @dataclass
@@ -52,6 +50,7 @@ class Trainer:
     def __init__(self, config: Config, *, device: torch.device | None = None) -> None:
         self.config = config
         self.device = device or resolve_device(config.train.device)
+        self.precision = run_precision(self.device, config.train)
         seed_everything(config.train.seed)
         self.model: VACSRModel = build_model(config).to(self.device)
         kind = task_type(config.data.task)
@@ -98,7 +97,7 @@ class Trainer:
     def state(self, epoch: int) -> dict:
         return {"epoch": epoch, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "history": self.history,
-                "config": public_dict(self.config)}
+                "config": public_dict(self.config), STATE_KEY: self.precision.name}
 
     def load_state(self, state: dict, source: str | Path = "resumed checkpoint") -> None:
         """Continue from `state`; a checkpoint of another architecture or trainable set fails
@@ -109,6 +108,7 @@ class Trainer:
                                   f"{', '.join(missing)}); use {FRESH_START}")
         load_model_state(self.model, state, source, self.config,
                          keys=ARCHITECTURE_KEYS + TRAINABLE_KEYS, hint=RESUME_HINT)
+        check_resume_precision(state, self.precision, source)
         try:
             self.optimizer.load_state_dict(state["optimizer"])
         except (KeyError, ValueError) as exc:
@@ -127,8 +127,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- steps
     def autocast(self):
-        enabled = self.device.type == "cuda" and self.config.train.amp
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+        return self.precision()
 
     def compute_loss(self, batch, gather: Callable | None = None, step_seed: int | None = None):
         """Backbone under autocast; adapter and losses in fp32 over the (gathered) global batch.
@@ -189,7 +188,8 @@ class Trainer:
         folds = self.task.num_folds(split, len(data.images))  # retrieval test: COCO 1K too
         return evaluate_split(self.model, data, task=task, device=self.device,
                               batch_size=max(self.config.train.batch_size, 64),
-                              autocast=self.autocast, **({"num_folds": folds} if folds else {}))
+                              autocast=self.autocast, precision=self.precision.scorer,
+                              **({"num_folds": folds} if folds else {}))
 
     def eval_splits(self, epoch: int) -> list[str]:
         last = epoch == self.config.train.epochs - 1

@@ -1,0 +1,40 @@
+"""`make gpu-check DRY_RUN=1`: every step of benchmarks/gpu_check.sh runs on the CPU at tiny sizes
+(the gpu tests skip there, the training step, the scorer and the sweep on one logical GPU run),
+and the summary block lists each step's figure. A GPU run executes the same script without
+DRY_RUN; only it measures the figures that matter (step time and peak memory of ViT-B/16, the
+COCO-5K scoring target)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1900)]
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = ("gpu-tests", "train-step", "scorer", "sweep")
+
+
+def test_gpu_check_dry_run_executes_every_step(tmp_path):
+    env = {**os.environ, "PY": sys.executable, "DRY_RUN": "1", "GPU_CHECK_OUT": str(tmp_path),
+           "PYTHONPATH": str(ROOT),
+           # a loaded CI machine can take longer than Ray Train's 60 s to start a worker
+           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600"}
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env,
+                         capture_output=True, text=True, timeout=1850)
+    out = run.stdout
+    assert run.returncode == 0, (out[-3000:], run.stderr[-2000:])
+    summary = out[out.index("==== gpu-check summary (dry run on the CPU"):].splitlines()[1:]
+    rows = {line.split()[0]: line for line in summary if line.split() and line.split()[0] in STEPS}
+    assert set(rows) == set(STEPS), summary
+    for name, line in rows.items():
+        assert re.search(rf"^{name}\s+ok \(\d+s\)\s+\S", line), line  # ok, then a figure
+    assert "skipped" in rows["gpu-tests"]  # collected and run; they need CUDA
+    assert "bf16 on cpu (dry run)" in rows["train-step"] and "finite" in rows["train-step"]
+    assert "PASS" in rows["scorer"]
+    assert "done in" in rows["sweep"]
+    assert (tmp_path / "sweep" / "gpu-check" / "report" / "results.md").is_file()

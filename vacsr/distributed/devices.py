@@ -1,0 +1,44 @@
+"""Which GPU each Ray Train worker of a run got: `workers.json` in the run's output folder.
+
+One entry per rank: its node and host, Ray's GPU ids for it (`ray.get_gpu_ids()`), the
+CUDA_VISIBLE_DEVICES Ray set in its process, the device Ray Train would place it on
+(`ray.train.torch.get_device()`) and the device it computes on (train.device may keep it on the
+CPU). A researcher reads from it where a run trained; the scheduling tests check the packing of
+trials and workers on GPUs with it.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import ray
+import ray.train
+import ray.train.torch
+import torch.distributed as dist
+
+from vacsr.atomic import atomic_write_json
+
+WORKERS_FILE = "workers.json"
+
+
+def this_worker(rank: int, device) -> dict:
+    """This process's placement (run on a Train worker)."""
+    return {"rank": rank, "node_id": ray.get_runtime_context().get_node_id(),
+            "host": socket.gethostname(),
+            "gpu_ids": sorted(str(i) for i in ray.get_gpu_ids()),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "ray_device": str(ray.train.torch.get_device()), "device": str(device),
+            "started_at": time.time()}
+
+
+def record_workers(output_dir: str | Path, rank: int, world: int, device) -> None:
+    """Every rank's placement, gathered to rank 0, which writes WORKERS_FILE (atomically)."""
+    entry = this_worker(rank, device)
+    entries = [entry]
+    if world > 1 and dist.is_available() and dist.is_initialized():
+        entries = [None] * world
+        dist.all_gather_object(entries, entry)
+    if rank == 0:
+        atomic_write_json(Path(output_dir) / WORKERS_FILE, {"workers": entries})
