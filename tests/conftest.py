@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -73,3 +74,13 @@ def read_only():
         subprocess.run(["umount", str(folder)], capture_output=True)
     for folder in chmodded:
         folder.chmod(0o755)
+
+
+@pytest.fixture(scope="session")
+def weights(tmp_path_factory) -> Path:
+    """Randomly initialised tiny CLIP as a local file: no download, no 'no weights' warning."""
+    from vacsr.model.backbone import create_clip
+
+    path = tmp_path_factory.mktemp("weights") / "random-tiny.pt"
+    torch.save(create_clip("vacsr-tiny")[0].state_dict(), path)
+    return path

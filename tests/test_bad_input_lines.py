@@ -31,15 +31,6 @@ TRAIN = ["train", "data.task=classification", "data.shots=1", "model.use_gpo=fal
 
 
 @pytest.fixture(scope="module")
-def weights(tmp_path_factory) -> Path:
-    from vacsr.model.backbone import create_clip
-
-    path = tmp_path_factory.mktemp("weights") / "random-tiny.pt"
-    torch.save(create_clip("vacsr-tiny")[0].state_dict(), path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def pristine(tmp_path_factory) -> Path:
     from vacsr.data.generate import generate_all
 

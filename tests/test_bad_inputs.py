@@ -29,16 +29,6 @@ TINY = ["data.num_train=8", "data.num_test=10", "train.batch_size=16", "train.ep
 
 
 @pytest.fixture(scope="module")
-def weights(tmp_path_factory) -> Path:
-    """Randomly initialised tiny CLIP as a local file: no download, no 'no weights' warning."""
-    from vacsr.model.backbone import create_clip
-
-    path = tmp_path_factory.mktemp("weights") / "random-tiny.pt"
-    torch.save(create_clip("vacsr-tiny")[0].state_dict(), path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def caltech_root(tmp_path_factory) -> Path:
     from vacsr.data.generate import generate_all
 

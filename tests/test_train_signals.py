@@ -12,20 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory) -> Path:
-    from vacsr.model.backbone import create_clip
-
-    path = tmp_path_factory.mktemp("weights") / "random-tiny.pt"
-    torch.save(create_clip("vacsr-tiny")[0].state_dict(), path)
-    return path
 
 
 @pytest.fixture(scope="module")
