@@ -15,7 +15,7 @@ from vacsr.data.generate import write_coco
 from vacsr.data.noise import load_noise, make_noisy_index, noisy_caption_to_image
 from vacsr.errors import DataError
 from vacsr.eval.metrics import fold_groups
-from vacsr.train.evaluate import coco1k_folds
+from vacsr.tasks import RetrievalTask
 
 
 @pytest.fixture(scope="module")
@@ -65,18 +65,18 @@ def test_images_found_without_images_folder(root, tmp_path):
 def test_1k_folds(root):
     """The folds the evaluation uses (fold_groups): 5 consecutive image blocks of the test split,
     each caption in its image's fold (COCO 5K: images 1000-1999 with captions 5000-9999, ...)."""
-    assert coco1k_folds("retrieval", "test", 5000) == 5
+    assert RetrievalTask.num_folds("test", 5000) == 5
     images, captions = fold_groups(np.repeat(np.arange(5000), 5), 5000, 5)
     assert np.flatnonzero(images.numpy() == 1).tolist() == list(range(1000, 2000))
     assert np.flatnonzero(captions.numpy() == 1).tolist() == list(range(5000, 10000))
     test = load_coco(root)["test"]  # 25 images, 125 captions
-    assert coco1k_folds("retrieval", "test", len(test.images)) == 5
+    assert RetrievalTask.num_folds("test", len(test.images)) == 5
     images, captions = fold_groups(test.caption_to_image, len(test.images), 5)
     assert np.flatnonzero(images.numpy() == 4).tolist() == list(range(20, 25))
     assert np.flatnonzero(captions.numpy() == 4).tolist() == list(range(100, 125))
     # a test split that does not split into 5 equal folds gets no COCO 1K metrics
-    assert coco1k_folds("retrieval", "test", 24) is None
-    assert coco1k_folds("retrieval", "val", 5000) is None
+    assert RetrievalTask.num_folds("test", 24) is None
+    assert RetrievalTask.num_folds("val", 5000) is None
     with pytest.raises(ValueError):
         fold_groups(list(range(24)), 24, 5)
 

@@ -14,7 +14,6 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
 from vacsr.errors import ConfigError
-from vacsr.train.files import CHECKPOINT_FILE
 from vacsr.sweep.plan import SweepPlan
 from vacsr.sweep.repair import repair_experiment
 from vacsr.sweep.searcher import OptunaStudySearch
@@ -23,6 +22,7 @@ from vacsr.sweep.selection import (ORDER_FILE, DatasetFailed, TrialOrder,  # noq
 from vacsr.sweep.space import DefineByRun, start_point
 from vacsr.sweep.trial import TrialMeta, run_trial, with_suggestions
 from vacsr.tracking import MlflowTracker, redact_uri
+from vacsr.train.files import CHECKPOINT_FILE
 
 
 def sampler_seed(sweep_seed: int, dataset: str) -> int:

@@ -19,11 +19,6 @@ from vacsr.model.vacsr import VACSRModel
 from vacsr.tasks import task_type
 
 
-def coco1k_folds(task: str, split: str, num_images: int) -> int | None:
-    """Folds of the COCO 1K recalls on a split (RetrievalTask.num_folds; None for other tasks)."""
-    return task_type(task).num_folds(split, num_images)
-
-
 @dataclass
 class EncodedSplit:
     """Features of one split and what its metrics need (a checkpoint's: on the CPU)."""
