@@ -80,7 +80,8 @@ def _records(uri: str) -> dict:
 
 def _check_selection_agrees(root: Path, uri: str) -> None:
     """The dataset run's params, best_config.yaml and the selected trial are one config: the
-    best val, ties to the trial that started first (trials/eurosat/trial_order.json)."""
+    best val selection saw (each trial run's `selection_val/acc`), ties to the trial that
+    started first (trials/eurosat/trial_order.json)."""
     import yaml
     from mlflow import MlflowClient
 
@@ -99,7 +100,13 @@ def _check_selection_agrees(root: Path, uri: str) -> None:
               if r.data.tags.get("mlflow.parentRunId") == dataset_run.info.run_id
               and r.info.run_name.removeprefix("eurosat-") in order}
     assert len(trials) == 2, sorted(trials)
-    val = {t: r.data.metrics["val/acc"] for t, r in trials.items()}
+    # what selection compared, on each trial's run: Tune's last result (a trial ASHA stopped may
+    # log an epoch more before its workers stop), and it is the run's val/acc at that epoch
+    val = {t: r.data.metrics["selection_val/acc"] for t, r in trials.items()}
+    for t, r in trials.items():
+        epoch = int(r.data.tags["vacsr.selection_epoch"])
+        history = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "val/acc")}
+        assert history[epoch] == val[t], (t, epoch, history)
     chosen = min(trials, key=lambda t: (-val[t], order[t]))
     assert {k: trials[chosen].data.params[k] for k in searched} == searched, (val, order)
     assert dataset_run.data.metrics["best_val/acc"] == val[chosen]

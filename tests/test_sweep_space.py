@@ -6,7 +6,8 @@ import pytest
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from vacsr.errors import ConfigError
 from vacsr.sweep.paper import BASE_TO_NOVEL_BATCH_SIZES
-from vacsr.sweep.search import DatasetFailed, sampler_seed, select_best
+from vacsr.sweep.search import sampler_seed
+from vacsr.sweep.selection import DatasetFailed, select_best
 from vacsr.sweep.space import (Choice, Int, LogFloat, clamp_blocks, dataset_space, parse_range,
                                start_point, tower_depths, validate_space)
 
@@ -204,3 +205,46 @@ def test_trial_order_keeps_the_first_start_of_each_trial(tmp_path):
         order.on_trial_start(0, [], SimpleNamespace(trial_id=trial_id))
     assert read_trial_order(path) == {"b_1": 0, "a_0": 1}
     assert TrialOrder(path) and read_trial_order(tmp_path / "missing.json") == {}
+
+
+def test_each_trial_run_records_the_value_selection_compared(tmp_path):
+    """A trial ASHA stopped after epoch 1 may have logged epoch 2 before its workers stopped: its
+    run gets the epoch-1 value selection used (selection_val/acc, vacsr.selection_epoch)."""
+    from vacsr.sweep.search import record_selection_values
+    from vacsr.tracking import MlflowTracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowTracker(uri).client
+    experiment = MlflowTracker(uri).experiment_id("vacsr-test")
+
+    def run(name, parent=None):
+        tags = {"mlflow.parentRunId": parent} if parent else {}
+        return client.create_run(experiment, run_name=name, tags=tags).info.run_id
+
+    parent = run("dtd")
+    runs = {}
+    for name, vals in (("a_0", [10.0, 20.0]), ("b_1", [30.0])):
+        runs[name] = run(f"dtd-{name}", parent)
+        for step, value in enumerate(vals, start=1):
+            client.log_metric(runs[name], "val/acc", value, step=step)
+    other = run("dtd-a_0", run("x"))  # the same name under another dataset run: not touched
+    trials = [{"trial_id": "a_0", "metrics": {"val/acc": 10.0, "epoch": 1}},
+              {"trial_id": "b_1", "metrics": {"val/acc": 30.0, "epoch": 1}},
+              {"trial_id": "c_2", "metrics": {}, "error": "boom"}]
+    assert record_selection_values(uri, "vacsr-test", parent, "dtd", trials, "val/acc") == 2
+    a = client.get_run(runs["a_0"]).data
+    assert a.metrics["selection_val/acc"] == 10.0 and a.metrics["val/acc"] == 20.0
+    assert a.tags["vacsr.selection_epoch"] == "1"
+    assert client.get_run(runs["b_1"]).data.metrics["selection_val/acc"] == 30.0
+    assert "selection_val/acc" not in client.get_run(other).data.metrics
+
+
+def test_the_base_to_novel_sweep_covers_the_eleven_datasets_by_default():
+    """Table 5's 11 datasets, each with its protocol batch size: what `sweeps/base2novel.py`
+    searches without --datasets (the e2e job test runs three of them)."""
+    from vacsr.sweep.cli import _datasets
+
+    expected = {"imagenet", "caltech101", "oxford_pets", "stanford_cars", "oxford_flowers",
+                "food101", "fgvc_aircraft", "sun397", "dtd", "eurosat", "ucf101"}
+    assert set(_datasets(BASE2NOVEL, None)) == expected == set(BASE2NOVEL.batch_sizes)
+    assert _datasets(BASE2NOVEL, "eurosat, dtd") == ["eurosat", "dtd"]

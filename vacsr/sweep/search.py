@@ -17,8 +17,7 @@ from vacsr.errors import ConfigError
 from vacsr.sweep.plan import SweepPlan
 from vacsr.sweep.repair import repair_experiment
 from vacsr.sweep.searcher import OptunaStudySearch
-from vacsr.sweep.selection import (ORDER_FILE, DatasetFailed, TrialOrder,  # noqa: F401
-                                   read_trial_order, select_best)
+from vacsr.sweep.selection import ORDER_FILE, TrialOrder, read_trial_order, select_best
 from vacsr.sweep.space import DefineByRun, start_point
 from vacsr.sweep.trial import TrialMeta, run_trial, with_suggestions
 from vacsr.tracking import MlflowTracker, redact_uri
@@ -148,6 +147,8 @@ def search_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concu
                "order": order.get((r.metrics or {}).get("trial_id"), math.inf)}
               for r in results]
     close_running_children(plan.tracking_uri, plan.kind.experiment, dataset_run_id)
+    record_selection_values(plan.tracking_uri, plan.kind.experiment, dataset_run_id, dataset,
+                            trials, plan.kind.metric)
     best = select_best(trials, plan.kind.metric, plan.kind.mode)
     config = with_suggestions(plan.configs[dataset], best["config"])
     metrics = best["metrics"]
@@ -170,3 +171,34 @@ def close_running_children(uri: str, experiment: str, parent_run_id: str) -> int
     for run in runs:
         tracker.client.set_terminated(run.info.run_id, status="KILLED")
     return len(runs)
+
+
+SELECTION_EPOCH_TAG = "vacsr.selection_epoch"
+
+
+def selection_metric_name(metric: str) -> str:
+    """"val/acc" -> "selection_val/acc": the value a trial is selected on, in its MLflow run."""
+    return f"selection_{metric}"
+
+
+def record_selection_values(uri: str, experiment: str, parent_run_id: str, dataset: str,
+                            trials: list[dict], metric: str) -> int:
+    """Log on each trial's MLflow run the value selection compares (Tune's last result) and its
+    epoch. A trial the scheduler (ASHA) stops may log an epoch or two more before its workers
+    stop; without this its latest MLflow `val/...` is a value selection never saw. Returns how
+    many runs were marked."""
+    tracker = MlflowTracker(uri)
+    runs = {r.info.run_name: r.info.run_id for r in tracker.client.search_runs(
+        [tracker.experiment_id(experiment)],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'")}
+    marked = 0
+    for trial in trials:
+        value, run_id = trial["metrics"].get(metric), runs.get(f"{dataset}-{trial['trial_id']}")
+        if run_id is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+            continue
+        epoch = trial["metrics"].get("epoch")
+        tracker.client.log_metric(run_id, selection_metric_name(metric), float(value),
+                                  step=int(epoch or 0))
+        tracker.client.set_tag(run_id, SELECTION_EPOCH_TAG, str(epoch))
+        marked += 1
+    return marked
