@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import io
 import json
 import os
 import pickle
@@ -23,7 +22,7 @@ import torch
 
 from vacsr.cli import main
 from vacsr.data.fewshot import Item, read_fewshot_cache, write_fewshot_cache
-from vacsr.errors import ConfigError, DataError
+from vacsr.errors import DataError
 
 TRAIN = ["train", "data.task=classification", "data.shots=1", "model.use_gpo=false",
          "train.batch_size=4", "train.epochs=1", "train.progress=false", "train.device=cpu",
