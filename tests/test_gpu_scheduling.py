@@ -18,31 +18,22 @@ from vacsr.distributed.devices import WORKERS_FILE
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 TINY = ["train.batch_size=16", "train.progress=false", "data.num_train=16", "data.num_test=8",
         "adapter.hidden_dim=16", "data.augment=false", "train.resume=false", "train.epochs=1"]
 
 
 @pytest.fixture(scope="module")
 def two_logical_gpus():
-    import os
-
     import ray
 
     from vacsr.distributed.cluster import ensure_ray
 
-    # four trials start eight processes at once on two cores: on a loaded machine a Train
-    # worker's start can pass Ray Train's 60 s default, which would fail the run, not the packing
-    before = os.environ.get(START_TIMEOUT)
-    os.environ[START_TIMEOUT] = "600"  # the Ray processes started below inherit it
+    # four trials start eight processes at once on two cores: Ray Train's worker start timeout
+    # is raised for every test in conftest.py, and the Ray processes started here inherit it
     ensure_ray(num_cpus=4, num_gpus=2, log_to_driver=False)
     assert ray.cluster_resources().get("GPU") == 2
     yield ray
     ray.shutdown()
-    if before is None:
-        os.environ.pop(START_TIMEOUT, None)
-    else:
-        os.environ[START_TIMEOUT] = before
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ of its own, so datasets searched side by side share no Tune or Optuna state.
 from __future__ import annotations
 
 import math
+import time
 import zlib
 from typing import Any, Callable
 
@@ -164,13 +165,17 @@ def close_running_children(uri: str, experiment: str, parent_run_id: str) -> int
     """Trials stopped early by ASHA (or lost with a killed driver) leave MLflow runs RUNNING;
     mark them KILLED. Returns how many were closed."""
     tracker = MlflowTracker(uri)
-    runs = tracker.client.search_runs(
-        [tracker.experiment_id(experiment)],
-        filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' "
-                      "and attributes.status = 'RUNNING'")
+    runs = _child_runs(tracker, experiment, parent_run_id, "and attributes.status = 'RUNNING'")
     for run in runs:
         tracker.client.set_terminated(run.info.run_id, status="KILLED")
     return len(runs)
+
+
+def _child_runs(tracker: MlflowTracker, experiment: str, parent_run_id: str, also: str = ""):
+    """The MLflow runs under `parent_run_id` (a dataset run's trials and seed runs)."""
+    return tracker.client.search_runs(
+        [tracker.experiment_id(experiment)],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' {also}".strip())
 
 
 SELECTION_EPOCH_TAG = "vacsr.selection_epoch"
@@ -187,18 +192,20 @@ def record_selection_values(uri: str, experiment: str, parent_run_id: str, datas
     epoch. A trial the scheduler (ASHA) stops may log an epoch or two more before its workers
     stop; without this its latest MLflow `val/...` is a value selection never saw. Returns how
     many runs were marked."""
+    from mlflow.entities import Metric, RunTag
+
     tracker = MlflowTracker(uri)
-    runs = {r.info.run_name: r.info.run_id for r in tracker.client.search_runs(
-        [tracker.experiment_id(experiment)],
-        filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'")}
+    runs = {r.info.run_name: r.info.run_id
+            for r in _child_runs(tracker, experiment, parent_run_id)}
     marked = 0
     for trial in trials:
         value, run_id = trial["metrics"].get(metric), runs.get(f"{dataset}-{trial['trial_id']}")
         if run_id is None or not isinstance(value, (int, float)) or not math.isfinite(value):
             continue
         epoch = trial["metrics"].get("epoch")
-        tracker.client.log_metric(run_id, selection_metric_name(metric), float(value),
-                                  step=int(epoch or 0))
-        tracker.client.set_tag(run_id, SELECTION_EPOCH_TAG, str(epoch))
+        tracker.client.log_batch(  # one request per run
+            run_id, metrics=[Metric(selection_metric_name(metric), float(value),
+                                    int(time.time() * 1000), int(epoch or 0))],
+            tags=[RunTag(SELECTION_EPOCH_TAG, str(epoch))])
         marked += 1
     return marked
