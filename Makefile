@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 # torch and torchvision are pinned as a pair: PyPI's torchvision only imports beside its own torch.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 PYTEST_ARGS ?=
+# pytest-xdist workers for make test: the Ray-marked tests run one after another on one of them
+# (tests/conftest.py groups them); 0 runs everything in this process
+PYTEST_WORKERS ?= 2
 # the oldest Ray minor pyproject.toml allows ("ray[...]>=2.57,<3" -> 2.57), tested in a venv of its own
 RAY_OLDEST := $(shell sed -n 's/.*"ray\[default,tune,train\]>=\([0-9.]*\),.*/\1/p' pyproject.toml)
 OLDEST_VENV ?= .venv-ray-oldest
@@ -28,7 +31,7 @@ demo: $(STAMP)
 	RAY_USAGE_STATS_ENABLED=0 $(PY) sweeps/base2novel.py
 
 test: $(STAMP)
-	RAY_USAGE_STATS_ENABLED=0 $(PY) -m pytest -q $(PYTEST_ARGS)
+	RAY_USAGE_STATS_ENABLED=0 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The Ray-marked tests on the newest patch of the oldest supported Ray minor (CI runs this after
 # `make test`). test_sweep_e2e's `ray job submit` run stays with `make test`: it restarts Ray.

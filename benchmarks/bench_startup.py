@@ -6,7 +6,8 @@
 Trains the embedded sweep's smallest run (vacsr-tiny, synthetic EuroSAT, 2 shots, 1 epoch, adapter
 H 64, batch 5 as in the EuroSAT protocol, 0.5 CPU per worker, 1 worker) in a fresh process with
 `Trainer(config).fit()`, as a Tune trial the way a sweep runs one (a Tuner of one `run_trial`
-trial holding 0.1 CPU, MLflow on) and through `fit_ray`. Each vacsr tree (this one, and with
+trial, MLflow on: the run trains in the trial's actor, which holds the worker's 0.5 CPU; trees
+before that drove Ray Train from a 0.1-CPU actor) and through `fit_ray`. Each vacsr tree (this one, and with
 `--before` an older checkout, e.g. `git archive <commit> | tar -x -C /tmp/old`) runs its Ray
 runs in a process and a local Ray instance of its own (2 CPUs), the trees taking turns, so the
 machine's load falls on both alike. Every process of the Ray instance is sampled from /proc while
@@ -177,7 +178,7 @@ def child(root: Path, out: Path) -> None:
 
 
 def tune_trial(config, folder: Path):
-    """One trial the way a sweep runs it: Tuner -> run_trial -> Ray Train, MLflow on. The
+    """One trial the way a sweep runs it: Tuner -> run_trial, MLflow on. The
     driver's imports and the parent MLflow run come first, outside the measured `run()`: a sweep's
     dataset task pays them once, not per trial."""
     from ray import tune
@@ -191,8 +192,14 @@ def tune_trial(config, folder: Path):
     meta = TrialMeta(dataset="eurosat", trial_root=str(folder / "trials"),
                      ray_storage=str(folder / "ray"), tracking_uri=uri,
                      experiment="vacsr-bench", parent_run_id=parent)
+    try:  # what a sweep reserves: a one-worker trial's actor holds the worker's share
+        from vacsr.sweep.plan import trial_resources
+
+        resources = trial_resources(config.train, 0.1)
+    except ImportError:  # an older tree: every trial actor drove a TorchTrainer on 0.1 CPU
+        resources = {"CPU": 0.1}
     trainable = tune.with_resources(tune.with_parameters(run_trial, base=config, meta=meta),
-                                    {"CPU": 0.1})
+                                    resources)
     tuner = tune.Tuner(trainable, tune_config=tune.TuneConfig(num_samples=1),
                        run_config=tune.RunConfig(name="bench", verbose=0,
                                                  storage_path=str(folder / "tune")))

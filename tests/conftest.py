@@ -1,7 +1,15 @@
-"""Shared fixtures: seeded torch, a pretrained tiny CLIP (built once per session, no download)."""
+"""Shared fixtures: seeded torch, a pretrained tiny CLIP (built once per test run, no download).
+
+`make test` runs the suite on pytest-xdist workers (`-n 2 --dist loadgroup`): every Ray-marked
+test joins the one group "ray", so they run one after another on one worker (each starts or
+stops Ray instances of its own, and two local instances on one machine compete for ports),
+while the other tests spread over both workers.
+"""
 from __future__ import annotations
 
+import fcntl
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -13,6 +21,44 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # sweeps' subprocesses included, inherit this)
 os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+def pytest_collection_finish(session):
+    """On an xdist worker under --dist loadgroup, the group must have reached the node ids
+    (`<id>@ray`), or two Ray tests could run at once and stop each other's instances."""
+    grouped = session.config.getoption("dist", "no") == "loadgroup"
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and grouped):
+        return
+    loose = [i.nodeid for i in session.items if i.get_closest_marker("ray")
+             and not i.nodeid.endswith("@ray")]
+    if loose:
+        raise pytest.UsageError(f"pytest-xdist did not group the Ray tests ({loose[0]}); "
+                                "install the pytest that pyproject.toml allows")
+
+
+@contextmanager
+def _locked(path: Path):
+    """An exclusive lock on `path` between the processes of one test run."""
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _run_root(tmp_path_factory) -> Path:
+    """A folder of this test run that every xdist worker shares (each has a basetemp of its
+    own under it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture(autouse=True)
@@ -34,11 +80,16 @@ def _mlflow_uri_stays_put():
 
 @pytest.fixture(scope="session")
 def tiny_weights(tmp_path_factory):
-    """The tiny CLIP pretrained contrastively on synthetic data, as a local weights file."""
+    """The tiny CLIP pretrained contrastively on synthetic data, as a local weights file: the
+    first worker to need it trains it (seeded), the others wait for it and read the same file."""
     from vacsr.model.pretrain import pretrain_clip
 
-    path = tmp_path_factory.mktemp("weights") / "tiny-clip.pt"
-    return pretrain_clip(path, progress=False)
+    root = _run_root(tmp_path_factory)
+    path = root / "tiny-clip.pt"
+    with _locked(root / "tiny-clip.lock"):
+        if not path.is_file():
+            pretrain_clip(path, progress=False)
+    return path
 
 
 @pytest.fixture

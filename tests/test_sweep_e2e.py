@@ -33,8 +33,9 @@ def _free_port() -> int:
 
 
 AUTH_TOKEN = secrets.token_hex(32)
-# three datasets searched at once over 3 CPUs on two nodes: trials land on both; one is done
-# when the driver is stopped, so the resumed job continues the other two
+# three datasets searched at once, a trial holding 1 CPU (--cpus-per-worker 1: a one-worker trial
+# trains in its actor), over 3 CPUs on two nodes: trials land on both; one is done when the
+# driver is stopped, so the resumed job continues the other two
 DATASETS = ("eurosat", "dtd", "caltech101")
 
 
@@ -151,14 +152,15 @@ def _failure(logs: str) -> str:
 
 
 def test_sweep_job_resumes_and_records_everything(tmp_path, ray_cluster, mlflow_server,
-                                                  tiny_weights):
+                                                  weights):
     ray_head, (uri, artifacts) = ray_cluster, mlflow_server
     storage = tmp_path / "sweeps"  # shared by both nodes (one machine)
     args = ["--storage", str(storage), "--name", "smoke", "--tracking-uri", uri,
             "--datasets", ",".join(DATASETS),
             "--ray-storage", f"file://{tmp_path / 'ray-storage'}", "--parallel-datasets", "3",
+            "--cpus-per-worker", "1",
             "--range", "train.epochs=int:1:1",
-            "--pretrained", str(tiny_weights), "--trials", "1", "--seeds", "1"]
+            "--pretrained", str(weights), "--trials", "1", "--seeds", "1"]
     state_file = storage / "smoke" / "sweep_state.json"
 
     def one_dataset_done(_status):

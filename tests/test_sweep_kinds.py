@@ -37,8 +37,8 @@ def _sweep(kind, tmp_path, weights, extra: list[str]) -> tuple[int, str]:
     return main(kind, argv), uri
 
 
-def test_retrieval_and_domain_generalization_sweeps(tmp_path, ray_local, tiny_weights, capsys):
-    code, uri = _sweep(RETRIEVAL, tmp_path / "ret", tiny_weights,
+def test_retrieval_and_domain_generalization_sweeps(tmp_path, ray_local, weights, capsys):
+    code, uri = _sweep(RETRIEVAL, tmp_path / "ret", weights,
                        ["--range", "model.trainable_image_blocks=int:0:0",
                         "--range", "model.trainable_text_blocks=int:0:0"])
     out = capsys.readouterr().out
@@ -50,7 +50,7 @@ def test_retrieval_and_domain_generalization_sweeps(tmp_path, ray_local, tiny_we
     assert dataset["metrics.best_val/rsum"] > 0 and dataset["metrics.best_test_rsum"] > 0
     assert (runs.status == "FINISHED").all()
 
-    code, uri = _sweep(DG, tmp_path / "dg", tiny_weights, [])
+    code, uri = _sweep(DG, tmp_path / "dg", weights, [])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     table = (tmp_path / "dg" / "domain_generalization" / "report" / "results.md").read_text()

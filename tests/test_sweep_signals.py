@@ -112,20 +112,21 @@ def _check_selection_agrees(root: Path, uri: str) -> None:
     assert dataset_run.data.metrics["best_val/acc"] == val[chosen]
 
 
-def test_sigterm_stops_the_driver_cleanly_and_resume_completes(tmp_path, tiny_weights):
+def test_sigterm_stops_the_driver_cleanly_and_resume_completes(tmp_path, weights):
     """One folder, in turn: a second driver refused while the first trains; SIGTERM during a
     trial; a resume stopped by SIGTERM in the final phase; a resume that completes with the
     records of one clean selection; a new sweep in the used folder refused, records unchanged."""
-    driver, log = _sweep(tmp_path, tiny_weights)
-    trials = tmp_path / "base2novel" / "trials" / "eurosat"
-    _wait_for(driver, log, lambda: trials.is_dir() and any(p.is_dir() for p in trials.iterdir()),
-              timeout=300)  # a trial is training
-    second, second_log = _sweep(tmp_path, tiny_weights)
+    driver, log = _sweep(tmp_path, weights)
+    state = tmp_path / "base2novel" / "sweep_state.json"
+    _wait_for(driver, log, state.is_file, timeout=300)  # the folder is claimed
+    second, second_log = _sweep(tmp_path, weights)
     assert second.wait(timeout=180) == 2, Path(second_log).read_text()[-3000:]
     refused = Path(second_log).read_text().strip().splitlines()
     assert refused[-1].startswith("vacsr: error: ") and \
         f"another sweep driver is running in this folder (pid {driver.pid} on" in refused[-1]
-    time.sleep(3)
+    trials = tmp_path / "base2novel" / "trials" / "eurosat"
+    _wait_for(driver, log, lambda: trials.is_dir() and any(p.is_dir() for p in trials.iterdir()),
+              timeout=300)  # a trial is training (a few seconds: stop it now)
     ray_processes = _descendants(driver.pid)
     assert ray_processes, "the embedded Ray runs under the driver"
     driver.send_signal(signal.SIGTERM)
@@ -150,13 +151,13 @@ def test_sigterm_stops_the_driver_cleanly_and_resume_completes(tmp_path, tiny_we
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
 
     # stopped again one second after the last trial: the final phase (the issue's case)
-    resumed, log = _sweep(tmp_path, tiny_weights, "--resume")
+    resumed, log = _sweep(tmp_path, weights, "--resume")
     _wait_for(resumed, log, lambda: "eurosat: trial 2 done" in Path(log).read_text())
     time.sleep(1)
     resumed.send_signal(signal.SIGTERM)
     assert resumed.wait(timeout=120) == 128 + signal.SIGTERM, Path(log).read_text()[-3000:]
 
-    resumed, log = _sweep(tmp_path, tiny_weights, "--resume")
+    resumed, log = _sweep(tmp_path, weights, "--resume")
     assert resumed.wait(timeout=600) == 0, Path(log).read_text()[-3000:]
     assert "| eurosat |" in Path(log).read_text()
     runs = mlflow.search_runs(experiment_names=["vacsr-base2novel"])
@@ -168,7 +169,7 @@ def test_sigterm_stops_the_driver_cleanly_and_resume_completes(tmp_path, tiny_we
     _check_selection_agrees(tmp_path / "base2novel", uri)
 
     before = _records(uri)
-    again, log = _sweep(tmp_path, tiny_weights)  # a new sweep, no --resume, in the used folder
+    again, log = _sweep(tmp_path, weights)  # a new sweep, no --resume, in the used folder
     assert again.wait(timeout=180) == 2, Path(log).read_text()[-3000:]
     assert "holds the sweep 'base2novel' already" in Path(log).read_text()
     assert _records(uri) == before  # the earlier sweep's MLflow runs are unchanged

@@ -99,11 +99,12 @@ def test_storage_paths_and_copies_for_paths_and_uris(tmp_path):
 
 
 @pytest.mark.parametrize("cpus,workers,cpw,trial_cpus,parallel,expected", [
-    (2, 1, 1.0, 1.0, None, (1, 1)),   # 2 CPUs, a trial needs 2: one at a time
-    (2, 1, 0.5, 0.1, None, (3, 1)),   # the embedded default: three datasets side by side
-    (64, 1, 4.0, 1.0, None, (11, 1)),  # 12 slots over 11 datasets
-    (64, 1, 1.0, 1.0, 4, (4, 8)),     # 32 slots, 4 datasets at once: 8 trials each
-    (8, 2, 1.0, 1.0, 20, (2, 1)),     # never more datasets than slots (no starved trials)
+    (2, 1, 1.0, 1.0, None, (2, 1)),   # one worker trains in the trial's actor: 1 CPU a trial
+    (2, 1, 0.5, 0.1, None, (4, 1)),   # the embedded default: four datasets side by side
+    (64, 1, 4.0, 1.0, None, (11, 1)),  # 16 slots over 11 datasets
+    (64, 1, 1.0, 1.0, 4, (4, 16)),    # 64 slots, 4 datasets at once: 16 trials each
+    (8, 2, 1.0, 1.0, 20, (2, 1)),     # 2 workers: the actor's CPU counts; never more datasets
+    (3, 2, 1.0, 1.0, None, (1, 1)),   # than slots (no starved trials)
 ])
 def test_parallel_plan_never_oversubscribes(cpus, workers, cpw, trial_cpus, parallel, expected):
     from vacsr.config import load_config
@@ -115,7 +116,8 @@ def test_parallel_plan_never_oversubscribes(cpus, workers, cpw, trial_cpus, para
                      parallel=parallel, trial_cpus=trial_cpus)
     datasets_at_once, trials_each = plan_parallelism(plan, {"CPU": cpus})
     assert (datasets_at_once, trials_each) == expected
-    assert datasets_at_once * trials_each * (trial_cpus + workers * cpw) <= cpus
+    actor_cpus = 0 if workers == 1 else trial_cpus  # a one-worker trial's actor is its worker
+    assert datasets_at_once * trials_each * (actor_cpus + workers * cpw) <= cpus
 
 
 def test_the_first_trial_is_the_base_config_clamped_into_the_space():

@@ -1,9 +1,9 @@
 """Which GPU each Ray Train worker of a run got: `workers.json` in the run's output folder.
 
-One entry per rank: its node and host, Ray's GPU ids for it (`ray.get_gpu_ids()`), the
-CUDA_VISIBLE_DEVICES Ray set in its process, the device Ray Train would place it on
-(`ray.train.torch.get_device()`) and the device it computes on (train.device may keep it on the
-CPU). A researcher reads from it where a run trained; the scheduling tests check the packing of
+One entry per rank (one for a Tune trial actor that trains itself): its node and host, Ray's GPU
+ids for it (`ray.get_gpu_ids()`), the CUDA_VISIBLE_DEVICES Ray set in its process, the device Ray
+gives it (`ray.train.torch.get_device()` on a Train worker) and the device it computes on
+(train.device may keep it on the CPU). A researcher reads from it where a run trained; the scheduling tests check the packing of
 trials and workers on GPUs with it.
 """
 from __future__ import annotations
@@ -23,19 +23,21 @@ from vacsr.atomic import atomic_write_json
 WORKERS_FILE = "workers.json"
 
 
-def this_worker(rank: int, device) -> dict:
-    """This process's placement (run on a Train worker)."""
+def this_worker(rank: int, device, ray_device: str | None = None) -> dict:
+    """This process's placement: a Train worker's (`ray_device` from Ray Train), or a trial
+    actor's that trains itself (vacsr/sweep/trial_run.py passes the device Ray gave it)."""
     return {"rank": rank, "node_id": ray.get_runtime_context().get_node_id(),
             "host": socket.gethostname(),
             "gpu_ids": sorted(str(i) for i in ray.get_gpu_ids()),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "ray_device": str(ray.train.torch.get_device()), "device": str(device),
+            "ray_device": ray_device or str(ray.train.torch.get_device()), "device": str(device),
             "started_at": time.time()}
 
 
-def record_workers(output_dir: str | Path, rank: int, world: int, device) -> None:
+def record_workers(output_dir: str | Path, rank: int, world: int, device,
+                   ray_device: str | None = None) -> None:
     """Every rank's placement, gathered to rank 0, which writes WORKERS_FILE (atomically)."""
-    entry = this_worker(rank, device)
+    entry = this_worker(rank, device, ray_device)
     entries = [entry]
     if world > 1 and dist.is_available() and dist.is_initialized():
         entries = [None] * world

@@ -13,10 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vacsr.errors import ConfigError
+from vacsr.model.configs import MODEL_CONFIG_DIR
 from vacsr.model.gpo import GPO
 from vacsr.model.weights import create_with_weights
-
-MODEL_CONFIG_DIR = Path(__file__).with_name("model_configs")
 
 
 def register_model_configs() -> None:

@@ -94,7 +94,9 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_positive(int), default=1, help="Ray Train workers per trial")
     p.add_argument("--gpus-per-worker", type=float, default=0.0)
     p.add_argument("--cpus-per-worker", type=_positive(float), help="CPUs per Train worker (1)")
-    p.add_argument("--trial-cpus", type=_positive(float), help="CPUs of a trial's actor (1)")
+    p.add_argument("--trial-cpus", type=_positive(float),
+                   help="CPUs of a trial's actor where it only drives 2+ Train workers (1); a "
+                        "one-worker trial trains in its actor, on --cpus-per-worker")
     p.add_argument("--eval-actors", type=_positive(int), default=1,
                    help="Ray actors scoring each final checkpoint's test splits (EvalPool)")
     p.add_argument("--parallel-datasets", type=_positive(int),

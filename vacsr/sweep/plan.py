@@ -31,7 +31,7 @@ class SweepPlan:
     sampler_seed: int = 0
     resume: bool = False
     parallel: int | None = None  # datasets searched at once; None: as many as the cluster holds
-    trial_cpus: float = 1.0  # the Tune trial actor (it only drives its TorchTrainer)
+    trial_cpus: float = 1.0  # a trial actor that only drives a TorchTrainer (runs of 2+ workers)
     ray_storage: str = ""  # Tune/Train experiments + checkpoints: path or s3:// gs:// URI
     optuna_url: str = ""  # Optuna RDB storage; default sqlite in the sweep folder
     ray_address: str | None = None  # None: RAY_ADDRESS, else a local Ray instance of its own
@@ -77,6 +77,23 @@ def build_config(layers: list[dict[str, Any]], user_keys: set[str]) -> Config:
     return config
 
 
+def trains_in_trial(train) -> bool:
+    """A run of one worker trains in its Tune trial actor (vacsr/sweep/trial_run.py); a run of
+    several is a Ray Train TorchTrainer whose workers reserve their own resources."""
+    return train.workers == 1
+
+
+def trial_resources(train, trial_cpus: float) -> dict[str, float]:
+    """What a trial's actor reserves: the worker's share where it trains itself, else
+    `trial_cpus` to drive the TorchTrainer."""
+    if not trains_in_trial(train):
+        return {"CPU": trial_cpus}
+    resources = {"CPU": train.cpus_per_worker}
+    if train.gpus_per_worker > 0:
+        resources["GPU"] = train.gpus_per_worker
+    return resources
+
+
 def concurrency(resources: dict, workers: int, cpus_per_worker: float, gpus_per_worker: float,
                 driver_cpus: float = 1.0) -> int:
     """Trials `resources` (Ray's cluster resources) hold at once: each needs its driver plus its
@@ -92,6 +109,6 @@ def plan_parallelism(plan: SweepPlan, resources: dict) -> tuple[int, int]:
     trials the cluster holds, so no trial actor waits forever for its Train workers."""
     train = plan.configs[plan.datasets[0]].train
     slots = concurrency(resources, train.workers, train.cpus_per_worker, train.gpus_per_worker,
-                        plan.trial_cpus)
+                        0.0 if trains_in_trial(train) else plan.trial_cpus)
     parallel = max(1, min(plan.parallel or slots, slots, len(plan.datasets)))
     return parallel, max(1, slots // parallel)

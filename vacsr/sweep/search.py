@@ -15,12 +15,12 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
 from vacsr.errors import ConfigError
-from vacsr.sweep.plan import SweepPlan
+from vacsr.sweep.plan import SweepPlan, trains_in_trial, trial_resources
 from vacsr.sweep.repair import repair_experiment
 from vacsr.sweep.searcher import OptunaStudySearch
 from vacsr.sweep.selection import ORDER_FILE, TrialOrder, read_trial_order, select_best
 from vacsr.sweep.space import DefineByRun, start_point
-from vacsr.sweep.trial import TrialMeta, run_trial, with_suggestions
+from vacsr.sweep.trial import CHECKPOINT_PATH_KEY, TrialMeta, run_trial, with_suggestions
 from vacsr.tracking import MlflowTracker, redact_uri
 from vacsr.train.files import CHECKPOINT_FILE
 
@@ -69,7 +69,8 @@ def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str) -> str:
                      experiment=plan.kind.experiment, parent_run_id=dataset_run_id)
     trainable = tune.with_parameters(run_trial, base=plan.configs[dataset], meta=meta)
     name = f"vacsr-{plan.name}-{dataset}"
-    tune.register_trainable(name, tune.with_resources(trainable, {"CPU": plan.trial_cpus}))
+    resources = trial_resources(plan.configs[dataset].train, plan.trial_cpus)
+    tune.register_trainable(name, tune.with_resources(trainable, resources))
     return name
 
 
@@ -89,6 +90,9 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
                                seed=sampler_seed(plan.sampler_seed, dataset),
                                points_to_evaluate=[start_point(space, base)])
     max_epochs = max(base.train.epochs, getattr(space.get("train.epochs"), "high", 0))
+    # a trial that trains in its actor is restarted by Tune when the actor is lost (Ray Train
+    # restarts the workers of the others); its own errors end at once (vacsr/sweep/trial_run.py)
+    retries = base.train.max_failures if trains_in_trial(base.train) else 0
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
@@ -101,7 +105,9 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
                                     grace_period=1),
             max_concurrent_trials=max_concurrent),
         run_config=tune.RunConfig(name=dataset, storage_path=plan.ray_path("tune"), verbose=0,
-                                  callbacks=callbacks))
+                                  callbacks=callbacks,
+                                  failure_config=tune.FailureConfig(max_failures=retries),
+                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=2)))
 
 
 class TrialEvents(tune.Callback):
@@ -131,6 +137,16 @@ def _error_line(error: Any) -> str | None:
     return (text[-1] if text else type(error).__name__)[:300]
 
 
+def _with_checkpoint_path(result) -> dict:
+    """A trial's last metrics with the path of its last checkpoint: TuneReportCallback puts it in
+    the metrics (Ray Train stored the checkpoint); a trial that trains in its actor reported the
+    checkpoint to Tune, which stored it (`Result.checkpoint`)."""
+    metrics = dict(result.metrics or {})
+    if CHECKPOINT_PATH_KEY not in metrics and result.checkpoint is not None:
+        metrics[CHECKPOINT_PATH_KEY] = result.checkpoint.path
+    return metrics
+
+
 def search_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: int = 1,
                    report: Callable[[dict], None] = lambda event: None) -> dict:
     """Run (or resume) the dataset's search; the best trial's config, val metric and checkpoint."""
@@ -143,7 +159,7 @@ def search_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concu
     results = tuner.fit()
     fail_running_trials(storage, study)  # a trial Tune restarted afresh leaves its old one behind
     order = read_trial_order(order_file)
-    trials = [{"config": r.config or {}, "metrics": dict(r.metrics or {}),
+    trials = [{"config": r.config or {}, "metrics": _with_checkpoint_path(r),
                "error": _error_line(r.error), "trial_id": (r.metrics or {}).get("trial_id"),
                "order": order.get((r.metrics or {}).get("trial_id"), math.inf)}
               for r in results]
@@ -153,12 +169,12 @@ def search_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concu
     best = select_best(trials, plan.kind.metric, plan.kind.mode)
     config = with_suggestions(plan.configs[dataset], best["config"])
     metrics = best["metrics"]
-    finished = metrics.get("epoch") == config.train.epochs and metrics.get("checkpoint_path")
+    finished = metrics.get("epoch") == config.train.epochs and metrics.get(CHECKPOINT_PATH_KEY)
     return {"config": config, "val": metrics[plan.kind.metric], "num_trials": len(trials),
             "failed_trials": sum(t["error"] is not None for t in trials),
             "trial_id": metrics.get("trial_id"),
             # the trial ran every epoch (ASHA did not stop it): its last checkpoint is final
-            "checkpoint": f"{metrics['checkpoint_path']}/{CHECKPOINT_FILE}" if finished else None}
+            "checkpoint": f"{metrics[CHECKPOINT_PATH_KEY]}/{CHECKPOINT_FILE}" if finished else None}
 
 
 def close_running_children(uri: str, experiment: str, parent_run_id: str) -> int:

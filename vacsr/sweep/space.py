@@ -170,13 +170,15 @@ def start_point(space: dict[str, Domain], config: Config) -> dict[str, Any]:
 
 def tower_depths(model_name: str) -> tuple[int, int] | None:
     """(image blocks, text blocks) of an open_clip model config; None when the name is unknown
-    (a local architecture open_clip resolves later)."""
-    import open_clip
+    (a local architecture open_clip resolves later). vacsr's own configs are read as files:
+    open_clip loads only for the others."""
+    from vacsr.model.configs import own_model_config
 
-    from vacsr.model.backbone import register_model_configs
+    config = own_model_config(model_name)
+    if config is None:
+        import open_clip
 
-    register_model_configs()
-    config = open_clip.get_model_config(model_name)
+        config = open_clip.get_model_config(model_name)
     if not config:
         return None
     return int(config["vision_cfg"]["layers"]), int(config["text_cfg"]["layers"])

@@ -1,8 +1,10 @@
-"""One Tune trial = one Ray Train run of VACSR with the trial's suggested values.
+"""One Tune trial = one training run of VACSR with the trial's suggested values.
 
 The trial function runs in a Tune trial actor; it gets the dataset's resolved Config as an object
-(`tune.with_parameters`), applies the suggested values, builds a TorchTrainer (workers reserved
-separately) whose `TuneReportCallback` forwards each epoch's report to Tune, so ASHA can stop it.
+(`tune.with_parameters`) and applies the suggested values. A run of one worker trains in the
+actor itself, which holds the worker's resources (vacsr/sweep/trial_run.py); a run of several
+builds a TorchTrainer (workers reserved separately) whose `TuneReportCallback` forwards each
+epoch's report to Tune. Either way every epoch reaches Tune, so ASHA can stop the trial.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from vacsr.config import Config, set_value, validate
 from vacsr.distributed.train import build_torch_trainer, raise_if_run_failed
+from vacsr.sweep.plan import trains_in_trial
 
 CHECKPOINT_PATH_KEY = "checkpoint_path"  # the key TuneReportCallback gives the checkpoint's path
 
@@ -53,11 +56,10 @@ def with_suggestions(base: Config, suggested: dict[str, Any]) -> Config:
 
 
 def run_trial(suggested: dict[str, Any], base: Config, meta: TrialMeta) -> None:
-    """Tune function trainable: one Ray Train run, reporting every epoch to Tune. A run that
-    failed by itself (bad data, a diverged loss) raises here, so the trial ends in ERROR. A trial
-    that Tune stops (ASHA) ends with its actor, and its Train run with it: Tune must not reuse
-    trial actors (`reuse_actors`, off by default), or a stopped run would train on beside the
-    next trial."""
+    """Tune function trainable: one run, reporting every epoch to Tune. A run that failed by
+    itself (bad data, a diverged loss) raises here, so the trial ends in ERROR. A trial that Tune
+    stops (ASHA) ends with its actor, and its run with it: Tune must not reuse trial actors
+    (`reuse_actors`, off by default), or a stopped run would train on beside the next trial."""
     config = with_suggestions(base, suggested)
     trial_id = tune.get_context().get_trial_id()
     config.train.output_dir = str(Path(meta.trial_root) / trial_id)
@@ -68,6 +70,11 @@ def run_trial(suggested: dict[str, Any], base: Config, meta: TrialMeta) -> None:
     config.tracking.experiment = meta.experiment
     config.tracking.parent_run_id = meta.parent_run_id
     config.tracking.run_name = f"{meta.dataset}-{trial_id}"
+    if trains_in_trial(config.train):
+        from vacsr.sweep.trial_run import fit_in_trial  # the model stack loads here, on demand
+
+        fit_in_trial(config)
+        return
     # Ray's documented Tune + Train pattern: TuneReportCallback hands each report of the run
     # (rank 0's metrics, plus the checkpoint's path) to this trial
     trainer = build_torch_trainer(config, name=trial_id, callbacks=[TuneReportCallback()])

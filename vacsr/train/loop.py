@@ -250,6 +250,7 @@ class Trainer:
             if chief:
                 for callback in callbacks:
                     callback(epoch, metrics, checkpoint)
+            hooks.after_logging(self, epoch, metrics)
         if resumed_from >= self.config.train.epochs and self.history:
             hooks.after_restored_finished_run(self)
 

@@ -1,8 +1,9 @@
 """What differs between the places one training run runs in: `Trainer.fit` is the lifecycle
 (config saved, epochs, evaluation, history, checkpoint, metrics.json, MLflow), a RunHooks the
 place. `LocalRun` is a run in this process; `vacsr.distributed.worker.RayTrainRun` a Ray Train
-worker's share of a run (a `vacsr train --ray` run, a sweep's final run, or a Tune trial, whose
-reports its TuneReportCallback passes on to Tune).
+worker's share of a run (a `vacsr train --ray` run, a sweep's final run, or a Tune trial of
+several workers, whose reports its TuneReportCallback passes on to Tune);
+`vacsr.sweep.trial_run.TuneTrialRun` a one-worker Tune trial training in its trial actor.
 """
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ class RunHooks:
     def after_epoch(self, trainer: Trainer, epoch: int, metrics: dict) -> Path | None:
         """Checkpoint (and report) the finished epoch; the checkpoint's path, where local."""
         return save_checkpoint(trainer.checkpoint_path, trainer.state(epoch))
+
+    def after_logging(self, trainer: Trainer, epoch: int, metrics: dict) -> None:
+        """Called once the epoch is logged (history, MLflow): a report that can end the run at
+        once (a Tune scheduler stopping the trial) belongs here, so the logs hold the epoch."""
 
     def after_restored_finished_run(self, trainer: Trainer) -> None:
         """Called when the restored state had trained every epoch already."""

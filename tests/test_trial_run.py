@@ -1,0 +1,52 @@
+"""Where a trial trains and what it reserves: one worker in its Tune trial actor (with the
+worker's resources), several as a TorchTrainer driven by a `trial_cpus` actor; a run's own error
+is not trained again by Tune's retry, a storage error is."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from vacsr.config import load_config
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["train.cpus_per_worker=0.5"], {"CPU": 0.5}),
+    (["train.cpus_per_worker=2", "train.gpus_per_worker=0.5"], {"CPU": 2.0, "GPU": 0.5}),
+    (["train.workers=2", "train.gpus_per_worker=1"], {"CPU": 0.1}),  # the workers reserve theirs
+])
+def test_a_trial_reserves_its_worker_where_it_trains_itself(overrides, expected):
+    from vacsr.sweep.plan import trains_in_trial, trial_resources
+
+    train = load_config(overrides=overrides).train
+    assert trial_resources(train, trial_cpus=0.1) == expected
+    assert trains_in_trial(train) == (train.workers == 1)
+
+
+def test_a_recorded_run_error_ends_the_retry_and_a_storage_error_does_not(tmp_path):
+    from vacsr.sweep.trial_run import recorded_failure
+    from vacsr.train.files import FAILED_FILE
+
+    assert recorded_failure(tmp_path) is None  # a first attempt
+    record = tmp_path / FAILED_FILE
+    record.write_text(json.dumps({"error": "training diverged at epoch 1 (loss nan)",
+                                  "type": "TrainingDiverged"}))
+    assert recorded_failure(tmp_path) == "training diverged at epoch 1 (loss nan)"
+    assert record.is_file()  # every retry ends the same way
+    record.write_text(json.dumps({"error": "last.ckpt: no space left on the device",
+                                  "type": "StorageError"}))
+    assert recorded_failure(tmp_path) is None and not record.exists()  # retrained after a fix
+
+
+def test_a_trial_that_trained_in_its_actor_gets_its_tune_checkpoint_path():
+    from vacsr.sweep.search import _with_checkpoint_path
+
+    tune_stored = SimpleNamespace(metrics={"epoch": 3, "val/acc": 50.0},
+                                  checkpoint=SimpleNamespace(path="/r/tune/eurosat/t1/ckpt_2"))
+    assert _with_checkpoint_path(tune_stored)["checkpoint_path"] == "/r/tune/eurosat/t1/ckpt_2"
+    train_stored = SimpleNamespace(metrics={"epoch": 3, "checkpoint_path": "/r/trials/t1/c"},
+                                   checkpoint=None)  # TuneReportCallback's key wins
+    assert _with_checkpoint_path(train_stored)["checkpoint_path"] == "/r/trials/t1/c"
+    failed = SimpleNamespace(metrics=None, checkpoint=None)
+    assert _with_checkpoint_path(failed) == {}

@@ -1,0 +1,111 @@
+"""A one-worker trial trained in its Tune trial actor: Tune's function-trainable protocol
+(`tune.report` with a `tune.Checkpoint` each epoch, `tune.get_checkpoint` on a restart).
+
+A run of one worker has nothing to distribute, and a TorchTrainer would start four more
+processes for it (Ray Train's controller, its worker and two helper actors): on small runs that
+is most of a trial's cost (benchmarks/bench_startup.py). The actor holds the worker's resources
+(`train.cpus_per_worker`, `train.gpus_per_worker`; Ray sets CUDA_VISIBLE_DEVICES to its GPU), so
+the run computes where a Train worker would. A lost actor (a dead node) is restarted by Tune from
+the last reported checkpoint, up to `train.max_failures` times, as Ray Train restarts a lost
+worker; an error of the run itself (a VacsrError: bad data, a diverged loss) is recorded in
+FAILED_FILE, and Tune's retry of it ends at once with the same error instead of training again.
+Runs of several workers stay on Ray Train (vacsr/sweep/trial.py).
+"""
+from __future__ import annotations
+
+import json
+import socket
+import tempfile
+from pathlib import Path
+
+import ray
+from ray import tune
+
+from vacsr.atomic import atomic_write_json
+from vacsr.config import Config
+from vacsr.errors import RunFailed, VacsrError
+from vacsr.sweep.repair import STORAGE_ERROR_TEXTS
+from vacsr.train.files import CHECKPOINT_FILE, FAILED_FILE
+from vacsr.train.run_hooks import RunHooks
+
+
+def recorded_failure(output_dir: Path) -> str | None:
+    """The error an earlier attempt of this trial recorded, unless it was a storage error (the
+    resume after freeing space retrains those, vacsr/sweep/repair.py)."""
+    path = output_dir / FAILED_FILE
+    if not path.is_file():
+        return None
+    error = json.loads(path.read_text())["error"]
+    if any(text in error for text in STORAGE_ERROR_TEXTS):
+        path.unlink()
+        return None
+    return error
+
+
+class TuneTrialRun(RunHooks):
+    """The run in the trial actor: it resumes from the trial's last Tune checkpoint and reports
+    every epoch (metrics and checkpoint) to Tune, which persists the checkpoint and lets ASHA
+    stop the trial."""
+
+    marks_resume = True
+
+    def restore(self, trainer) -> None:
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is None:
+            return
+        from vacsr.train.checkpoint import load_checkpoint
+
+        with checkpoint.as_directory() as folder:
+            trainer.load_state(load_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.device))
+
+    def after_epoch(self, trainer, epoch: int, metrics: dict) -> None:
+        return None  # the checkpoint goes to Tune with the report, after the epoch is logged
+
+    def after_logging(self, trainer, epoch: int, metrics: dict) -> None:
+        # last: when ASHA stops the trial on this report, the actor ends inside tune.report
+        from vacsr.train.checkpoint import save_checkpoint
+
+        with tempfile.TemporaryDirectory() as folder:
+            save_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.state(epoch))
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
+
+    def after_restored_finished_run(self, trainer) -> None:
+        # restored after its last epoch (a driver resumed): report the final result again
+        self.after_logging(trainer, trainer.start_epoch - 1, dict(trainer.history[-1]))
+
+    def tracking_resume(self, trainer) -> bool:
+        return trainer.start_epoch > 0 or trainer.config.train.resume
+
+    def tracking_tags(self) -> dict:
+        return {"vacsr.ray_node_id": ray.get_runtime_context().get_node_id(),
+                "vacsr.host": socket.gethostname()}
+
+
+def assigned_device() -> str:
+    """The device Ray gives this actor, as Ray Train gives a worker its own: the reserved GPU
+    (Ray makes it cuda:0 through CUDA_VISIBLE_DEVICES), else the CPU."""
+    return "cuda:0" if ray.get_gpu_ids() else "cpu"
+
+
+def fit_in_trial(config: Config) -> None:
+    """Train the trial's run in this process (the Tune trial actor), reporting to Tune."""
+    output_dir = Path(config.train.output_dir)
+    error = recorded_failure(output_dir)
+    if error is not None:
+        raise RunFailed(error)
+    import torch
+
+    from vacsr.device import ray_worker_device
+    from vacsr.distributed.devices import record_workers
+    from vacsr.train.loop import Trainer
+
+    try:  # train.device=cpu keeps the tensors on the CPU with a GPU reserved (logical GPUs)
+        device = ray_worker_device(config.train.device, torch.device(assigned_device()))
+        trainer = Trainer(config, device=device)
+        record_workers(trainer.output_dir, 0, 1, device, ray_device=assigned_device())
+        trainer.fit(TuneTrialRun())
+    except VacsrError as exc:
+        atomic_write_json(output_dir / FAILED_FILE, {"error": str(exc),
+                                                     "type": type(exc).__name__})
+        raise
+
