@@ -23,6 +23,12 @@ from vacsr.atomic import atomic_write_json
 WORKERS_FILE = "workers.json"
 
 
+def placement_tags() -> dict:
+    """Where this process runs (Ray node id and host): which machine trained a run, in MLflow."""
+    return {"vacsr.ray_node_id": ray.get_runtime_context().get_node_id(),
+            "vacsr.host": socket.gethostname()}
+
+
 def this_worker(rank: int, device, ray_device: str | None = None) -> dict:
     """This process's placement: a Train worker's (`ray_device` from Ray Train), or a trial
     actor's that trains itself (vacsr/sweep/trial_run.py passes the device Ray gave it)."""

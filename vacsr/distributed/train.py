@@ -60,8 +60,13 @@ def train_loop_per_worker(loop_config: dict) -> None:
         train_worker(config, fail_once=loop_config.get("fail_once"))
     except VacsrError as exc:
         if ray.train.get_context().get_world_rank() == 0:
-            atomic_write_json(output_dir / FAILED_FILE, {"error": str(exc),
-                                                         "type": type(exc).__name__})
+            record_run_failure(output_dir, exc)
+
+
+def record_run_failure(output_dir: str | Path, exc: Exception) -> None:
+    """Record a run's own error in FAILED_FILE (atomically), for its caller to raise."""
+    atomic_write_json(Path(output_dir) / FAILED_FILE, {"error": str(exc),
+                                                       "type": type(exc).__name__})
 
 
 def raise_if_run_failed(output_dir: str | Path) -> None:

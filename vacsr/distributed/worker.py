@@ -12,7 +12,6 @@ it loads the model stack, which the Tune trial actor and the Train controller ne
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import time
 import warnings
@@ -29,7 +28,7 @@ from torch import nn
 
 from vacsr.config import Config
 from vacsr.device import ray_worker_device
-from vacsr.distributed.devices import record_workers
+from vacsr.distributed.devices import placement_tags, record_workers
 from vacsr.tasks import PairBatch
 from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
 from vacsr.train.files import CHECKPOINT_FILE
@@ -134,9 +133,7 @@ class RayTrainRun(RunHooks):
         return trainer.start_epoch > 0 or trainer.config.train.resume  # a restarted worker
 
     def tracking_tags(self) -> dict:
-        """Where rank 0 ran (Ray node id and host): which machine trained a run, in MLflow."""
-        return {"vacsr.ray_node_id": ray.get_runtime_context().get_node_id(),
-                "vacsr.host": socket.gethostname()}
+        return placement_tags()
 
 
 def train_worker(config: Config, fail_once: str | None = None) -> None:

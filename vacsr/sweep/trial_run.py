@@ -14,15 +14,14 @@ Runs of several workers stay on Ray Train (vacsr/sweep/trial.py).
 from __future__ import annotations
 
 import json
-import socket
 import tempfile
 from pathlib import Path
 
 import ray
 from ray import tune
 
-from vacsr.atomic import atomic_write_json
 from vacsr.config import Config
+from vacsr.distributed.train import record_run_failure
 from vacsr.errors import RunFailed, VacsrError
 from vacsr.sweep.repair import STORAGE_ERROR_TEXTS
 from vacsr.train.files import CHECKPOINT_FILE, FAILED_FILE
@@ -77,8 +76,9 @@ class TuneTrialRun(RunHooks):
         return trainer.start_epoch > 0 or trainer.config.train.resume
 
     def tracking_tags(self) -> dict:
-        return {"vacsr.ray_node_id": ray.get_runtime_context().get_node_id(),
-                "vacsr.host": socket.gethostname()}
+        from vacsr.distributed.devices import placement_tags
+
+        return placement_tags()
 
 
 def assigned_device() -> str:
@@ -105,7 +105,6 @@ def fit_in_trial(config: Config) -> None:
         record_workers(trainer.output_dir, 0, 1, device, ray_device=assigned_device())
         trainer.fit(TuneTrialRun())
     except VacsrError as exc:
-        atomic_write_json(output_dir / FAILED_FILE, {"error": str(exc),
-                                                     "type": type(exc).__name__})
+        record_run_failure(output_dir, exc)
         raise
 
