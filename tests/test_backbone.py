@@ -95,3 +95,37 @@ def test_image_tokens_are_the_towers_tokens_and_its_pooled_output():
     assert tokens.shape == expected.shape == (3, 1 + patches.shape[1], backbone.embed_dim)
     torch.testing.assert_close(tokens, expected)
     torch.testing.assert_close(tokens[:, 0], pooled)
+
+
+def test_class_prompts_pass_the_frozen_text_blocks_once_and_train_the_text_head():
+    """Few-shot runs train ln_final and the text projection over frozen text blocks: the blocks'
+    output is computed once per run, the head every step, and the features and gradients are
+    those of open_clip's whole encode_text."""
+    from vacsr.config import load_config
+    from vacsr.model.vacsr import build_model
+    from vacsr.tasks import ClassificationTask
+
+    config = load_config(overrides=["model.use_gpo=false", "model.trainable_text_blocks=0",
+                                    "model.train_projections=true"])
+    model = build_model(config).train()
+    backbone = model.backbone
+    tokens = backbone.tokenize([f"a photo of a class {i}." for i in range(5)])
+    assert backbone.text_trunk_frozen()
+    expected = backbone.clip.encode_text(tokens, normalize=True)
+    torch.testing.assert_close(backbone.text_head(backbone.text_trunk(tokens)), expected,
+                               rtol=1e-5, atol=1e-6)
+    passes = []
+    backbone.clip.transformer.register_forward_hook(lambda *args: passes.append(1))
+    task = ClassificationTask(model, config.loss, tokens)
+    for step in range(3):
+        features = task.class_features("cpu")
+        torch.testing.assert_close(features, expected, rtol=1e-5, atol=1e-6)
+        features.sum().backward()
+    assert len(passes) == 1  # the blocks ran once for three steps
+    clip = backbone.clip
+    assert clip.text_projection.grad is not None and clip.ln_final.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in clip.transformer.parameters())
+
+    unfrozen = build_model(load_config(overrides=["model.use_gpo=false",
+                                                  "model.trainable_text_blocks=1"]))
+    assert not unfrozen.backbone.text_trunk_frozen()  # a training block: every step, whole

@@ -86,8 +86,9 @@ def test_pool_equals_local_scorer_and_follows_weight_updates(ray_local):
 @pytest.mark.parametrize("task, dataset", [("retrieval", "synthetic"),
                                            ("classification", "eurosat")])
 def test_checkpoint_evaluation_on_actors_equals_in_process(ray_local, tmp_path, task, dataset):
-    """`vacsr eval --actors 2` and the sweeps' final evaluation (encode once, score on the
-    EvalPool) give exactly the in-process metrics of the same checkpoint."""
+    """`vacsr eval --actors 2` (encode here, score on the EvalPool) and the sweeps' final
+    evaluation (encode on the pool's first actor, score on the pool) give exactly the in-process
+    metrics of the same checkpoint."""
     from vacsr.config import load_config
     from vacsr.data.generate import generate_all
     from vacsr.distributed.eval_actor import PoolScorer
@@ -107,8 +108,10 @@ def test_checkpoint_evaluation_on_actors_equals_in_process(ray_local, tmp_path, 
     checkpoint = Trainer(config).fit().checkpoint
     expected = evaluate_checkpoint(config, checkpoint)
     scorer = PoolScorer(2, cpus_per_actor=0.5)
-    try:  # the second call sends the head to the running actors (the next seed's checkpoint)
-        got = [scorer(encode_checkpoint(config, checkpoint)) for _ in range(2)]
+    try:  # the pool starts by encoding on its first actor (the sweeps' final runs); the second
+        # call, encoded here, sends the head to the running actors (the next seed's checkpoint)
+        got = [scorer(scorer.encode(config, checkpoint)),
+               scorer(encode_checkpoint(config, checkpoint))]
     finally:
         scorer.shutdown()
     drop = {"eval_seconds"}

@@ -1,11 +1,15 @@
-"""The retrieval and domain-generalisation sweeps end to end on a local Ray (one trial each): the
-same machinery as base-to-novel with their own spaces, metrics and final evaluations."""
+"""The retrieval and domain-generalisation sweeps end to end on a local Ray (two trials one after
+the other in one reused trial actor, then one trial): the same machinery as base-to-novel with
+their own spaces, metrics and final evaluations."""
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from sweeps.domain_generalization import SWEEP as DG
 from sweeps.retrieval import SWEEP as RETRIEVAL
+from vacsr.distributed.devices import WORKERS_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -38,9 +42,11 @@ def _sweep(kind, tmp_path, weights, extra: list[str]) -> tuple[int, str]:
 
 
 def test_retrieval_and_domain_generalization_sweeps(tmp_path, ray_local, weights, capsys):
+    # two trials, one at a time (a trial holds both CPUs): the second trains in the first's actor
     code, uri = _sweep(RETRIEVAL, tmp_path / "ret", weights,
                        ["--range", "model.trainable_image_blocks=int:0:0",
-                        "--range", "model.trainable_text_blocks=int:0:0"])
+                        "--range", "model.trainable_text_blocks=int:0:0",
+                        "--trials", "2", "--cpus-per-worker", "2"])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     table = (tmp_path / "ret" / "retrieval" / "report" / "results.md").read_text()
@@ -48,7 +54,15 @@ def test_retrieval_and_domain_generalization_sweeps(tmp_path, ray_local, weights
     runs = _runs(uri, "vacsr-retrieval")
     dataset = runs[runs["tags.vacsr.dataset"] == "coco"].iloc[0]
     assert dataset["metrics.best_val/rsum"] > 0 and dataset["metrics.best_test_rsum"] > 0
-    assert (runs.status == "FINISHED").all()
+    trials = runs[runs["tags.mlflow.parentRunId"] == dataset.run_id]
+    trials = trials[~trials["tags.mlflow.runName"].str.contains("final")]
+    assert len(trials) == 2
+    # a trial ASHA stopped is KILLED (Tune ended it inside tune.report), never FAILED
+    assert set(trials.status) <= {"FINISHED", "KILLED"}, list(trials.status)
+    assert (runs[~runs.run_id.isin(trials.run_id)].status == "FINISHED").all()
+    folders = sorted((tmp_path / "ret" / "retrieval" / "trials" / "coco").glob(f"*/{WORKERS_FILE}"))
+    pids = {json.loads(f.read_text())["workers"][0]["pid"] for f in folders}
+    assert len(folders) == 2 and len(pids) == 1, pids  # one actor process, reused
 
     code, uri = _sweep(DG, tmp_path / "dg", weights, [])
     out = capsys.readouterr().out

@@ -106,6 +106,33 @@ def test_the_run_lifecycle_opens_its_mlflow_run_from_the_config(tracking_uri, tm
     assert [step for step, _ in steps] == [1, 2]  # the resumed epoch joined the first run
 
 
+def test_a_run_ended_by_system_exit_is_killed_and_one_that_raised_failed(tracking_uri, tmp_path):
+    """Tune ends a trial ASHA stopped with SystemExit inside tune.report (the trial's thread):
+    its MLflow run is a stopped run, KILLED, as after Ctrl-C, not FAILED as after an error."""
+    from vacsr.train.loop import Trainer
+    from vacsr.train.run_hooks import RunHooks
+
+    class EndsAfterFirstEpoch(RunHooks):
+        def __init__(self, error: BaseException) -> None:
+            self.error = error
+
+        def after_logging(self, trainer, epoch, metrics):
+            raise self.error
+
+    for name, error in (("stopped", SystemExit(0)), ("broken", RuntimeError("bug"))):
+        overrides = [f"train.output_dir={tmp_path / name}", "train.epochs=2",
+                     "train.batch_size=16", "train.progress=false", "data.num_train=16",
+                     "data.num_test=8", "adapter.hidden_dim=16", "tracking.enabled=true",
+                     "tracking.experiment=ends", f"tracking.run_name={name}"]
+        with pytest.raises(type(error)):
+            Trainer(load_config(overrides=overrides)).fit(EndsAfterFirstEpoch(error))
+    runs = mlflow.search_runs(experiment_names=["ends"])
+    status = dict(zip(runs["tags.mlflow.runName"], runs["status"]))
+    assert status == {"stopped": "KILLED", "broken": "FAILED"}
+    stopped = runs[runs["tags.mlflow.runName"] == "stopped"].run_id.iloc[0]
+    assert [step for step, _ in _steps(MlflowClient(), stopped, "train/loss")] == [1]
+
+
 def test_parent_and_child_runs_found_by_parent_tag(tracking_uri):
     with MlflowTracker() as sweep:
         sweep_id = sweep.start("sweep-retrieval", "sweep")

@@ -173,21 +173,30 @@ class ClassificationTask(_Task):
         super().__init__(model, loss_config)
         self.prompt_tokens = prompt_tokens  # (C, T)
         self._frozen_text: torch.Tensor | None = None
+        self._text_trunk: torch.Tensor | None = None  # (C, W), when only the text head trains
 
     def text_trainable(self) -> bool:
         return any(p.requires_grad for name, p in self.model.backbone.named_parameters()
                    if not name.startswith(("clip.visual.", "image_gpo.")))
 
     def class_features(self, device) -> torch.Tensor:
-        """(C, d) prompt features: recomputed every step while text blocks train, computed once
-        when the text tower is frozen (hundreds of prompts per step are the cost otherwise)."""
+        """(C, d) prompt features: computed once when the text tower is frozen; when only its
+        ln_final and projection train (blocks frozen, the default of few-shot runs), the blocks'
+        output once and the head every step; all of it every step while text blocks train
+        (hundreds of prompts through the blocks per step are the cost otherwise)."""
         tokens = self.prompt_tokens.to(device)
-        if self.text_trainable():
+        backbone = self.model.backbone
+        if not self.text_trainable():
+            if self._frozen_text is None or self._frozen_text.device != torch.device(device):
+                with torch.no_grad():
+                    self._frozen_text = self.model.encode_text(tokens)
+            return self._frozen_text
+        if not backbone.text_trunk_frozen():
             return self.model.encode_text(tokens)
-        if self._frozen_text is None or self._frozen_text.device != torch.device(device):
+        if self._text_trunk is None or self._text_trunk.device != torch.device(device):
             with torch.no_grad():
-                self._frozen_text = self.model.encode_text(tokens)
-        return self._frozen_text
+                self._text_trunk = backbone.text_trunk(tokens)
+        return backbone.text_head(self._text_trunk)
 
     def features(self, batch) -> PairBatch:
         images, labels = batch

@@ -1,10 +1,10 @@
 """Which GPU each Ray Train worker of a run got: `workers.json` in the run's output folder.
 
-One entry per rank (one for a Tune trial actor that trains itself): its node and host, Ray's GPU
-ids for it (`ray.get_gpu_ids()`), the CUDA_VISIBLE_DEVICES Ray set in its process, the device Ray
-gives it (`ray.train.torch.get_device()` on a Train worker) and the device it computes on
-(train.device may keep it on the CPU). A researcher reads from it where a run trained; the scheduling tests check the packing of
-trials and workers on GPUs with it.
+One entry per rank (one for a Tune trial actor that trains itself): its node, host and process
+id, Ray's GPU ids for it (`ray.get_gpu_ids()`), the CUDA_VISIBLE_DEVICES Ray set in its process,
+the device Ray gives it (`ray.train.torch.get_device()` on a Train worker) and the device it
+computes on (train.device may keep it on the CPU). A researcher reads from it where a run trained;
+the scheduling tests check the packing of trials and workers on GPUs with it.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def this_worker(rank: int, device, ray_device: str | None = None) -> dict:
     """This process's placement: a Train worker's (`ray_device` from Ray Train), or a trial
     actor's that trains itself (vacsr/sweep/trial_run.py passes the device Ray gave it)."""
     return {"rank": rank, "node_id": ray.get_runtime_context().get_node_id(),
-            "host": socket.gethostname(),
+            "host": socket.gethostname(), "pid": os.getpid(),
             "gpu_ids": sorted(str(i) for i in ray.get_gpu_ids()),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "ray_device": ray_device or str(ray.train.torch.get_device()), "device": str(device),

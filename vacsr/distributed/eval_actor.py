@@ -1,7 +1,8 @@
 """Ray evaluation actors (the chunked scorer on Ray actors).
 
 Each `EvalWorker` actor holds the item (gallery / class-text) features and the head weights, sent
-once, and runs a `ChunkedScorer` on the query shards it is given. `EvalPool` starts one actor per
+once, and runs a `ChunkedScorer` on the query shards it is given; the first actor of a pool can
+also encode a checkpoint's split (it holds what a run's worker holds: a GPU where there is one). `EvalPool` starts one actor per
 GPU (or a few CPU actors), shards the queries, and merges the shards' top-k lists exactly (the
 ranking keys make the merge independent of the sharding). It has the scorer's `score` /
 `score_pairs` interface, so `vacsr.eval.evaluate.evaluate_retrieval(..., scorer=pool)` and
@@ -22,15 +23,26 @@ from vacsr.eval.scorer import ChunkedScorer, ScoreResult, TopK, merge_topk
 class EvalWorker:
     """Actor body: item features + head weights stay resident between calls."""
 
-    def __init__(self, head: nn.Module, items: torch.Tensor, *, memory_budget_bytes: int,
-                 precision: str = "auto", device: str | None = None):
+    def __init__(self, head: nn.Module | None, items: torch.Tensor | None, *,
+                 memory_budget_bytes: int, precision: str = "auto", device: str | None = None):
         self.options = {"memory_budget_bytes": memory_budget_bytes, "precision": precision}
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.items = items
-        self.set_head(head)
+        self.items, self.scorer = items, None  # None: set by the first scoring (after encode)
+        if head is not None:
+            self.set_head(head)
 
-    def set_head(self, head: nn.Module) -> None:
+    def set_head(self, head: nn.Module, precision: str | None = None) -> None:
+        if precision is not None:
+            self.options["precision"] = precision
         self.scorer = ChunkedScorer(head, device=self.device, **self.options)
+
+    def encode(self, config, checkpoint_path: str, **kwargs):
+        """vacsr.train.evaluate.encode_checkpoint in this actor: a sweep's final evaluation then
+        starts no process of its own for the encoding (one start-up of torch and open_clip less
+        per dataset)."""
+        from vacsr.train.evaluate import encode_checkpoint
+
+        return encode_checkpoint(config, checkpoint_path, **kwargs)
 
     def set_items(self, items: torch.Tensor) -> None:
         self.items = items
@@ -69,7 +81,8 @@ class EvalPool:
     trial); the item features are re-sent only when score() receives different ones.
     """
 
-    def __init__(self, head: nn.Module, items: torch.Tensor, *, num_actors: int | None = None,
+    def __init__(self, head: nn.Module | None, items: torch.Tensor | None, *,
+                 num_actors: int | None = None,
                  num_gpus_per_actor: float | None = None, num_cpus_per_actor: float = 1,
                  memory_budget_bytes: int = 256 * 2**20, precision: str = "auto"):
         gpus = int(ray.cluster_resources().get("GPU", 0))
@@ -80,16 +93,17 @@ class EvalPool:
         self.memory_budget_bytes = memory_budget_bytes
         self.num_gpus_per_actor = num_gpus_per_actor
         self.device = torch.device("cpu")  # where two_stage_score runs its cheap cosine stage
-        self._items = items
-        items_ref, head_ref = ray.put(items.detach().cpu()), ray.put(_cpu_copy(head))
+        self._items = items  # head and items may come later (a pool started to encode)
+        items_ref = None if items is None else ray.put(items.detach().cpu())
+        head_ref = None if head is None else ray.put(_cpu_copy(head))
         actor = EvalActor.options(num_cpus=num_cpus_per_actor, num_gpus=num_gpus_per_actor)
         self.actors = [actor.remote(head_ref, items_ref, memory_budget_bytes=memory_budget_bytes,
                                     precision=precision) for _ in range(num_actors)]
 
     # ------------------------------------------------------------ state
-    def update_head(self, head: nn.Module) -> None:
+    def update_head(self, head: nn.Module, precision: str | None = None) -> None:
         ref = ray.put(_cpu_copy(head))
-        ray.get([a.set_head.remote(ref) for a in self.actors])
+        ray.get([a.set_head.remote(ref, precision) for a in self.actors])
 
     def update_items(self, items: torch.Tensor) -> None:
         ref = ray.put(items.detach().cpu())
@@ -99,8 +113,12 @@ class EvalPool:
     def _sync_items(self, items: torch.Tensor | None) -> None:
         if items is None or items is self._items:
             return
-        if items.shape != self._items.shape or not torch.equal(items.cpu(), self._items.cpu()):
+        if self._items is None or items.shape != self._items.shape or not torch.equal(items.cpu(), self._items.cpu()):
             self.update_items(items)
+
+    def encode(self, config, checkpoint_path: str, **kwargs):
+        """A checkpoint's split encoded on the first actor (EvalWorker.encode)."""
+        return ray.get(self.actors[0].encode.remote(config, checkpoint_path, **kwargs))
 
     def describe(self) -> list[dict]:
         return ray.get([a.describe.remote() for a in self.actors])
@@ -152,14 +170,27 @@ class PoolScorer:
     def __init__(self, actors: int, cpus_per_actor: float = 1) -> None:
         self.actors, self.cpus, self.pool = actors, cpus_per_actor, None
 
+    def _start(self, head: nn.Module | None = None, items: torch.Tensor | None = None,
+               precision: str = "auto") -> EvalPool:
+        self.pool = EvalPool(head, items, num_actors=self.actors, num_cpus_per_actor=self.cpus,
+                             precision=precision)
+        return self.pool
+
+    def encode(self, config, checkpoint, **kwargs):
+        """A split of `checkpoint` encoded on the pool's first actor (started here if need be),
+        which then scores it. A run that trained on CPUs is encoded on the CPU, in its
+        precision, even where the actor holds a GPU (the metrics its validation computed)."""
+        device = None if config.train.gpus_per_worker else "cpu"
+        return (self.pool or self._start()).encode(config, str(checkpoint), device=device,
+                                                   **kwargs)
+
     def __call__(self, encoded, **engine_kwargs) -> dict[str, float]:
         from vacsr.train.evaluate import score_encoded
 
         if self.pool is None:
-            self.pool = EvalPool(encoded.head, encoded.items, num_actors=self.actors,
-                                 num_cpus_per_actor=self.cpus, precision=encoded.precision)
+            self._start(encoded.head, encoded.items, encoded.precision)
         else:
-            self.pool.update_head(encoded.head)
+            self.pool.update_head(encoded.head, precision=encoded.precision)
         return score_encoded(encoded, scorer=self.pool, **engine_kwargs)
 
     def shutdown(self) -> None:

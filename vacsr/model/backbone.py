@@ -10,6 +10,7 @@ from pathlib import Path
 import open_clip
 import torch
 import torch.nn.functional as F
+from open_clip.transformer import text_global_pool
 from torch import nn
 
 from vacsr.errors import ConfigError
@@ -129,6 +130,38 @@ class ClipBackbone(nn.Module):
         projection = clip.text_projection
         x = projection(x) if isinstance(projection, nn.Linear) else x @ projection
         return x, tokens.argmax(dim=-1) + 1  # EOT has the highest id in open_clip's vocab
+
+    def text_trunk_frozen(self) -> bool:
+        """True when nothing before ln_final trains in a plain CLIP text tower (embeddings and
+        blocks frozen, no active dropout): its pooled transformer output is then a constant of
+        the prompts, and only ln_final and the projection need a pass per step."""
+        clip = self.clip
+        if self.use_gpo or hasattr(clip, "text"):
+            return False
+        trunk = [*clip.token_embedding.parameters(), *clip.transformer.parameters(),
+                 clip.positional_embedding]
+        dropout = any(isinstance(m, nn.Dropout) and m.p > 0 and m.training
+                      for m in clip.transformer.modules())
+        return not dropout and not any(p.requires_grad for p in trunk)
+
+    def text_trunk(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, W): the transformer's output at the pooled token, before
+        ln_final (a per-token norm, so pooling first gives what open_clip's encode_text does)."""
+        clip = self.clip
+        cast = clip.transformer.get_cast_dtype()
+        x = clip.token_embedding(tokens).to(cast) + clip.positional_embedding.to(cast)
+        x = clip.transformer(x, attn_mask=clip.attn_mask)  # (B, T, W)
+        return text_global_pool(x, tokens, clip.text_pool_type,
+                                eos_token_id=getattr(clip, "text_eos_id", None))
+
+    def text_head(self, pooled: torch.Tensor) -> torch.Tensor:
+        """(B, W) text_trunk output -> (B, D), L2-normalised: ln_final and the projection."""
+        clip = self.clip
+        x = clip.ln_final(pooled)
+        projection = clip.text_projection
+        if projection is not None:
+            x = projection(x) if isinstance(projection, nn.Linear) else x @ projection
+        return F.normalize(x, dim=-1)
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) -> (B, D), L2-normalised."""

@@ -1,9 +1,10 @@
 """The selected config re-run on every seed, then its test evaluations (paper sec. 4.1: results
 are averaged over three seeds).
 
-Each final checkpoint is encoded on a Ray task that holds the run's resources (the GPU encodes);
-the pairwise adapter scores (COCO 5K: 5,000 x 25,000 pairs; classification: images x classes)
-are computed by the chunked evaluation actors (`EvalPool`), sharded over `--eval-actors`.
+Each final checkpoint is encoded on the first of the chunked evaluation actors (`EvalPool`),
+which holds what a run's worker holds (the GPU encodes); the pairwise adapter scores (COCO 5K:
+5,000 x 25,000 pairs; classification: images x classes) are computed by those actors, sharded
+over `--eval-actors`.
 """
 from __future__ import annotations
 
@@ -12,14 +13,11 @@ from pathlib import Path
 from statistics import mean
 from typing import Callable
 
-import ray
-
 from vacsr.distributed.eval_actor import PoolScorer
 from vacsr.distributed.train import fit_ray
 from vacsr.sweep.plan import SweepPlan
 from vacsr.sweep.storage import copy_from_storage
 from vacsr.tracking import TrackingCallback
-from vacsr.train.evaluate import encode_checkpoint
 from vacsr.train.files import CHECKPOINT_FILE
 
 
@@ -37,25 +35,17 @@ def final_config(best, plan: SweepPlan, dataset: str, seed: int, parent_run_id: 
     return config
 
 
-def _encoder(config):
-    return ray.remote(num_cpus=config.train.cpus_per_worker,
-                      num_gpus=min(config.train.gpus_per_worker, 1), max_retries=0)(
-        encode_checkpoint)
-
-
-def test_metrics(plan: SweepPlan, config, checkpoint: Path, score: Callable) -> dict[str, float]:
+def test_metrics(plan: SweepPlan, config, checkpoint: Path,
+                 scorer: PoolScorer) -> dict[str, float]:
     """The test split, then the kind's extra evaluations (novel classes, domain shifts), then
     the kind's per-seed averages."""
-    encode = _encoder(config)
-    # every split encoded before any is scored: scoring starts the evaluation actors, and where
-    # they hold GPUs an encoding task asking for one would wait for them
-    test = ray.get(encode.remote(config, str(checkpoint)))
-    extra = [ray.get(encode.remote(config, str(checkpoint), dataset=evaluation.dataset,
-                                   subsample=evaluation.classes))
+    test = scorer.encode(config, checkpoint)
+    extra = [scorer.encode(config, checkpoint, dataset=evaluation.dataset,
+                           subsample=evaluation.classes)
              for evaluation in plan.kind.evaluations]
-    metrics = score(test)
+    metrics = scorer(test)
     for evaluation, encoded in zip(plan.kind.evaluations, extra):
-        metrics[evaluation.metric] = score(encoded)[evaluation.key]
+        metrics[evaluation.metric] = scorer(encoded)[evaluation.key]
     for name, parts in plan.kind.averages.items():
         metrics[name] = mean(metrics[p] for p in parts)
     return metrics

@@ -92,7 +92,8 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
     max_epochs = max(base.train.epochs, getattr(space.get("train.epochs"), "high", 0))
     # a trial that trains in its actor is restarted by Tune when the actor is lost (Ray Train
     # restarts the workers of the others); its own errors end at once (vacsr/sweep/trial_run.py)
-    retries = base.train.max_failures if trains_in_trial(base.train) else 0
+    in_actor = trains_in_trial(base.train)
+    retries = base.train.max_failures if in_actor else 0
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
@@ -103,7 +104,12 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
             # all their epochs must end by themselves
             scheduler=ASHAScheduler(time_attr="epoch", max_t=max(max_epochs, 1) + 1,
                                     grace_period=1),
-            max_concurrent_trials=max_concurrent),
+            max_concurrent_trials=max_concurrent,
+            # the next trial trains in the actor (and process) the last one ended in: no second
+            # start-up of Python, torch, open_clip and MLflow. Tune resets an actor only once its
+            # trial's thread has ended (a stopped trial ends inside tune.report); a trial of
+            # TorchTrainer workers gets an actor of its own
+            reuse_actors=in_actor),
         run_config=tune.RunConfig(name=dataset, storage_path=plan.ray_path("tune"), verbose=0,
                                   callbacks=callbacks,
                                   failure_config=tune.FailureConfig(max_failures=retries),

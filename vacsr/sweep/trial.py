@@ -58,8 +58,8 @@ def with_suggestions(base: Config, suggested: dict[str, Any]) -> Config:
 def run_trial(suggested: dict[str, Any], base: Config, meta: TrialMeta) -> None:
     """Tune function trainable: one run, reporting every epoch to Tune. A run that failed by
     itself (bad data, a diverged loss) raises here, so the trial ends in ERROR. A trial that Tune
-    stops (ASHA) ends with its actor, and its run with it: Tune must not reuse trial actors
-    (`reuse_actors`, off by default), or a stopped run would train on beside the next trial."""
+    stops (ASHA) ends inside its tune.report (SystemExit in the trial's thread; its MLflow run
+    closes as KILLED), and only then may Tune reuse the actor for the next trial."""
     config = with_suggestions(base, suggested)
     trial_id = tune.get_context().get_trial_id()
     config.train.output_dir = str(Path(meta.trial_root) / trial_id)

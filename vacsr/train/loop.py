@@ -218,9 +218,12 @@ class Trainer:
             if chief:
                 save_config(self.config, self.output_dir / CONFIG_FILE)
             self._epochs(hooks, (*callbacks, tracker) if tracker else callbacks)
-        except BaseException as exc:  # the MLflow run is not left RUNNING; Ctrl-C or SIGTERM
-            if tracker is not None:  # (vacsr.stop.Stopped) close it as KILLED, not FAILED
-                tracker.fail("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        except BaseException as exc:  # the MLflow run is not left RUNNING; Ctrl-C, SIGTERM
+            # (vacsr.stop.Stopped) and SystemExit (Tune ends a trial ASHA stopped with it, inside
+            # tune.report) close it as KILLED: stopped, not failed
+            if tracker is not None:
+                stopped = isinstance(exc, (KeyboardInterrupt, SystemExit))
+                tracker.fail("KILLED" if stopped else "FAILED")
             raise
         final = self.history[-1] if self.history else {}
         result = TrainResult(history=self.history, final_metrics=final,
