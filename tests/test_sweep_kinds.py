@@ -60,7 +60,8 @@ def test_retrieval_and_domain_generalization_sweeps(tmp_path, ray_local, weights
     # a trial ASHA stopped is KILLED (Tune ended it inside tune.report), never FAILED
     assert set(trials.status) <= {"FINISHED", "KILLED"}, list(trials.status)
     assert (runs[~runs.run_id.isin(trials.run_id)].status == "FINISHED").all()
-    folders = sorted((tmp_path / "ret" / "retrieval" / "trials" / "coco").glob(f"*/{WORKERS_FILE}"))
+    trial_root = tmp_path / "ret" / "retrieval" / "trials" / "coco"
+    folders = sorted(trial_root.glob(f"*/{WORKERS_FILE}"))
     pids = {json.loads(f.read_text())["workers"][0]["pid"] for f in folders}
     assert len(folders) == 2 and len(pids) == 1, pids  # one actor process, reused
 

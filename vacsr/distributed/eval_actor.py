@@ -2,11 +2,12 @@
 
 Each `EvalWorker` actor holds the item (gallery / class-text) features and the head weights, sent
 once, and runs a `ChunkedScorer` on the query shards it is given; the first actor of a pool can
-also encode a checkpoint's split (it holds what a run's worker holds: a GPU where there is one). `EvalPool` starts one actor per
-GPU (or a few CPU actors), shards the queries, and merges the shards' top-k lists exactly (the
-ranking keys make the merge independent of the sharding). It has the scorer's `score` /
-`score_pairs` interface, so `vacsr.eval.evaluate.evaluate_retrieval(..., scorer=pool)` and
-`two_stage_score(pool, ...)` run on the actors while the driver only shards and merges.
+also encode a checkpoint's split (it holds what a run's worker holds: a GPU where there is one).
+`EvalPool` starts one actor per GPU (or a few CPU actors), shards the queries, and merges the
+shards' top-k lists exactly (the ranking keys make the merge independent of the sharding). It has
+the scorer's `score` / `score_pairs` interface, so `vacsr.eval.evaluate.evaluate_retrieval(...,
+scorer=pool)` and `two_stage_score(pool, ...)` run on the actors while the driver only shards and
+merges.
 """
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ class EvalPool:
     def _sync_items(self, items: torch.Tensor | None) -> None:
         if items is None or items is self._items:
             return
-        if self._items is None or items.shape != self._items.shape or not torch.equal(items.cpu(), self._items.cpu()):
+        held = self._items
+        if held is None or items.shape != held.shape or not torch.equal(items.cpu(), held.cpu()):
             self.update_items(items)
 
     def encode(self, config, checkpoint_path: str, **kwargs):

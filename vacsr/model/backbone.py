@@ -124,11 +124,7 @@ class ClipBackbone(nn.Module):
 
     def text_tokens(self, tokens: torch.Tensor):
         """Projected text tokens from SOT to EOT: ((B, T, D), lengths (B,))."""
-        clip = self.clip
-        x = clip.token_embedding(tokens) + clip.positional_embedding
-        x = clip.ln_final(clip.transformer(x, attn_mask=clip.attn_mask))  # (B, T, W)
-        projection = clip.text_projection
-        x = projection(x) if isinstance(projection, nn.Linear) else x @ projection
+        x = self._text_head_unnormalised(self._text_blocks_output(tokens))  # (B, T, D)
         return x, tokens.argmax(dim=-1) + 1  # EOT has the highest id in open_clip's vocab
 
     def text_trunk_frozen(self) -> bool:
@@ -148,20 +144,28 @@ class ClipBackbone(nn.Module):
         """(B, T) token ids -> (B, W): the transformer's output at the pooled token, before
         ln_final (a per-token norm, so pooling first gives what open_clip's encode_text does)."""
         clip = self.clip
-        cast = clip.transformer.get_cast_dtype()
-        x = clip.token_embedding(tokens).to(cast) + clip.positional_embedding.to(cast)
-        x = clip.transformer(x, attn_mask=clip.attn_mask)  # (B, T, W)
-        return text_global_pool(x, tokens, clip.text_pool_type,
+        return text_global_pool(self._text_blocks_output(tokens), tokens, clip.text_pool_type,
                                 eos_token_id=getattr(clip, "text_eos_id", None))
 
     def text_head(self, pooled: torch.Tensor) -> torch.Tensor:
         """(B, W) text_trunk output -> (B, D), L2-normalised: ln_final and the projection."""
+        return F.normalize(self._text_head_unnormalised(pooled), dim=-1)
+
+    def _text_blocks_output(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, W): embeddings and the text blocks, every token."""
         clip = self.clip
-        x = clip.ln_final(pooled)
+        cast = clip.transformer.get_cast_dtype()
+        x = clip.token_embedding(tokens).to(cast) + clip.positional_embedding.to(cast)
+        return clip.transformer(x, attn_mask=clip.attn_mask)
+
+    def _text_head_unnormalised(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., W) -> (..., D): ln_final, then the text projection (a matrix or a Linear)."""
+        clip = self.clip
+        x = clip.ln_final(x)
         projection = clip.text_projection
-        if projection is not None:
-            x = projection(x) if isinstance(projection, nn.Linear) else x @ projection
-        return F.normalize(x, dim=-1)
+        if projection is None:
+            return x
+        return projection(x) if isinstance(projection, nn.Linear) else x @ projection
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) -> (B, D), L2-normalised."""
