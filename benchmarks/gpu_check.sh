@@ -9,15 +9,17 @@
 #      torch.cuda.max_memory_allocated against vacsr.model.memory's estimate;
 #   3. COCO-5K exact adapter scoring (5,000 x 25,000 pairs) against the GPU's bf16 matmul rate,
 #      target under 5 s on one H200-class GPU (PASS/FAIL);
-#   4. the embedded base2novel sweep on one dataset, its Ray Train workers on one GPU each.
+#   4. the embedded base2novel sweep on one dataset, each trial on a GPU of its own, with the most
+#      GPUs reserved at once and the GPU ids each search trial ran on (benchmarks/gpu_sweep.py).
 # It ends with one summary block (each check: ok/fail and its key figure) and exits 1 when a check
 # failed. Without CUDA it says so and exits 0, unless DRY_RUN=1.
 #
 # DRY_RUN=1 (`make gpu-check DRY_RUN=1`; tests/test_gpu_check.py runs it) executes every step on
 # the CPU at tiny sizes through the same code: the gpu tests (they skip without CUDA), the bf16
 # training step on vacsr-tiny (train.amp_on_cpu), the bf16 scorer on 50 x 250 pairs, and the
-# sweep on one logical GPU of a local Ray (benchmarks/gpu_sweep.py; train.device=cpu keeps the
-# tensors on the CPU while Ray schedules and places the workers on the GPU id).
+# sweep on two logical GPUs of a local Ray (benchmarks/gpu_sweep.py): four trials of half a GPU
+# each, which Ray must run all at once, packed two per GPU (train.device=cpu keeps the tensors on
+# the CPU while Ray schedules and places the trials on the GPU ids).
 #
 # The whole real run fits one 10-minute call: each step's timeout is the smaller of STEP_TIMEOUT
 # and what is left of TOTAL_TIMEOUT (default 540 s); see README "Real scale" for the estimate.
@@ -59,7 +61,6 @@ last_line() { grep -v '^[[:space:]]*$' "$1" | tail -n 1 || true; }
 summary_line() { grep '^SUMMARY' "$1" | tail -n 1 | cut -d' ' -f2- || last_line "$1"; }
 pytest_line() { grep -E '[0-9]+ (passed|failed|skipped|error)|no tests ran' "$1" | tail -n 1 \
                 | tr -d '=' | sed 's/^ *//' || true; }
-sweep_line() { grep -E 'done in|failed' "$1" | tail -n 1 || last_line "$1"; }
 
 # run_check NAME EXTRACTOR COMMAND...: run COMMAND under the timeout, tee its log, record a line.
 run_check() {
@@ -102,7 +103,7 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backe
       f"bf16 supported: {torch.cuda.is_bf16_supported()}")' || echo "torch/CUDA query failed"
 fi
 
-SWEEP=(--datasets caltech101 --gpus-per-worker 1 --storage "$OUT/sweep" --name gpu-check)
+SWEEP=(--datasets caltech101 --storage "$OUT/sweep" --name gpu-check)
 # the test files that hold GPU-marked tests: collecting only them keeps the step short
 mapfile -t GPU_TESTS < <(grep -l "pytest.mark.gpu" tests/test_*.py)
 if [ "$DRY_RUN" = 1 ]; then
@@ -118,17 +119,18 @@ torch.save(open_clip.create_model("vacsr-tiny").state_dict(), sys.argv[1])' "$OU
         --model vacsr-tiny --batch-size 8 --warmup 1 --steps 2
     run_check scorer summary_line "$PY" benchmarks/gpu_scorer.py --device cpu --images 50 \
         --repeats 1 --target-s 120 --matmul-size 512 --large-budget-mib 64
-    run_check sweep sweep_line "$PY" benchmarks/gpu_sweep.py --logical-gpus 1 --cpus 4 -- \
-        "${SWEEP[@]}" --trials 1 --seeds 1 --epochs 1 --range train.epochs=choice:1 \
-        --pretrained "$OUT/tiny-random.pt" --cpus-per-worker 1 --trial-cpus 0.5 \
-        --set train.device=cpu --set train.amp_on_cpu=true
+    run_check sweep summary_line "$PY" benchmarks/gpu_sweep.py --logical-gpus 2 --cpus 4 -- \
+        "${SWEEP[@]}" --gpus-per-worker 0.5 --trials 4 --seeds 1 --epochs 1 \
+        --range train.epochs=choice:1 --pretrained "$OUT/tiny-random.pt" --cpus-per-worker 0.5 \
+        --trial-cpus 0.5 --set train.device=cpu --set train.amp_on_cpu=true
     TITLE="dry run on the CPU"
 else
     run_check gpu-tests pytest_line "$PY" -m pytest -q -m gpu -p no:cacheprovider "${GPU_TESTS[@]}"
     run_check train-step summary_line "$PY" benchmarks/gpu_train_step.py --model ViT-B-16 \
         --batch-size 128
     run_check scorer summary_line "$PY" benchmarks/gpu_scorer.py --repeats 2 --target-s 5
-    run_check sweep sweep_line "$PY" sweeps/base2novel.py "${SWEEP[@]}" --trials 2
+    run_check sweep summary_line "$PY" benchmarks/gpu_sweep.py -- "${SWEEP[@]}" \
+        --gpus-per-worker 1 --trials 2
     TITLE=$(timeout 60 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null \
             | head -n 1 || echo "GPU")
 fi

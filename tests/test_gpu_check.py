@@ -1,8 +1,12 @@
 """`make gpu-check DRY_RUN=1`: every step of benchmarks/gpu_check.sh runs on the CPU at tiny sizes
-(the gpu tests skip there, the training step, the scorer and the sweep on one logical GPU run),
+(the gpu tests skip there, the training step, the scorer and the sweep on two logical GPUs run),
 and the summary block lists each step's figure. A GPU run executes the same script without
 DRY_RUN; only it measures the figures that matter (step time and peak memory of ViT-B/16, the
-COCO-5K scoring target)."""
+COCO-5K scoring target).
+
+The dry run's sweep is also the test of GPU packing: its four trials of `--gpus-per-worker 0.5`
+on 2 logical GPUs (a resource count: nothing fakes CUDA) must all run at once, two per GPU, while
+train.device=cpu keeps their tensors on the CPU."""
 from __future__ import annotations
 
 import os
@@ -36,4 +40,7 @@ def test_gpu_check_dry_run_executes_every_step(tmp_path):
     assert "bf16 on cpu (dry run)" in rows["train-step"] and "finite" in rows["train-step"]
     assert "PASS" in rows["scorer"]
     assert "done in" in rows["sweep"]
+    # 4 trials x 1 worker x 0.5 GPU reserved together: all four ran at once, packed two per GPU
+    assert "peak 2.0 of 2 GPUs reserved at once" in rows["sweep"], rows["sweep"]
+    assert "search trials on GPU ids 0,0,1,1 (devices cpu)" in rows["sweep"], rows["sweep"]
     assert (tmp_path / "sweep" / "gpu-check" / "report" / "results.md").is_file()

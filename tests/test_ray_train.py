@@ -1,15 +1,24 @@
-"""Ray Train: W workers equal one worker; a killed worker resumes from its checkpoint; a finished
-run started again under its name reports its final result again."""
+"""Ray Train: W workers equal one worker, each on a GPU of its own; a killed worker resumes from its
+checkpoint; a finished run started again under its name reports its final result again.
+
+The local Ray has 2 logical GPUs, a resource count only (`ray.init(num_gpus=2)`; nothing fakes
+CUDA), and train.device=cpu keeps the tensors on the CPU: what this proves is that Ray gives the
+workers of one run distinct GPU ids and CUDA_VISIBLE_DEVICES and the run trains on gloo with its
+GPUs reserved. That the workers then compute on those GPUs (NCCL, CUDA memory) only a real GPU
+proves: benchmarks/gpu_check.sh."""
 from __future__ import annotations
 
 from pathlib import Path
+
+import json
 
 import pytest
 import torch
 
 from vacsr.config import load_config
+from vacsr.distributed.devices import WORKERS_FILE
 from vacsr.train.checkpoint import load_checkpoint
-from vacsr.train.loop import Trainer
+from vacsr.train.loop import Trainer, TrainResult
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -23,7 +32,8 @@ def ray_local():
 
     from vacsr.distributed.cluster import ensure_ray
 
-    ensure_ray(num_cpus=2)
+    ensure_ray(num_cpus=2, num_gpus=2)
+    assert ray.cluster_resources().get("GPU") == 2
     yield ray
     ray.shutdown()
 
@@ -44,17 +54,39 @@ def _assert_same_run(a, b):
         torch.testing.assert_close(wa[name], wb[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_two_workers_equal_one_worker_on_the_global_batch(tmp_path, ray_local):
-    from vacsr.distributed.train import fit_ray
+def _result_in(folder: Path) -> TrainResult:
+    """What a run left in its output folder: its final checkpoint's history."""
+    history = list(load_checkpoint(folder / "last.ckpt")["history"])
+    return TrainResult(history=history, final_metrics=history[-1], checkpoint=folder / "last.ckpt")
+
+
+def test_two_workers_on_a_gpu_each_equal_one_worker_on_the_global_batch(tmp_path, ray_local):
+    from vacsr.cli import main
 
     local = Trainer(load_config(overrides=BASE + ["train.epochs=2",
                                                   f"train.output_dir={tmp_path / 'local'}"])).fit()
-    distributed = fit_ray(load_config(overrides=BASE + [
-        "train.epochs=2", "train.workers=2", "train.max_failures=0",
-        f"train.output_dir={tmp_path / 'ray'}"]))
+    out = tmp_path / "ray"
+    assert main(["train", "--ray", "--workers", "2", "train.gpus_per_worker=1",
+                 "train.cpus_per_worker=0.5", "train.device=cpu", "train.max_failures=0",
+                 "train.epochs=2", f"train.output_dir={out}", *BASE]) == 0
+    distributed = _result_in(out)
     assert distributed.final_metrics["train/loss"] == pytest.approx(
         local.final_metrics["train/loss"], rel=1e-5)
     _assert_same_run(local, distributed)
+
+    workers = sorted(json.loads((out / WORKERS_FILE).read_text())["workers"],
+                     key=lambda w: w["rank"])
+    assert [w["rank"] for w in workers] == [0, 1]
+    ids = [w["gpu_ids"] for w in workers]
+    assert sorted(ids) == [["0"], ["1"]], ids  # one whole GPU each, not the same one
+    for worker in workers:
+        (gpu,) = worker["gpu_ids"]
+        # Ray sets CUDA_VISIBLE_DEVICES per worker, and Ray Train's device is its GPU's index
+        # in that list: what a worker on a real node would train on
+        visible = worker["cuda_visible_devices"].split(",")
+        assert gpu in visible and worker["ray_device"] == f"cuda:{visible.index(gpu)}"
+        assert worker["device"] == "cpu"  # train.device=cpu: the tensors stayed on the CPU
+    assert workers[0]["ray_device"] != workers[1]["ray_device"]
 
 
 def test_killed_worker_resumes_and_matches_uninterrupted_run(tmp_path, ray_local, monkeypatch):
