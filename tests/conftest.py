@@ -20,7 +20,12 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # take longer, which fails the run instead of the assertion under test (Ray's processes, the
 # sweeps' subprocesses included, inherit this)
 os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# One intra-op thread per test process: the tensors here are tiny, and a second OpenMP thread
+# only spins (on 2 cores it doubled the CPU-seconds of a test and made it slower, while the
+# other xdist worker's Ray processes wait for a core). Subprocesses (sweep drivers, `ray start`)
+# inherit the variable; Ray's workers read it too.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
