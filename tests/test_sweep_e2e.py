@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import select
 import shutil
 import socket
 import subprocess
@@ -115,34 +116,56 @@ def _submit(address: str, args: list[str], job_id: str) -> str:
     return job_id
 
 
-def _sdk(address: str, call: str) -> str:
-    """A JobSubmissionClient call in a fresh process: Ray caches the auth token per process, so an
-    earlier ray.init in this one (other tests) must not decide which token the client sends."""
-    code = ("import sys; from ray.job_submission import JobSubmissionClient as C; "
-            f"c = C({address!r}); r = c.{call}; "
-            "sys.stdout.write(str(getattr(r, 'value', r)))")
-    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout
+# one JobSubmissionClient process for the whole test, answering one call per line: a fresh process
+# per status poll paid Ray's import (about 2 CPU-seconds) every few seconds, on the two cores the
+# cluster under test trains on
+_CLIENT_LOOP = """
+import json, sys
+from ray.job_submission import JobSubmissionClient
+client = JobSubmissionClient(sys.argv[1])
+for line in sys.stdin:
+    try:
+        result = eval("client." + line.strip())
+        sys.stdout.write(json.dumps({"value": str(getattr(result, "value", result))}) + "\\n")
+    except Exception as exc:
+        sys.stdout.write(json.dumps({"error": repr(exc)[:2000]}) + "\\n")
+    sys.stdout.flush()
+"""
 
 
-def _status(address: str, job: str) -> str:
-    return _sdk(address, f"get_job_status({job!r})").strip()
+class JobClient:
+    """Ray's JobSubmissionClient in a process of its own: Ray caches the auth token per process,
+    so an earlier ray.init in this one (other tests) must not decide which token it sends."""
 
+    def __init__(self, address: str):
+        self.process = subprocess.Popen([sys.executable, "-c", _CLIENT_LOOP, address], env=_env(),
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, text=True)
 
-def _wait(address: str, job: str, until, timeout: float) -> str:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        status = _status(address, job)
-        if until(status):
-            return status
-        time.sleep(3)
-    raise AssertionError(f"job {job} still {_status(address, job)} after {timeout} s")
+    def call(self, call: str, timeout: float = 120) -> str:
+        self.process.stdin.write(call + "\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        assert ready, f"the job client gave no answer to {call} in {timeout} s"
+        answer = json.loads(self.process.stdout.readline() or '{"error": "client exited"}')
+        assert "error" not in answer, f"{call}: {answer['error']}"
+        return answer["value"]
 
+    def status(self, job: str) -> str:
+        return self.call(f"get_job_status({job!r})").strip()
 
-def _logs(address: str, job: str) -> str:
-    return _sdk(address, f"get_job_logs({job!r})")
+    def wait(self, job: str, until, timeout: float) -> str:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            status = self.status(job)
+            if until(status):
+                return status
+            time.sleep(3)
+        raise AssertionError(f"job {job} still {self.status(job)} after {timeout} s")
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
 
 
 def _failure(logs: str) -> str:
@@ -170,14 +193,18 @@ def test_sweep_job_resumes_and_records_everything(tmp_path, ray_cluster, mlflow_
         done = [d for d in json.loads(state_file.read_text())["datasets"].values() if d.get("done")]
         return len(done) >= 1
 
-    first = _submit(ray_head, args, "sweep-first")
-    _wait(ray_head, first, lambda s: s in ("FAILED", "SUCCEEDED") or one_dataset_done(s), 600)
-    _sdk(ray_head, f"stop_job({first!r})")  # the driver dies mid-sweep
-    assert _wait(ray_head, first, lambda s: s not in ("RUNNING", "PENDING"), 120) == "STOPPED"
+    jobs = JobClient(ray_head)
+    try:
+        first = _submit(ray_head, args, "sweep-first")
+        jobs.wait(first, lambda s: s in ("FAILED", "SUCCEEDED") or one_dataset_done(s), 600)
+        jobs.call(f"stop_job({first!r})")  # the driver dies mid-sweep
+        assert jobs.wait(first, lambda s: s not in ("RUNNING", "PENDING"), 120) == "STOPPED"
 
-    second = _submit(ray_head, args + ["--resume"], "sweep-resumed")
-    status = _wait(ray_head, second, lambda s: s in ("FAILED", "SUCCEEDED", "STOPPED"), 900)
-    logs = _logs(ray_head, second)
+        second = _submit(ray_head, args + ["--resume"], "sweep-resumed")
+        status = jobs.wait(second, lambda s: s in ("FAILED", "SUCCEEDED", "STOPPED"), 900)
+        logs = jobs.call(f"get_job_logs({second!r})")
+    finally:
+        jobs.close()
     (tmp_path / "job.log").write_text(logs)
     assert status == "SUCCEEDED", _failure(logs)
     assert "| average |" in logs
