@@ -21,6 +21,8 @@
 # each, which Ray must run all at once, packed two per GPU (train.device=cpu keeps the tensors on
 # the CPU while Ray schedules and places the trials on the GPU ids).
 #
+# GPU_CHECK_STEPS="scorer sweep" runs only the steps named (default: all four, in this order).
+#
 # The whole real run fits one 10-minute call: each step's timeout is the smaller of STEP_TIMEOUT
 # and what is left of TOTAL_TIMEOUT (default 540 s); see README "Real scale" for the estimate.
 set -euo pipefail
@@ -32,7 +34,16 @@ DRY_RUN=${DRY_RUN:-0}
 # a dry run on a busy CPU is slower than the GPU run it stands for
 TOTAL_TIMEOUT=${TOTAL_TIMEOUT:-$([ "$DRY_RUN" = 1 ] && echo 1500 || echo 540)}
 START=$SECONDS
+STEPS=${GPU_CHECK_STEPS:-gpu-tests train-step scorer sweep}
 export RAY_USAGE_STATS_ENABLED=0
+for step in $STEPS; do
+    case $step in
+        gpu-tests|train-step|scorer|sweep) ;;
+        *) echo "gpu-check: GPU_CHECK_STEPS: unknown step '$step'" \
+                "(expected gpu-tests, train-step, scorer or sweep)" >&2
+           exit 2 ;;
+    esac
+done
 
 if ! command -v "$PY" >/dev/null 2>&1; then
     echo "gpu-check: $PY not found; run \`make install\` first (or set PY)" >&2
@@ -62,10 +73,14 @@ summary_line() { grep '^SUMMARY' "$1" | tail -n 1 | cut -d' ' -f2- || last_line 
 pytest_line() { grep -E '[0-9]+ (passed|failed|skipped|error)|no tests ran' "$1" | tail -n 1 \
                 | tr -d '=' | sed 's/^ *//' || true; }
 
-# run_check NAME EXTRACTOR COMMAND...: run COMMAND under the timeout, tee its log, record a line.
+selected() { [[ " $STEPS " == *" $1 "* ]]; }
+
+# run_check NAME EXTRACTOR COMMAND...: run COMMAND under the timeout, tee its log, record a line
+# (a step GPU_CHECK_STEPS leaves out is not run and not listed).
 run_check() {
     local name=$1 extract=$2 rc=0 status figure limit left begin
     shift 2
+    selected "$name" || return 0
     left=$((TOTAL_TIMEOUT - (SECONDS - START)))
     limit=$(( left < STEP_TIMEOUT ? left : STEP_TIMEOUT ))
     [ "$limit" -ge 10 ] || limit=10
@@ -109,11 +124,12 @@ mapfile -t GPU_TESTS < <(grep -l "pytest.mark.gpu" tests/test_*.py)
 if [ "$DRY_RUN" = 1 ]; then
     # a busy CPU can take longer than Ray Train's 60 s default to start a worker process
     export RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S=${RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S:-600}
-    # random tiny weights: the dry run checks the path, not accuracy (no CLIP pretraining)
-    "$PY" -c 'import sys, open_clip, torch
+    if selected sweep; then  # random tiny weights: the dry run checks the path, not accuracy
+        "$PY" -c 'import sys, open_clip, torch
 from vacsr.model.backbone import register_model_configs
 register_model_configs()
 torch.save(open_clip.create_model("vacsr-tiny").state_dict(), sys.argv[1])' "$OUT/tiny-random.pt"
+    fi
     run_check gpu-tests pytest_line "$PY" -m pytest -q -m gpu -p no:cacheprovider "${GPU_TESTS[@]}"
     run_check train-step summary_line "$PY" benchmarks/gpu_train_step.py --device cpu \
         --model vacsr-tiny --batch-size 8 --warmup 1 --steps 2

@@ -6,7 +6,8 @@ COCO-5K scoring target).
 
 The dry run's sweep is also the test of GPU packing: its four trials of `--gpus-per-worker 0.5`
 on 2 logical GPUs (a resource count: nothing fakes CUDA) must all run at once, two per GPU, while
-train.device=cpu keeps their tensors on the CPU."""
+train.device=cpu keeps their tensors on the CPU. The steps run in two tests (GPU_CHECK_STEPS):
+the sweep with the Ray-marked tests, the single-process steps beside them."""
 from __future__ import annotations
 
 import os
@@ -17,28 +18,39 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1900)]
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("gpu-tests", "train-step", "scorer", "sweep")
 
 
-def test_gpu_check_dry_run_executes_every_step(tmp_path):
+def _dry_run(tmp_path, steps: tuple[str, ...]) -> dict[str, str]:
+    """Run the dry run's `steps` (GPU_CHECK_STEPS); its summary row of each step."""
     # os.environ carries conftest.py's longer Ray Train worker start timeout
     env = {**os.environ, "PY": sys.executable, "DRY_RUN": "1", "GPU_CHECK_OUT": str(tmp_path),
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT), "GPU_CHECK_STEPS": " ".join(steps)}
     run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env,
                          capture_output=True, text=True, timeout=1850)
     out = run.stdout
     assert run.returncode == 0, (out[-3000:], run.stderr[-2000:])
     summary = out[out.index("==== gpu-check summary (dry run on the CPU"):].splitlines()[1:]
-    rows = {line.split()[0]: line for line in summary if line.split() and line.split()[0] in STEPS}
-    assert set(rows) == set(STEPS), summary
+    rows = {line.split()[0]: line for line in summary
+            if line.split() and line.split()[0] in ("gpu-tests", "train-step", "scorer", "sweep")}
+    assert set(rows) == set(steps), summary  # the steps named, and only they
     for name, line in rows.items():
         assert re.search(rf"^{name}\s+ok \(\d+s\)\s+\S", line), line  # ok, then a figure
+    return rows
+
+
+def test_gpu_check_dry_run_executes_the_single_process_steps(tmp_path):
+    rows = _dry_run(tmp_path, ("gpu-tests", "train-step", "scorer"))
     assert "skipped" in rows["gpu-tests"]  # collected and run; they need CUDA
     assert "bf16 on cpu (dry run)" in rows["train-step"] and "finite" in rows["train-step"]
     assert "PASS" in rows["scorer"]
+
+
+@pytest.mark.ray
+def test_gpu_check_dry_run_sweep_packs_half_gpu_trials_two_per_gpu(tmp_path):
+    rows = _dry_run(tmp_path, ("sweep",))
     assert "done in" in rows["sweep"]
     # 4 trials x 1 worker x 0.5 GPU reserved together: all four ran at once, packed two per GPU
     assert "peak 2.0 of 2 GPUs reserved at once" in rows["sweep"], rows["sweep"]
