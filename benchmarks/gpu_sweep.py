@@ -17,7 +17,6 @@ While the sweep runs, a thread polls Ray's free GPUs; at the end one line says w
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
@@ -62,10 +61,10 @@ class GpuReservations:
 
 def search_trial_placements(sweep_folder: Path) -> list[dict]:
     """Every worker of the search trials under a sweep folder (workers.json), final runs left out."""
-    from vacsr.distributed.devices import WORKERS_FILE
+    from vacsr.distributed.devices import WORKERS_FILE, read_workers
 
     return [worker for path in sorted(sweep_folder.rglob(WORKERS_FILE)) if "final" not in path.parts
-            for worker in json.loads(path.read_text())["workers"]]
+            for worker in read_workers(path.parent)]
 
 
 def summary(seconds: float, use: GpuReservations, workers: list[dict]) -> str:

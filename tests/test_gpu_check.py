@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1900)]
+pytestmark = [pytest.mark.timeout(1900)]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,6 +41,19 @@ def _dry_run(tmp_path, steps: tuple[str, ...]) -> dict[str, str]:
     return rows
 
 
+def test_an_unknown_step_is_one_line_and_exit_2_before_any_step(tmp_path):
+    env = {**os.environ, "PY": sys.executable, "DRY_RUN": "1", "GPU_CHECK_OUT": str(tmp_path),
+           "GPU_CHECK_STEPS": "scorer sweeps"}
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.strip().splitlines() == [
+        "gpu-check: GPU_CHECK_STEPS: unknown step 'sweeps' (expected gpu-tests, train-step, "
+        "scorer or sweep)"], run.stderr
+    assert run.stdout == "" and not any(tmp_path.iterdir())  # nothing ran, nothing written
+
+
+@pytest.mark.slow
 def test_gpu_check_dry_run_executes_the_single_process_steps(tmp_path):
     rows = _dry_run(tmp_path, ("gpu-tests", "train-step", "scorer"))
     assert "skipped" in rows["gpu-tests"]  # collected and run; they need CUDA
@@ -48,6 +61,7 @@ def test_gpu_check_dry_run_executes_the_single_process_steps(tmp_path):
     assert "PASS" in rows["scorer"]
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_gpu_check_dry_run_sweep_packs_half_gpu_trials_two_per_gpu(tmp_path):
     rows = _dry_run(tmp_path, ("sweep",))

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import json
-
 import pytest
 import torch
 
 from vacsr.config import load_config
-from vacsr.distributed.devices import WORKERS_FILE
+from vacsr.distributed.devices import read_workers
 from vacsr.train.checkpoint import load_checkpoint
+from vacsr.train.files import CHECKPOINT_FILE
 from vacsr.train.loop import Trainer, TrainResult
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -56,8 +55,9 @@ def _assert_same_run(a, b):
 
 def _result_in(folder: Path) -> TrainResult:
     """What a run left in its output folder: its final checkpoint's history."""
-    history = list(load_checkpoint(folder / "last.ckpt")["history"])
-    return TrainResult(history=history, final_metrics=history[-1], checkpoint=folder / "last.ckpt")
+    checkpoint = folder / CHECKPOINT_FILE
+    history = list(load_checkpoint(checkpoint)["history"])
+    return TrainResult(history=history, final_metrics=history[-1], checkpoint=checkpoint)
 
 
 def test_two_workers_on_a_gpu_each_equal_one_worker_on_the_global_batch(tmp_path, ray_local):
@@ -74,8 +74,7 @@ def test_two_workers_on_a_gpu_each_equal_one_worker_on_the_global_batch(tmp_path
         local.final_metrics["train/loss"], rel=1e-5)
     _assert_same_run(local, distributed)
 
-    workers = sorted(json.loads((out / WORKERS_FILE).read_text())["workers"],
-                     key=lambda w: w["rank"])
+    workers = sorted(read_workers(out), key=lambda w: w["rank"])
     assert [w["rank"] for w in workers] == [0, 1]
     ids = [w["gpu_ids"] for w in workers]
     assert sorted(ids) == [["0"], ["1"]], ids  # one whole GPU each, not the same one

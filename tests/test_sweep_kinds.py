@@ -3,13 +3,11 @@ the other in one reused trial actor, then one trial): the same machinery as base
 their own spaces, metrics and final evaluations."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from sweeps.domain_generalization import SWEEP as DG
 from sweeps.retrieval import SWEEP as RETRIEVAL
-from vacsr.distributed.devices import WORKERS_FILE
+from vacsr.distributed.devices import WORKERS_FILE, read_workers
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -62,7 +60,7 @@ def test_retrieval_and_domain_generalization_sweeps(tmp_path, ray_local, weights
     assert (runs[~runs.run_id.isin(trials.run_id)].status == "FINISHED").all()
     trial_root = tmp_path / "ret" / "retrieval" / "trials" / "coco"
     folders = sorted(trial_root.glob(f"*/{WORKERS_FILE}"))
-    pids = {json.loads(f.read_text())["workers"][0]["pid"] for f in folders}
+    pids = {read_workers(f.parent)[0]["pid"] for f in folders}
     assert len(folders) == 2 and len(pids) == 1, pids  # one actor process, reused
 
     code, uri = _sweep(DG, tmp_path / "dg", weights, [])

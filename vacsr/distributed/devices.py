@@ -8,6 +8,7 @@ the scheduling tests check the packing of trials and workers on GPUs with it.
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -50,3 +51,8 @@ def record_workers(output_dir: str | Path, rank: int, world: int, device,
         dist.all_gather_object(entries, entry)
     if rank == 0:
         atomic_write_json(Path(output_dir) / WORKERS_FILE, {"workers": entries})
+
+
+def read_workers(output_dir: str | Path) -> list[dict]:
+    """The placements record_workers wrote for a run: one entry per rank."""
+    return json.loads((Path(output_dir) / WORKERS_FILE).read_text())["workers"]
