@@ -20,6 +20,7 @@ from ray.train.torch import TorchTrainer
 from vacsr.atomic import atomic_write_json
 from vacsr.config import Config, from_dict, to_dict
 from vacsr.distributed.backend import torch_config
+from vacsr.distributed.storage_fs import ray_storage
 from vacsr.train.files import CHECKPOINT_FILE, FAILED_FILE
 
 if TYPE_CHECKING:
@@ -83,7 +84,8 @@ def build_torch_trainer(config: Config, *, name: str | None = None,
     """A TorchTrainer for `config` (paths made absolute: Ray workers start elsewhere)."""
     output_dir = Path(config.train.output_dir).expanduser().resolve()
     config.train.output_dir = str(output_dir)
-    storage = config.train.storage_path or str(output_dir / "ray")
+    # a local folder gets whole-file writes: a full disk cannot truncate Ray's state files
+    storage, filesystem = ray_storage(config.train.storage_path or str(output_dir / "ray"))
     use_gpu = config.train.gpus_per_worker > 0
     resources = {"CPU": config.train.cpus_per_worker}
     if use_gpu:
@@ -98,7 +100,8 @@ def build_torch_trainer(config: Config, *, name: str | None = None,
         scaling_config=ray.train.ScalingConfig(num_workers=config.train.workers, use_gpu=use_gpu,
                                                resources_per_worker=resources),
         run_config=ray.train.RunConfig(
-            name=name or output_dir.name, storage_path=storage, callbacks=callbacks,
+            name=name or output_dir.name, storage_path=storage, storage_filesystem=filesystem,
+            callbacks=callbacks,
             failure_config=ray.train.FailureConfig(max_failures=config.train.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2)),
     )

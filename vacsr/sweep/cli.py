@@ -18,7 +18,6 @@ import ray  # noqa: F401
 
 from vacsr import config as cfg
 from vacsr.errors import ConfigError, VacsrError
-from vacsr.redact import redact_uri
 from vacsr.sweep.kind import SweepKind
 from vacsr.sweep.ownership import DriverLock
 from vacsr.sweep.plan import SweepPlan, build_config
@@ -272,8 +271,7 @@ def main(kind: SweepKind, argv: list[str] | None = None) -> int:
     from vacsr.tracking import MlflowTracker
 
     experiment_id = MlflowTracker(plan.tracking_uri).experiment_id(plan.kind.experiment)
-    shown = redact_uri(plan.tracking_uri)  # the password stays out of the console
-    print(f"open the MLflow UI: {mlflow_ui_hint(shown, experiment_id, plan.name)}")
+    print(f"open the MLflow UI: {mlflow_ui_hint(plan.tracking_uri, experiment_id, plan.name)}")
     if outcome.failed:
         print(f"vacsr: {len(outcome.failed)} dataset(s) failed: " + "; ".join(
             f"{d}: {why}" for d, why in outcome.failed.items()), file=sys.stderr)

@@ -30,11 +30,13 @@ from vacsr.sweep.ownership import claim_state
 from vacsr.sweep.plan import SweepPlan, plan_parallelism
 from vacsr.sweep.progress import SweepProgress
 from vacsr.sweep.report import table_spec, write_report
+from vacsr.sweep.reserve import SpaceReserve, storage_failure
 from vacsr.sweep.search import (close_running_children, fail_running_trials, open_optuna_storage,
                                 search_dataset)
 from vacsr.sweep.state import SweepState
 from vacsr.sweep.view import publish_table, view_query
-from vacsr.tracking import MlflowTracker, check_tracking_uri, resolve_tracking_uri
+from vacsr.tracking import (MlflowTracker, check_tracking_uri, redact_uri,
+                            resolve_tracking_uri)
 from vacsr.tracking.inputs import log_dataset_inputs
 
 
@@ -45,6 +47,17 @@ class SweepInterrupted(VacsrError):
         super().__init__(f"stopped by {signal.Signals(signum).name}; runs closed as KILLED, "
                          "continue with --resume")
         self.exit_code = 128 + signum
+
+
+class SweepStorageFull(VacsrError):
+    """A write of the sweep failed for want of space (or on a failing disk): the sweep stops,
+    its records closed, and `--resume` continues it once there is room."""
+
+    def __init__(self, storage: Path, where: str, closed: bool) -> None:
+        records = ("runs closed as KILLED" if closed else
+                   "its records could not be closed here, --resume closes them")
+        super().__init__(f"{storage}: the sweep stopped on a storage error ({where}); "
+                         f"{records}; free space, then continue with --resume")
 
 
 @dataclass
@@ -173,6 +186,9 @@ def _finish_dataset(plan: SweepPlan, state: SweepState, dataset: str, ref) -> st
     try:
         result = ray.get(ref)
     except ray.exceptions.RayTaskError as exc:
+        full = storage_failure(exc)
+        if full:  # not the dataset's fault: the sweep stops and resumes it (run_sweep)
+            raise _StorageStop(f"{dataset}: {full}") from None
         cause = exc.cause if isinstance(exc.cause, BaseException) else exc
         lines = str(cause).strip().splitlines()
         why = lines[-1][:300] if lines else repr(cause)
@@ -191,6 +207,10 @@ def _finish_dataset(plan: SweepPlan, state: SweepState, dataset: str, ref) -> st
     return None
 
 
+class _StorageStop(Exception):
+    """A dataset's task ended on a storage error (its line as the message)."""
+
+
 def _close_after_interrupt(plan: SweepPlan, state: SweepState) -> None:
     """Runs of unfinished datasets KILLED (with their trial and seed runs), their Optuna trials
     FAILED: a later --resume starts from clean records."""
@@ -204,6 +224,20 @@ def _close_after_interrupt(plan: SweepPlan, state: SweepState) -> None:
                 client.set_terminated(entry["run_id"], status="KILLED")
         fail_running_trials(storage, f"{plan.name}-{dataset}")
     storage.engine.dispose()
+
+
+def _close_records(plan: SweepPlan, state: SweepState, parent: MlflowTracker, status: str,
+                   tolerate: bool) -> bool:
+    """Close the unfinished datasets' records and the sweep's run; with `tolerate` (the disk is
+    full) a failure to do so is reported by the caller's line, not raised: a resume closes them."""
+    try:
+        _close_after_interrupt(plan, state)
+        parent.finish(status)
+    except Exception:
+        if not tolerate:
+            raise
+        return False
+    return True
 
 
 def run_sweep(plan: SweepPlan) -> SweepOutcome:
@@ -223,21 +257,29 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     done = [d for d in plan.datasets if state.dataset(d).get("done")]
     progress = SweepProgress(plan.name, plan.datasets, plan.trials, done, plan.kind.metric)
     stop = StopRequest()
+    reserve = SpaceReserve(plan.storage)
     try:
+        reserve.hold()  # room to close the records if the disk fills up (sweep/reserve.py)
         failed = _run_datasets(plan, state, parent_id, progress, stop)
         stop.check()
     except BaseException as exc:
         progress.close()
         for signum in stop.previous:  # the clean-up itself is not interrupted
             signal.signal(signum, signal.SIG_IGN)
-        _close_after_interrupt(plan, state)
-        parent.finish("KILLED" if isinstance(exc, (SweepInterrupted, KeyboardInterrupt))
-                      else "FAILED")
+        reserve.release()
+        full = str(exc) if isinstance(exc, _StorageStop) else storage_failure(exc)
+        closed = _close_records(plan, state, parent,
+                                "KILLED" if full or isinstance(exc, (SweepInterrupted,
+                                                                     KeyboardInterrupt))
+                                else "FAILED", tolerate=bool(full))
         if not plan.ray_address:
             ray.shutdown()
+        if full:
+            raise SweepStorageFull(plan.storage, full, closed) from None
         raise
     finally:
         stop.restore()
+    reserve.release()
     progress.close()
     results = state.finished(plan.datasets)
     rows, paths, text = write_report(plan.kind, results, failed, plan.storage / "report",
@@ -259,7 +301,9 @@ def mlflow_ui_hint(uri: str, experiment_id: str | None = None, sweep: str | None
     sweep's run."""
     from urllib.parse import quote, urlencode
 
-    hint = f"mlflow ui --backend-store-uri {uri}   # then open http://127.0.0.1:5000"
+    # shown without its password; the store is read with it (a server behind auth answers 401
+    # to the redacted form)
+    hint = f"mlflow ui --backend-store-uri {redact_uri(uri)}   # then open http://127.0.0.1:5000"
     if experiment_id is None:
         return hint
     query = {"workflowType": "machine_learning"}

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# what an error of a full, quota-limited or failing disk says (OSError texts, vacsr's StorageError)
-STORAGE_ERROR_TEXTS = ("No space left on device", "Disk quota exceeded", "Input/output error",
-                       "no space left on the device", "disk quota exceeded")
+from vacsr.sweep.reserve import STORAGE_ERROR_TEXTS
 
 
 def clear_empty_files(folder: Path) -> list[Path]:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
+from vacsr.distributed.storage_fs import ray_storage
 from vacsr.errors import ConfigError
 from vacsr.sweep.plan import SweepPlan, trains_in_trial, trial_resources
 from vacsr.sweep.repair import repair_experiment
@@ -77,13 +78,14 @@ def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str) -> str:
 def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: int,
            callbacks: list) -> tune.Tuner:
     """A new Tuner, or the restored one when --resume finds this dataset's experiment."""
-    folder = plan.ray_path("tune", dataset)
+    folder, filesystem = ray_storage(plan.ray_path("tune", dataset))
     storage_failed = plan.resume and repair_experiment(folder)  # what a full disk left
-    if plan.resume and tune.Tuner.can_restore(folder):
+    if plan.resume and tune.Tuner.can_restore(folder, storage_filesystem=filesystem):
         # errored trials stay failed, their errors are deterministic (worker loss is retried by
         # Ray Train inside the trial), unless a full disk stopped them (sweep/repair.py)
         return tune.Tuner.restore(folder, trainable=trainable, resume_unfinished=True,
-                                  resume_errored=storage_failed, restart_errored=False)
+                                  resume_errored=storage_failed, restart_errored=False,
+                                  storage_filesystem=filesystem)
     base, space = plan.configs[dataset], plan.spaces[dataset]
     search = OptunaStudySearch(DefineByRun(space), metric=plan.kind.metric, mode=plan.kind.mode,
                                storage=storage, study_name=f"{plan.name}-{dataset}",
@@ -94,6 +96,7 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
     # restarts the workers of the others); its own errors end at once (vacsr/sweep/trial_run.py)
     in_actor = trains_in_trial(base.train)
     retries = base.train.max_failures if in_actor else 0
+    storage_path, filesystem = ray_storage(plan.ray_path("tune"))  # whole files (storage_fs.py)
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
@@ -110,8 +113,8 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
             # trial's thread has ended (a stopped trial ends inside tune.report); a trial of
             # TorchTrainer workers gets an actor of its own
             reuse_actors=in_actor),
-        run_config=tune.RunConfig(name=dataset, storage_path=plan.ray_path("tune"), verbose=0,
-                                  callbacks=callbacks,
+        run_config=tune.RunConfig(name=dataset, storage_path=storage_path,
+                                  storage_filesystem=filesystem, verbose=0, callbacks=callbacks,
                                   failure_config=tune.FailureConfig(max_failures=retries),
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=2)))
 

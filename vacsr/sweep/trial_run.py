@@ -23,7 +23,7 @@ from ray import tune
 from vacsr.config import Config
 from vacsr.distributed.train import record_run_failure
 from vacsr.errors import RunFailed, VacsrError
-from vacsr.sweep.repair import STORAGE_ERROR_TEXTS
+from vacsr.sweep.reserve import storage_failure
 from vacsr.train.files import CHECKPOINT_FILE, FAILED_FILE
 from vacsr.train.run_hooks import RunHooks
 
@@ -35,7 +35,7 @@ def recorded_failure(output_dir: Path) -> str | None:
     if not path.is_file():
         return None
     error = json.loads(path.read_text())["error"]
-    if any(text in error for text in STORAGE_ERROR_TEXTS):
+    if storage_failure(error):
         path.unlink()
         return None
     return error

@@ -1,0 +1,109 @@
+"""A full disk stops a sweep in one line with nothing left RUNNING, Ray's state files stay whole,
+and `--resume` after freeing space completes the same trials (tmpfs mounts: needs root)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_ray_storage_writes_whole_files_or_none(small_disk, tmp_path):
+    """A copy onto a full disk fails and leaves the earlier file, with no temporary file."""
+    import pickle
+
+    import pyarrow.fs as pafs
+
+    from vacsr.distributed.storage_fs import ray_storage
+
+    disk = small_disk.mount(tmp_path / "disk", 1 << 20)
+    path, filesystem = ray_storage(str(disk / "store"))
+    source = tmp_path / "staging" / "exp"
+    source.mkdir(parents=True)
+    (source / "experiment_state.json").write_text(json.dumps({"trials": "a" * 400_000}))
+    pafs.copy_files(str(source.parent), path, destination_filesystem=filesystem)
+    written = disk / "store" / "exp" / "experiment_state.json"
+    assert json.loads(written.read_text())["trials"] == "a" * 400_000
+    (source / "experiment_state.json").write_text(json.dumps({"trials": "b" * 700_000}))
+    with pytest.raises(OSError, match="No space left"):
+        pafs.copy_files(str(source.parent), path, destination_filesystem=filesystem)
+    assert json.loads(written.read_text())["trials"] == "a" * 400_000  # not truncated
+    assert sorted(p.name for p in written.parent.iterdir()) == ["experiment_state.json"]
+    assert pickle.loads(pickle.dumps(filesystem)).equals(filesystem)  # Ray ships it to workers
+    assert ray_storage("s3://bucket/sweep") == ("s3://bucket/sweep", None)
+
+
+def _driver(storage: Path, weights: Path, log: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
+    for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):  # mlflow.set_tracking_uri exports it
+        env.pop(name, None)
+    return subprocess.Popen(
+        [sys.executable, "sweeps/base2novel.py", "--datasets", "eurosat", "--storage",
+         str(storage), "--pretrained", str(weights), "--trials", "2", "--seeds", "1", *extra],
+        cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def _open_records(sweep: Path) -> tuple[dict, list]:
+    """MLflow run name -> status, and the Optuna study's trial states."""
+    import optuna
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{sweep / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("vacsr-base2novel")
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    study = optuna.load_study(study_name="base2novel-eurosat",
+                              storage=f"sqlite:///{sweep / 'optuna.db'}")
+    return runs, [t.state.name for t in study.trials]
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.timeout(900)
+def test_a_full_disk_stops_the_sweep_in_one_line_and_resume_completes(small_disk, tmp_path,
+                                                                      weights):
+    disk = small_disk.mount(tmp_path / "disk", 256 << 20)
+    sweep = disk / "base2novel"
+    driver = _driver(disk, weights, tmp_path / "first.log")
+    trials = sweep / "trials" / "eurosat"
+    deadline = time.time() + 300
+    while not (trials.is_dir() and any(p.is_dir() for p in trials.iterdir())):
+        assert driver.poll() is None and time.time() < deadline, \
+            (tmp_path / "first.log").read_text()[-3000:]
+        time.sleep(0.2)
+    filler = small_disk.fill(disk)  # a trial is training
+    code = driver.wait(timeout=300)
+    output = (tmp_path / "first.log").read_text()
+    assert code == 2, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    [line] = [t for t in output.splitlines() if t.startswith("vacsr:")]
+    assert line.startswith(f"vacsr: error: {sweep}: the sweep stopped on a storage error ("
+                           "eurosat: ") and "no space left" in line.lower(), line
+    assert line.endswith("runs closed as KILLED; free space, then continue with --resume"), line
+    runs, states = _open_records(sweep)  # closed in the room the driver's reserve freed
+    assert runs and "RUNNING" not in {r.info.status for r in runs.values()}
+    assert states and "RUNNING" not in states
+    for state in (sweep / "tune" / "eurosat").glob("experiment_state-*.json"):
+        json.loads(state.read_text())  # whole: Ray wrote it through storage_fs
+    started = json.loads((trials / "trial_order.json").read_text())
+
+    filler.unlink()
+    resumed = _driver(disk, weights, tmp_path / "resume.log", "--resume")
+    code = resumed.wait(timeout=600)
+    output = (tmp_path / "resume.log").read_text()
+    assert code == 0 and "| eurosat |" in output, output[-3000:]
+    runs, states = _open_records(sweep)
+    assert "RUNNING" not in {r.info.status for r in runs.values()} and "RUNNING" not in states
+    # the same trials, restored and finished: none lost, none started afresh in their place
+    assert json.loads((trials / "trial_order.json").read_text()) == started
+    trial_runs = {n.removeprefix("eurosat-"): r for n, r in runs.items()
+                  if n.removeprefix("eurosat-") in started}
+    assert len(trial_runs) == len(started) == 2
+    assert all("selection_val/acc" in r.data.metrics for r in trial_runs.values())
+    assert runs["eurosat"].info.status == runs["base2novel"].info.status == "FINISHED"
+    assert not (sweep / ".space-reserve").exists()

@@ -1,0 +1,74 @@
+"""Room kept in the sweep folder so that a full disk can still close the sweep's records.
+
+A full disk stops every writer at once, the driver's record keeping included: the SQLite files of
+MLflow and Optuna in the sweep folder need room for their journals to mark runs KILLED and
+trials FAIL, and sweep_state.json is written whole. So while a driver runs it holds
+`<sweep folder>/.space-reserve` (RESERVE_BYTES, allocated, not sparse); when a storage error
+stops the sweep it removes that file first and closes its records in the room it frees. A
+`--resume` allocates it again, and stops with one line while the disk is still full.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+from pathlib import Path
+
+from vacsr.errors import StorageError
+
+RESERVE_FILE = ".space-reserve"
+RESERVE_BYTES = 4 * 2**20  # MLflow's and Optuna's journals for a few hundred row updates
+
+# what an error of a full, quota-limited or failing disk says: OSError texts, vacsr's
+# StorageError lines (vacsr/atomic.py) and SQLite's own
+STORAGE_ERROR_TEXTS = ("No space left on device", "Disk quota exceeded", "Input/output error",
+                       "no space left on the device", "disk quota exceeded",
+                       "database or disk is full")
+
+
+_ERROR_CLASS = re.compile(r"^[\w.]+(Error|Exception): ")  # "vacsr.errors.StorageError: ..."
+_STORAGE_ADVICE = "; free space or choose another output folder"  # vacsr/atomic.py's
+
+
+def storage_failure(error: BaseException | str) -> str | None:
+    """The first line of `error` (its text, or its chain of causes) that says the disk is full
+    or failing; None when it says nothing of the kind."""
+    seen, texts = 0, []
+    while isinstance(error, BaseException) and seen < 8:
+        texts.append(str(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+            texts.append(os.strerror(error.errno))
+        error = error.__cause__ or error.__context__
+        seen += 1
+    if isinstance(error, str):
+        texts.append(error)
+    for line in "\n".join(texts).splitlines():
+        if any(marker in line for marker in STORAGE_ERROR_TEXTS):
+            line = _ERROR_CLASS.sub("", line.strip()).removesuffix(_STORAGE_ADVICE)
+            return line[:300]
+    return None
+
+
+class SpaceReserve:
+    """RESERVE_BYTES held in `folder` until release()."""
+
+    def __init__(self, folder: Path, size: int = RESERVE_BYTES) -> None:
+        self.path, self.size = Path(folder) / RESERVE_FILE, size
+
+    def hold(self) -> None:
+        """Allocate the reserve (again); StorageError (one line) when the disk has no room."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, self.size)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self.path.unlink(missing_ok=True)
+            reason = os.strerror(exc.errno) if exc.errno else type(exc).__name__
+            raise StorageError(f"{self.path}: cannot write ({reason.lower()}); free space in "
+                               "the sweep folder, then run the sweep again") from None
+
+    def release(self) -> None:
+        """Give the room back to the disk (the records about to be closed need it)."""
+        self.path.unlink(missing_ok=True)
