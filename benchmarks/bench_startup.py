@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -349,11 +350,14 @@ def main() -> None:
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        root = generate_all(folder / "data", datasets=["eurosat"], per_class=(4, 3, 2))
-        local = in_process(root, folder / "local")
+        generated = generate_all(folder / "data", datasets=["eurosat"], per_class=(4, 3, 2))
+        # a copy of the data per tree: each writes its own few-shot cache, and an older tree
+        # cannot read a newer cache format
+        roots = {name: shutil.copytree(generated, folder / f"data-{name}") for name in trees}
+        local = in_process(roots["after"], folder / "local")
         for turn in range(args.repeats):
             for name, tree in trees.items():
-                found = tree_runs(tree, root, folder / f"{name}{turn}", 1)
+                found = tree_runs(tree, roots[name], folder / f"{name}{turn}", 1)
                 runs.update({f"{name} {kind} {turn + 1}": run for kind, run in
                              (("Tune trial", found["Tune trial 1"]), ("fit_ray", found["fit_ray"]))})
     report(local, runs, list(trees))

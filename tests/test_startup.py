@@ -7,6 +7,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.ray_api
+
 MODEL_STACK = ("torchvision", "timm", "open_clip", "vacsr.train.loop", "vacsr.model.vacsr",
                "mlflow")
 
