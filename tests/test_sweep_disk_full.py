@@ -39,6 +39,52 @@ def test_ray_storage_writes_whole_files_or_none(small_disk, tmp_path):
     assert ray_storage("s3://bucket/sweep") == ("s3://bucket/sweep", None)
 
 
+def test_the_reserve_holds_room_that_a_full_disk_gives_back(small_disk, tmp_path):
+    """Held, the reserve's megabytes are taken from the disk; released on a full disk, they are
+    room to write again (the driver's records); held on a full disk, one StorageError line."""
+    from vacsr.errors import StorageError
+    from vacsr.sweep.reserve import SpaceReserve
+
+    disk = small_disk.mount(tmp_path / "disk", 8 << 20)
+    reserve = SpaceReserve(disk, size=2 << 20)
+    reserve.hold()
+    filler = small_disk.fill(disk)
+    with pytest.raises(OSError):
+        (disk / "record").write_bytes(bytes(1 << 20))
+    reserve.release()
+    (disk / "record").write_bytes(bytes(1 << 20))  # the room the reserve gave back
+    with pytest.raises(StorageError) as info:
+        reserve.hold()
+    assert str(info.value) == (f"{disk / '.space-reserve'}: cannot write (no space left on "
+                               "device); free space in the sweep folder, then run the sweep again")
+    assert not (disk / ".space-reserve").exists()
+    filler.unlink()
+    reserve.hold()
+    assert (disk / ".space-reserve").stat().st_size == 2 << 20
+
+
+def test_a_storage_failure_is_found_in_an_error_chain_or_a_remote_traceback():
+    import errno
+
+    from vacsr.sweep.reserve import storage_failure
+
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as exc:
+            raise RuntimeError("checkpoint upload failed") from exc
+    except RuntimeError as exc:
+        assert storage_failure(exc) == "[Errno 28] No space left on device"
+    remote = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+              "vacsr.errors.StorageError: /s/trials/e/1/failed.json: cannot write (no space left "
+              "on the device); free space or choose another output folder")
+    assert storage_failure(remote) == ("/s/trials/e/1/failed.json: cannot write (no space left on "
+                                       "the device)")
+    assert storage_failure("sqlite3.OperationalError: database or disk is full") == \
+        "database or disk is full"
+    assert storage_failure(ValueError("training diverged at step 3")) is None
+
+
 def _driver(storage: Path, weights: Path, log: Path, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
     for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):  # mlflow.set_tracking_uri exports it

@@ -49,6 +49,20 @@ def storage_failure(error: BaseException | str) -> str | None:
     return None
 
 
+def _allocate(fd: int, size: int) -> None:
+    """`size` bytes of real blocks: fallocate, or zeros where the filesystem cannot (NFS)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+    block = bytes(1 << 20)
+    for offset in range(0, size, len(block)):
+        os.pwrite(fd, block[:size - offset], offset)
+    os.fsync(fd)
+
+
 class SpaceReserve:
     """RESERVE_BYTES held in `folder` until release()."""
 
@@ -60,7 +74,7 @@ class SpaceReserve:
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
             try:
-                os.posix_fallocate(fd, 0, self.size)
+                _allocate(fd, self.size)
             finally:
                 os.close(fd)
         except OSError as exc:
