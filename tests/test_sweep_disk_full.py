@@ -63,6 +63,27 @@ def test_the_reserve_holds_room_that_a_full_disk_gives_back(small_disk, tmp_path
     assert (disk / ".space-reserve").stat().st_size == 2 << 20
 
 
+def test_the_reserve_writes_its_blocks_where_the_filesystem_has_no_fallocate(tmp_path,
+                                                                            monkeypatch):
+    """NFS answers fallocate with EOPNOTSUPP: the reserve then writes real zeros (a sparse file
+    would give nothing back on a full disk)."""
+    import errno
+
+    from vacsr.sweep.reserve import SpaceReserve
+
+    def unsupported(fd, offset, length):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    reserve = SpaceReserve(tmp_path, size=(3 << 20) + 5)
+    reserve.hold()
+    held = tmp_path / ".space-reserve"
+    assert held.stat().st_size == (3 << 20) + 5
+    assert held.stat().st_blocks * 512 >= (3 << 20) + 5  # allocated, not a hole
+    reserve.release()
+    assert not held.exists()
+
+
 def test_a_storage_failure_is_found_in_an_error_chain_or_a_remote_traceback():
     import errno
 

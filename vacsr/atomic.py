@@ -16,22 +16,34 @@ from typing import Any, Callable
 
 from vacsr.errors import StorageError
 
-_STORAGE_ERRNOS = {
+STORAGE_ERRNOS = {
     errno.ENOSPC: "no space left on the device",
     errno.EDQUOT: "disk quota exceeded",
     errno.EIO: "input/output error",
     errno.EROFS: "read-only file system",
 }
 
+STORAGE_ADVICE = "free space or choose another output folder"
+
 _UMASK = os.umask(0o022)  # read once (it can only be read by setting it), then restored
 os.umask(_UMASK)
+
+
+def temp_file_beside(path: Path, suffix: str = ".tmp") -> tuple[int, Path]:
+    """A new temporary file in `path`'s folder (created if needed), open for writing: the
+    descriptor and its path. Readable as `path` would be: mkstemp's 0600 would hide results from
+    other users."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_UMASK)
+    return fd, Path(name)
 
 
 def _storage_errno(exc: BaseException) -> int | None:
     """The errno of the first OSError in `exc`'s chain (torch wraps ENOSPC in a RuntimeError)."""
     seen = 0
     while exc is not None and seen < 8:
-        if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
+        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
             return exc.errno
         if "No space left on device" in str(exc) or "unexpected pos" in str(exc):
             return errno.ENOSPC
@@ -44,13 +56,10 @@ def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
     """Call `write(tmp_path)`, then rename the temporary file onto `path`."""
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = temp_file_beside(path)
         os.close(fd)
-        os.chmod(tmp_name, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide results from other users
     except OSError as exc:
         raise _as_storage_error(path, exc) from None
-    tmp = Path(tmp_name)
     try:
         write(tmp)
         os.replace(tmp, path)
@@ -58,8 +67,8 @@ def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
         tmp.unlink(missing_ok=True)
         code = _storage_errno(exc)
         if code is not None:
-            raise StorageError(f"{path}: cannot write ({_STORAGE_ERRNOS[code]}); "
-                               "free space or choose another output folder") from None
+            raise StorageError(f"{path}: cannot write ({STORAGE_ERRNOS[code]}); "
+                               f"{STORAGE_ADVICE}") from None
         raise
     return path
 
@@ -74,14 +83,14 @@ def require_writable_folder(path: str | Path, what: str) -> Path:
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as exc:
-        reason = _STORAGE_ERRNOS.get(exc.errno or 0, exc.strerror or exc.__class__.__name__)
+        reason = STORAGE_ERRNOS.get(exc.errno or 0, exc.strerror or exc.__class__.__name__)
         raise StorageError(f"{path}: cannot write ({reason.lower()}); expected a writable "
                            f"folder for {what}") from None
     return path
 
 
 def _as_storage_error(path: Path, exc: OSError) -> BaseException:
-    reason = _STORAGE_ERRNOS.get(exc.errno or 0, exc.strerror or exc.__class__.__name__)
+    reason = STORAGE_ERRNOS.get(exc.errno or 0, exc.strerror or exc.__class__.__name__)
     return StorageError(f"{path}: cannot write ({reason})")
 
 

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
+from vacsr.atomic import temp_file_beside
 
 
 class _AtomicOutput(io.RawIOBase):
@@ -28,10 +27,8 @@ class _AtomicOutput(io.RawIOBase):
     def __init__(self, path: str) -> None:
         super().__init__()
         self.path, self._file, self._failed = path, None, False
-        folder, name = os.path.split(path)
-        os.makedirs(folder or ".", exist_ok=True)  # as pyarrow's local output streams do
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder or ".")
-        os.fchmod(fd, 0o666 & ~_UMASK)
+        # its folder created as pyarrow's local output streams do
+        fd, self.tmp = temp_file_beside(Path(path).absolute(), suffix=".part")
         self._file = os.fdopen(fd, "wb")
 
     def writable(self) -> bool:

@@ -22,7 +22,7 @@ import ray
 from vacsr.atomic import atomic_write_text
 from vacsr.config import flatten, save_config
 from vacsr.distributed.cluster import ensure_ray, quiet_logging
-from vacsr.errors import VacsrError
+from vacsr.errors import StorageError, VacsrError
 from vacsr.sweep.events import EventSink, start_event_log
 from vacsr.sweep.final import final_runs
 from vacsr.sweep.importance import importance_section, record_sensitivity
@@ -188,7 +188,7 @@ def _finish_dataset(plan: SweepPlan, state: SweepState, dataset: str, ref) -> st
     except ray.exceptions.RayTaskError as exc:
         full = storage_failure(exc)
         if full:  # not the dataset's fault: the sweep stops and resumes it (run_sweep)
-            raise _StorageStop(f"{dataset}: {full}") from None
+            raise StorageError(f"{dataset}: {full}") from None
         cause = exc.cause if isinstance(exc.cause, BaseException) else exc
         lines = str(cause).strip().splitlines()
         why = lines[-1][:300] if lines else repr(cause)
@@ -205,10 +205,6 @@ def _finish_dataset(plan: SweepPlan, state: SweepState, dataset: str, ref) -> st
         return why
     state.update(dataset, done=True, result=result, failed=None)
     return None
-
-
-class _StorageStop(Exception):
-    """A dataset's task ended on a storage error (its line as the message)."""
 
 
 def _close_after_interrupt(plan: SweepPlan, state: SweepState) -> None:
@@ -267,7 +263,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
         for signum in stop.previous:  # the clean-up itself is not interrupted
             signal.signal(signum, signal.SIG_IGN)
         reserve.release()
-        full = str(exc) if isinstance(exc, _StorageStop) else storage_failure(exc)
+        full = storage_failure(exc)
         closed = _close_records(plan, state, parent,
                                 "KILLED" if full or isinstance(exc, (SweepInterrupted,
                                                                      KeyboardInterrupt))

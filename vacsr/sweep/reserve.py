@@ -14,20 +14,20 @@ import os
 import re
 from pathlib import Path
 
+from vacsr.atomic import STORAGE_ADVICE, STORAGE_ERRNOS
 from vacsr.errors import StorageError
 
 RESERVE_FILE = ".space-reserve"
 RESERVE_BYTES = 4 * 2**20  # MLflow's and Optuna's journals for a few hundred row updates
 
-# what an error of a full, quota-limited or failing disk says: OSError texts, vacsr's
-# StorageError lines (vacsr/atomic.py) and SQLite's own
-STORAGE_ERROR_TEXTS = ("No space left on device", "Disk quota exceeded", "Input/output error",
-                       "no space left on the device", "disk quota exceeded",
+# a full, quota-limited or failing disk: what freeing space (or another try) cures
+_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO)
+# what such an error says: the OSError text, vacsr's StorageError line (vacsr/atomic.py), SQLite's
+STORAGE_ERROR_TEXTS = (*(os.strerror(code) for code in _SPACE_ERRNOS),
+                       *(STORAGE_ERRNOS[code] for code in _SPACE_ERRNOS),
                        "database or disk is full")
 
-
 _ERROR_CLASS = re.compile(r"^[\w.]+(Error|Exception): ")  # "vacsr.errors.StorageError: ..."
-_STORAGE_ADVICE = "; free space or choose another output folder"  # vacsr/atomic.py's
 
 
 def storage_failure(error: BaseException | str) -> str | None:
@@ -36,7 +36,7 @@ def storage_failure(error: BaseException | str) -> str | None:
     seen, texts = 0, []
     while isinstance(error, BaseException) and seen < 8:
         texts.append(str(error))
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+        if isinstance(error, OSError) and error.errno in _SPACE_ERRNOS:
             texts.append(os.strerror(error.errno))
         error = error.__cause__ or error.__context__
         seen += 1
@@ -44,7 +44,7 @@ def storage_failure(error: BaseException | str) -> str | None:
         texts.append(error)
     for line in "\n".join(texts).splitlines():
         if any(marker in line for marker in STORAGE_ERROR_TEXTS):
-            line = _ERROR_CLASS.sub("", line.strip()).removesuffix(_STORAGE_ADVICE)
+            line = _ERROR_CLASS.sub("", line.strip()).removesuffix(f"; {STORAGE_ADVICE}")
             return line[:300]
     return None
 

@@ -21,6 +21,7 @@ from vacsr.sweep.repair import repair_experiment
 from vacsr.sweep.searcher import OptunaStudySearch
 from vacsr.sweep.selection import ORDER_FILE, TrialOrder, read_trial_order, select_best
 from vacsr.sweep.space import DefineByRun, start_point
+from vacsr.sweep.storage import join_storage
 from vacsr.sweep.trial import CHECKPOINT_PATH_KEY, TrialMeta, run_trial, with_suggestions
 from vacsr.tracking import MlflowTracker, redact_uri
 from vacsr.train.files import CHECKPOINT_FILE
@@ -78,7 +79,8 @@ def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str) -> str:
 def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: int,
            callbacks: list) -> tune.Tuner:
     """A new Tuner, or the restored one when --resume finds this dataset's experiment."""
-    folder, filesystem = ray_storage(plan.ray_path("tune", dataset))
+    storage_path, filesystem = ray_storage(plan.ray_path("tune"))  # whole files (storage_fs.py)
+    folder = join_storage(storage_path, dataset)
     storage_failed = plan.resume and repair_experiment(folder)  # what a full disk left
     if plan.resume and tune.Tuner.can_restore(folder, storage_filesystem=filesystem):
         # errored trials stay failed, their errors are deterministic (worker loss is retried by
@@ -96,7 +98,6 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
     # restarts the workers of the others); its own errors end at once (vacsr/sweep/trial_run.py)
     in_actor = trains_in_trial(base.train)
     retries = base.train.max_failures if in_actor else 0
-    storage_path, filesystem = ray_storage(plan.ray_path("tune"))  # whole files (storage_fs.py)
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
