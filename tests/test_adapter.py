@@ -78,13 +78,16 @@ COSINE_SHAPES = [dict(components=2, decoder_hidden=64), dict(components=1, decod
                  dict(components=3, decoder_hidden=2)]
 
 
+def _cosine_adapter(shape) -> VariationalSimilarityAdapter:
+    torch.manual_seed(0)
+    return VariationalSimilarityAdapter(embed_dim=48, hidden_dim=40, latent_dim=6,
+                                        num_components=shape["components"],
+                                        decoder_hidden_dim=shape["decoder_hidden"], init="cosine")
+
+
 @pytest.mark.parametrize("shape", COSINE_SHAPES)
 def test_cosine_init_starts_at_the_baseline_head(shape):
-    torch.manual_seed(0)
-    adapter = VariationalSimilarityAdapter(embed_dim=48, hidden_dim=40, latent_dim=6,
-                                           num_components=shape["components"],
-                                           decoder_hidden_dim=shape["decoder_hidden"],
-                                           init="cosine").eval()
+    adapter = _cosine_adapter(shape).eval()
     v, t = _feats(13, 48, 11), _feats(17, 48, 12)
     baseline, _ = SigmoidBaselineHead().score_block(v, t)
     logits, sigma = adapter.score_block(v, t)
@@ -95,7 +98,8 @@ def test_cosine_init_starts_at_the_baseline_head(shape):
 
 def test_random_init_is_not_the_baseline():
     torch.manual_seed(0)
-    adapter = VariationalSimilarityAdapter(embed_dim=48, hidden_dim=40, latent_dim=6).eval()
+    adapter = VariationalSimilarityAdapter(embed_dim=48, hidden_dim=40, latent_dim=6,
+                                           init="random").eval()
     v, t = _feats(13, 48, 11), _feats(17, 48, 12)
     baseline, _ = SigmoidBaselineHead().score_block(v, t)
     assert (adapter.score_block(v, t)[0] - baseline).abs().max() > 1.0
@@ -119,6 +123,24 @@ def test_cosine_init_every_parameter_learns_after_one_step():
     silent = [name for name, p in adapter.named_parameters()
               if p.grad is None or not (p.grad.abs().reshape(p.shape[0], -1) > 0).any(1).all()]
     assert not silent
+
+
+@pytest.mark.parametrize("shape", COSINE_SHAPES)
+def test_cosine_init_training_noise_moves_the_logit_by_its_own_size(shape):
+    """In training z is sampled; at the cosine start the logit must move by the noise on z_0
+    itself, sum_k alpha_k eps_k0 exp(logvar_k0 / 2), not by logit_scale (10) times it, which
+    drowns 10 cos in noise at the first steps."""
+    adapter = _cosine_adapter(shape).train()
+    v, t = _feats(9, 48, 21), _feats(10, 48, 22)
+    mu, logvar, alpha = adapter.encode_hidden(adapter.first_layer(v, t))
+    at_mu = adapter.head(mu, logvar, alpha, sample=False).logits  # (B, B')
+    torch.manual_seed(5)
+    sampled = adapter.head(mu, logvar, alpha, sample=True).logits
+    torch.manual_seed(5)
+    eps = torch.randn_like(mu)  # the head's own draw
+    noise_on_z0 = (alpha * eps[..., 0] * torch.exp(0.5 * logvar[..., 0])).sum(-1)  # (B, B')
+    torch.testing.assert_close(sampled - at_mu, noise_on_z0, atol=1e-4, rtol=1e-4)
+    assert noise_on_z0.abs().max() > 0.1  # the noise is there, and of order one
 
 
 def test_cosine_init_needs_the_pair_units():

@@ -30,7 +30,7 @@ def _features(n, dim, seed):
 def _adapter(seed):
     torch.manual_seed(seed)
     head = VariationalSimilarityAdapter(embed_dim=16, hidden_dim=24, latent_dim=4,
-                                        decoder_hidden_dim=8).eval()
+                                        decoder_hidden_dim=8, init="random").eval()
     with torch.no_grad():
         for p in head.parameters():
             p.mul_(3.0)

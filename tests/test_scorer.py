@@ -23,7 +23,7 @@ def _adapter(dim=32, hidden=48, latent=8, components=2, decoder=16, bounded=True
     torch.manual_seed(seed)
     head = VariationalSimilarityAdapter(embed_dim=dim, hidden_dim=hidden, latent_dim=latent,
                                         num_components=components, decoder_hidden_dim=decoder,
-                                        bounded_sigma=bounded).eval()
+                                        bounded_sigma=bounded, init="random").eval()
     with torch.no_grad():  # larger weights: well-spread logits, so rankings are tolerance-safe
         for p in head.parameters():
             p.mul_(3.0)

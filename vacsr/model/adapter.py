@@ -15,11 +15,16 @@ log sigma_hat >= log sigmoid(-logvar_bound) and also bounds the sampling noise e
 Initialisation (the paper does not state it, sec. 3.1 and appendix C.2; this is vacsr's choice):
 "random" is PyTorch's default with the decoder's output bias at init_logit_bias, so ranking starts
 at chance. "cosine" starts the adapter where the sigmoid baseline head starts, at
-m = 10 cos(v, t) - 10 for z = mu: two first-layer units compute +cos and -cos from s_ij (each row
-1/d, since sum(s_ij) = d cos), mu_k0 reads their difference (relu(x) - relu(-x) = x), the decoder's
-hidden layer repeats the pair on z_0 and its output reads it with the baseline's scale and bias;
-the decoder's other output weights start at zero (as LoRA's second matrix), everything else is
-random as in "random", so every weight still learns after the first step.
+m = 10 cos(v, t) - 10 for z = mu: two first-layer units compute +g cos and -g cos from s_ij (each
+row g/d, since sum(s_ij) = d cos; g = sqrt(d) gives the rows unit norm, so under Adam the cosine
+path moves at the pace of the random rows instead of ~sqrt(d) times faster), mu_k0 reads their
+difference with weight 10/g (relu(x) - relu(-x) = x), so mu_k0 = 10 cos; the decoder's hidden
+layer repeats the pair on z_0 and its output reads it with weight 1 and the baseline's bias. The
+logit scale sits in the encoder, not the decoder: the training noise eps exp(logvar / 2) on z_0
+then moves the logit by its own size, not 10 times it (with exp(logvar_0 / 2) ~ 1 at a random
+start, noise of std ~10 on the logit drowned 10 cos in the first epochs). The decoder's other
+output weights start at zero (as LoRA's second matrix), everything else is random as in
+"random", so every weight still learns after the first step.
 """
 from __future__ import annotations
 
@@ -53,7 +58,7 @@ class VariationalSimilarityAdapter(nn.Module):
     def __init__(self, *, embed_dim: int, hidden_dim: int = 512, latent_dim: int = 32,
                  num_components: int = 2, decoder_hidden_dim: int = 64,
                  bounded_sigma: bool = True, logvar_bound: float = 8.0,
-                 init_logit_bias: float = -4.0, init: str = "random") -> None:
+                 init_logit_bias: float = -4.0, init: str = "cosine") -> None:
         super().__init__()
         if not (logvar_bound > 0 and math.isfinite(logvar_bound)):
             raise ValueError(f"logvar_bound: expected a finite value > 0, got {logvar_bound!r}")
@@ -85,22 +90,23 @@ class VariationalSimilarityAdapter(nn.Module):
         """Set the weights so that the logit at z = mu is logit_scale * (v . t) + logit_bias for
         every pair (the "cosine" init, module docstring); the weights not named stay as they are."""
         plus_minus = torch.tensor([1.0, -1.0])  # units 0 and 1 hold relu(x) and relu(-x)
-        self.fc1.weight[:2] = plus_minus[:, None] / self.embed_dim  # (2, d): +-sum(s) / d = +-cos
+        gain = math.sqrt(self.embed_dim)  # unit-norm rows: +-gain * sum(s) / d = +-gain * cos
+        self.fc1.weight[:2] = plus_minus[:, None] * (gain / self.embed_dim)  # (2, d)
         self.fc1.bias[:2] = 0.0
         k, l = self.num_components, self.latent_dim
         mu_rows = torch.arange(k) * l  # mu_k0 of every component (fc2 rows are [mu | logvar | alpha])
         self.fc2.weight[mu_rows] = 0.0
-        self.fc2.weight[mu_rows, :2] = plus_minus  # mu_k0 = relu(cos) - relu(-cos) = cos
+        self.fc2.weight[mu_rows, :2] = plus_minus * (logit_scale / gain)  # mu_k0 = scale * cos
         self.fc2.bias[mu_rows] = 0.0
         linears = [m for m in self.decoder.modules() if isinstance(m, nn.Linear)]
-        if len(linears) > 1:  # the same pair on z_0 in the decoder's hidden layer
+        if len(linears) > 1:  # the same pair on z_0 in the decoder's hidden layer, gain 1
             hidden, out = linears
             hidden.weight[:2] = 0.0
             hidden.weight[:2, 0] = plus_minus
             hidden.bias[:2] = 0.0
-            read = plus_minus * logit_scale  # (2,) output weights of the pair
+            read = plus_minus  # (2,) output weights of the pair
         else:
-            out, read = linears[0], torch.tensor([logit_scale])  # linear decoder reads z_0 itself
+            out, read = linears[0], torch.tensor([1.0])  # linear decoder reads z_0 itself
         out.weight.zero_()  # the other units start silent, as LoRA's second matrix
         out.weight[0, :read.numel()] = read
         out.bias.fill_(logit_bias)
@@ -207,7 +213,7 @@ class SigmoidBaselineHead(nn.Module):
 def build_head(*, kind: str, embed_dim: int, hidden_dim: int = 512, latent_dim: int = 32,
                num_components: int = 2, decoder_hidden_dim: int = 64,
                bounded_sigma: bool = True, logvar_bound: float = 8.0,
-               init_logit_bias: float = -4.0, init: str = "random") -> nn.Module:
+               init_logit_bias: float = -4.0, init: str = "cosine") -> nn.Module:
     """Factory: the VACSR adapter or the sigmoid baseline, from plain keyword arguments."""
     if kind == "vacsr":
         return VariationalSimilarityAdapter(
