@@ -6,8 +6,8 @@ STAMP := $(VENV)/.installed
 # torch and torchvision are pinned as a pair: PyPI's torchvision only imports beside its own torch.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 PYTEST_ARGS ?=
-# pytest-xdist workers for make test: the Ray-marked tests run one after another on one of them
-# (tests/conftest.py groups them); 0 runs everything in this process
+# pytest-xdist workers for make test: the Ray-marked tests run in two lanes, one test after
+# another in each, a lane on each worker (tests/conftest.py); 0 runs everything in this process
 PYTEST_WORKERS ?= 2
 # the oldest Ray minor pyproject.toml allows ("ray[...]>=2.57,<3" -> 2.57), tested in a venv of its own
 RAY_OLDEST := $(shell sed -n 's/.*"ray\[default,tune,train\]>=\([0-9.]*\),.*/\1/p' pyproject.toml)

@@ -1,9 +1,12 @@
 """Shared fixtures: seeded torch, a pretrained tiny CLIP (built once per test run, no download).
 
-`make test` runs the suite on pytest-xdist workers (`-n 2 --dist loadgroup`): every Ray-marked
-test joins the one group "ray", so they run one after another on one worker (each starts or
-stops Ray instances of its own, and two local instances on one machine compete for ports),
-while the other tests spread over both workers.
+`make test` runs the suite on pytest-xdist workers (`-n 2 --dist loadgroup`). The Ray-marked tests
+go in two lanes (RAY_LANES), xdist groups that run one test after another, so that each worker
+runs one lane beside its share of the other tests. Two Ray instances can run at once: a local
+`ray.init` takes free ports (the dashboard tries the next port when 8265 is taken) and a test's
+cluster started with `ray start` names free ports for all that have fixed defaults and stops
+only its own nodes (tests/test_sweep_e2e.py). Two lanes and no more: a Ray test keeps both
+cores busy for long stretches, so a third at once would only slow the others.
 """
 from __future__ import annotations
 
@@ -28,21 +31,33 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
 
+# The two lanes of Ray tests, by module, balanced by their measured time (`--durations`): about
+# 6.5 minutes each when both run at once on 2 cores. A Ray test in a module not listed joins "ray-a".
+RAY_LANES = {
+    "ray-a": ("test_sweep_e2e.py", "test_sweep_disk_full.py", "test_sweep_kinds.py",
+              "test_sweep_failures.py"),
+    "ray-b": ("test_sweep_signals.py", "test_ray_train.py", "test_gpu_check.py",
+              "test_secrets.py", "test_eval_actor.py"),
+}
+LANE_OF_MODULE = {module: lane for lane, modules in RAY_LANES.items() for module in modules}
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("ray"):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+            lane = LANE_OF_MODULE.get(item.path.name, "ray-a")
+            item.add_marker(pytest.mark.xdist_group(lane))
 
 
 def pytest_collection_finish(session):
-    """On an xdist worker under --dist loadgroup, the group must have reached the node ids
-    (`<id>@ray`), or two Ray tests could run at once and stop each other's instances."""
+    """On an xdist worker under --dist loadgroup, the lane must have reached the node ids
+    (`<id>@ray-a`), or two Ray tests of one lane could run at once."""
     grouped = session.config.getoption("dist", "no") == "loadgroup"
     if not (os.environ.get("PYTEST_XDIST_WORKER") and grouped):
         return
     loose = [i.nodeid for i in session.items if i.get_closest_marker("ray")
-             and not i.nodeid.endswith("@ray")]
+             and i.nodeid.rsplit("@", 1)[-1] not in RAY_LANES]
     if loose:
         raise pytest.UsageError(f"pytest-xdist did not group the Ray tests ({loose[0]}); "
                                 "install the pytest that pyproject.toml allows")

@@ -50,30 +50,69 @@ def _env() -> dict:
     return env
 
 
-def _ray(*args: str) -> None:
-    out = subprocess.run([str(BIN / "ray"), *args], env=_env(), capture_output=True, text=True,
-                         timeout=180)
-    assert out.returncode == 0, out.stdout[-1500:] + out.stderr[-1500:]
+def _start_node(args: list[str], log: Path) -> subprocess.Popen:
+    """`ray start --block` in a session of its own: SIGTERM to it stops this node and nothing
+    else (`ray stop` would stop every Ray instance on the machine, other tests' too)."""
+    return subprocess.Popen([str(BIN / "ray"), "start", "--block", "--disable-usage-stats",
+                             "--num-gpus=0", "--node-ip-address=127.0.0.1", *args], env=_env(),
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _wait_started(node: subprocess.Popen, log: Path, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while "Ray runtime started" not in log.read_text():
+        assert node.poll() is None and time.time() < deadline, log.read_text()[-2000:]
+        time.sleep(0.5)
+
+
+def _stop_node(node: subprocess.Popen) -> None:
+    """SIGTERM lets `ray start --block` stop its node's processes; whatever is left in its
+    session after a minute is killed."""
+    if node.poll() is None:
+        node.terminate()
+        try:
+            node.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(node.pid, 9)
+    except ProcessLookupError:
+        pass
+    node.wait(timeout=30)
 
 
 @pytest.fixture
 def ray_cluster(tmp_path):
-    """A head and a worker node (1 CPU each) on loopback: two trials at once must use both."""
-    dashboard, gcs = _free_port(), _free_port()
-    # the worker node gets its own temp dir, as on a separate machine: nodes sharing one would
+    """A head and a worker node (1 CPU each) on loopback: two trials at once must use both.
+
+    Every port the nodes listen on that has a fixed default is chosen free, and each node has a
+    temp dir of its own, so the cluster runs beside other tests' local Ray instances."""
+    dashboard, gcs, client = _free_port(), _free_port(), _free_port()
+    # each node gets its own temp dir, as on separate machines: nodes sharing one would
     # garbage-collect each other's copies of the job's working dir (Unix socket paths stay short)
-    worker_tmp = tempfile.mkdtemp(prefix="vw", dir="/tmp")
+    temps = [tempfile.mkdtemp(prefix=p, dir="/tmp") for p in ("vh", "vw")]
+    nodes = []
     try:
-        _ray("start", "--head", "--num-cpus=1", "--num-gpus=0", f"--port={gcs}",
-             "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
-             f"--dashboard-port={dashboard}", "--include-dashboard=true", "--disable-usage-stats")
-        _ray("start", f"--address=127.0.0.1:{gcs}", "--num-cpus=1", "--num-gpus=0",
-             "--node-ip-address=127.0.0.1", f"--temp-dir={worker_tmp}", "--disable-usage-stats")
+        head_log = tmp_path / "ray-head.log"
+        nodes.append(_start_node(
+            ["--head", "--num-cpus=1", f"--port={gcs}", f"--ray-client-server-port={client}",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+             "--include-dashboard=true", f"--dashboard-agent-listen-port={_free_port()}",
+             f"--temp-dir={temps[0]}"], head_log))
+        _wait_started(nodes[0], head_log)
+        worker_log = tmp_path / "ray-worker.log"
+        nodes.append(_start_node(
+            [f"--address=127.0.0.1:{gcs}", "--num-cpus=1",
+             f"--dashboard-agent-listen-port={_free_port()}", f"--temp-dir={temps[1]}"],
+            worker_log))
+        _wait_started(nodes[1], worker_log)
         yield f"http://127.0.0.1:{dashboard}"
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=_env(), capture_output=True,
-                       timeout=120)
-        shutil.rmtree(worker_tmp, ignore_errors=True)
+        for node in reversed(nodes):
+            _stop_node(node)
+        for temp in temps:
+            shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture
