@@ -46,8 +46,8 @@ ROWS: dict[str, tuple[str, dict]] = {
     "no_sigma": ("w/o L_sigma", {"loss.use_sigma_loss": False}),
     "k1": ("w/o GMM (K = 1)", {"adapter.num_components": 1}),
     "unbounded": ("w/o sigmoid (exp sigma_hat)", {"adapter.bounded_sigma": False}),
-    # where the gap to the baseline comes from (run with adapter.init=cosine): no sampling noise
-    # of z in training, then also a frozen head (the adapter stays the fixed 10 cos - 10)
+    # where the gap to the baseline comes from (at the default adapter.init=cosine): no sampling
+    # noise of z in training, then also a frozen head (the adapter stays the fixed 10 cos - 10)
     "recon_mean_z": ("L_recon only, z = mu", {"loss.use_kl": False, "loss.use_sigma_loss": False}),
     "label_mean_z": ("VACSR label, z = mu", {"loss.neg_sigma_target": "label"}),
     "recon_frozen": ("L_recon only, z = mu, head frozen",

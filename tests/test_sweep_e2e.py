@@ -53,10 +53,11 @@ def _env() -> dict:
 def _start_node(args: list[str], log: Path) -> subprocess.Popen:
     """`ray start --block` in a session of its own: SIGTERM to it stops this node and nothing
     else (`ray stop` would stop every Ray instance on the machine, other tests' too)."""
-    return subprocess.Popen([str(BIN / "ray"), "start", "--block", "--disable-usage-stats",
-                             "--num-gpus=0", "--node-ip-address=127.0.0.1", *args], env=_env(),
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    with open(log, "w") as out:  # the node keeps its own copy of the descriptor
+        return subprocess.Popen([str(BIN / "ray"), "start", "--block", "--disable-usage-stats",
+                                 "--num-gpus=0", "--node-ip-address=127.0.0.1", *args],
+                                env=_env(), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def _wait_started(node: subprocess.Popen, log: Path, timeout: float = 180) -> None:
