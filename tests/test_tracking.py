@@ -280,3 +280,74 @@ def test_log_params_keeps_first_values_and_warns_on_changes(tracking_uri, caplog
     run = client.get_run(run_id)
     assert run.data.params["epochs"] == "3" and run.data.params["extra"] == "x"
     assert run.data.tags[PARAMS_CHANGED_TAG] == "epochs"
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL at one point of a start: nothing after it in that process runs."""
+
+
+def _runs_named(experiment: str, name: str) -> list[str]:
+    found = mlflow.search_runs(experiment_names=[experiment],
+                               filter_string=f"tags.mlflow.runName = '{name}'")
+    return list(found["run_id"])
+
+
+def test_a_start_killed_before_recording_its_run_is_continued_not_doubled(tracking_uri, tmp_path,
+                                                                          monkeypatch):
+    """A training (a sweep's trial or final seed run) killed after MLflow created its run but
+    before mlflow_run.json named it: the restart continues that run (found by its key)."""
+    import vacsr.tracking.callback as callback_module
+
+    cfg = load_config(overrides=[f"train.output_dir={tmp_path / 'run'}"])
+    write = callback_module._write_run_state
+
+    def killed_once_the_run_exists(output_dir, state):
+        if "run_id" in state:
+            raise Killed
+        write(output_dir, state)
+
+    monkeypatch.setattr(callback_module, "_write_run_state", killed_once_the_run_exists)
+    with pytest.raises(Killed):
+        TrackingCallback.start(cfg, experiment="killed", run_name="ds-final-seed1")
+    [orphan] = _runs_named("killed", "ds-final-seed1")
+    monkeypatch.setattr(callback_module, "_write_run_state", write)
+
+    restarted = TrackingCallback.start(cfg, experiment="killed", run_name="ds-final-seed1")
+    assert restarted.run_id == orphan and _runs_named("killed", "ds-final-seed1") == [orphan]
+    state = json.loads((tmp_path / "run" / RUN_STATE_FILE).read_text())
+    assert state["run_id"] == orphan
+    # a fresh start (train.resume=false) is a new run under a new key, never the old one
+    fresh = TrackingCallback.start(load_config(overrides=[
+        f"train.output_dir={tmp_path / 'run'}", "train.resume=false"]),
+        experiment="killed", run_name="ds-final-seed1")
+    fresh_state = json.loads((tmp_path / "run" / RUN_STATE_FILE).read_text())
+    assert fresh.run_id != orphan and fresh_state["run_key"] != state["run_key"]
+
+
+@pytest.mark.parametrize("dataset", [None, "caltech101"])
+def test_a_sweep_driver_killed_before_recording_a_run_continues_it_on_resume(
+        tracking_uri, tmp_path, dataset):
+    """The sweep's run (dataset None) and each dataset's run: sweep_state.json holds the run's key
+    before MLflow creates it, so a driver killed before it recorded the id finds the run again."""
+    from vacsr.sweep.driver import start_recorded_run
+    from vacsr.sweep.state import SweepState
+
+    class KilledAfterCreate(SweepState):
+        def update(self, dataset=None, **values):
+            if "run_id" in values or "parent_run_id" in values:
+                raise Killed
+            super().update(dataset, **values)
+
+    path, name = tmp_path / "sweep_state.json", dataset or "sweep"
+    with pytest.raises(Killed):
+        start_recorded_run(MlflowTracker(), KilledAfterCreate(path, fresh=True), dataset,
+                           "killed-sweep", name)
+    [orphan] = _runs_named("killed-sweep", name)
+
+    resumed = SweepState(path, fresh=False)
+    assert start_recorded_run(MlflowTracker(), resumed, dataset, "killed-sweep", name) == orphan
+    assert _runs_named("killed-sweep", name) == [orphan]
+    recorded = resumed.dataset(dataset) if dataset else resumed.data
+    assert recorded.get("run_id", recorded.get("parent_run_id")) == orphan
+    again = SweepState(path, fresh=False)  # what the next resume reads: the id, then its run
+    assert start_recorded_run(MlflowTracker(), again, dataset, "killed-sweep", name) == orphan

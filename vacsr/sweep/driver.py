@@ -35,7 +35,7 @@ from vacsr.sweep.search import (close_running_children, fail_running_trials, ope
                                 search_dataset)
 from vacsr.sweep.state import SweepState
 from vacsr.sweep.view import publish_table, view_query
-from vacsr.tracking import (MlflowTracker, check_tracking_uri, redact_uri,
+from vacsr.tracking import (MlflowTracker, check_tracking_uri, new_run_key, redact_uri,
                             resolve_tracking_uri)
 from vacsr.tracking.inputs import log_dataset_inputs
 
@@ -172,11 +172,23 @@ def _run_datasets(plan: SweepPlan, state: SweepState, parent_id: str,
 
 
 def _dataset_run(plan: SweepPlan, state: SweepState, dataset: str, parent_id: str) -> str:
-    tracker = MlflowTracker(plan.tracking_uri)
-    run_id = tracker.start(plan.kind.experiment, dataset, parent_run_id=parent_id,
-                           run_id=state.dataset(dataset).get("run_id"),
-                           tags={"vacsr.dataset": dataset, "vacsr.sweep": plan.name})
-    state.update(dataset, run_id=run_id)
+    return start_recorded_run(MlflowTracker(plan.tracking_uri), state, dataset,
+                              plan.kind.experiment, dataset, parent_run_id=parent_id,
+                              tags={"vacsr.dataset": dataset, "vacsr.sweep": plan.name})
+
+
+def start_recorded_run(tracker: MlflowTracker, state: SweepState, dataset: str | None,
+                       experiment: str, run_name: str, **start) -> str:
+    """Start or continue the run sweep_state.json records for `dataset` (None: the sweep's own
+    run). Its key is recorded before MLflow creates it, its id after: a driver killed between
+    the two finds the run by its key on --resume instead of opening a second one."""
+    entry = state.dataset(dataset) if dataset else state.data
+    id_field, key_field = ("run_id", "run_key") if dataset else ("parent_run_id", "parent_run_key")
+    if not entry.get(key_field):
+        state.update(dataset, **{key_field: new_run_key()})
+    run_id = tracker.start(experiment, run_name, run_id=entry.get(id_field),
+                           run_key=entry[key_field], **start)
+    state.update(dataset, **{id_field: run_id})
     return run_id
 
 
@@ -244,10 +256,8 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     ensure_ray(address=plan.ray_address, log_to_driver=plan.verbose)
     check_optuna_storage(plan)  # the schema is created here once, not by racing dataset tasks
     parent = MlflowTracker(plan.tracking_uri)
-    parent_id = parent.start(plan.kind.experiment, plan.name,
-                             run_id=state.data.get("parent_run_id"),
-                             tags={"vacsr.sweep": plan.name, "vacsr.kind": plan.kind.name})
-    state.update(parent_run_id=parent_id)
+    parent_id = start_recorded_run(parent, state, None, plan.kind.experiment, plan.name,
+                                   tags={"vacsr.sweep": plan.name, "vacsr.kind": plan.kind.name})
     parent.log_json("sweep.json", {"kind": plan.kind.name, "metric": plan.kind.metric,
                                    "table": table_spec(plan.kind.table)})
     done = [d for d in plan.datasets if state.dataset(d).get("done")]

@@ -13,8 +13,8 @@ opens on its runs; a parent run per sweep, a child run per dataset and a child p
 from vacsr.tracking.callback import RUN_STATE_FILE, TrackingCallback, best_entry
 from vacsr.tracking.run import (
     ARTIFACTS_DIR, EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MAX_KEY_LENGTH, MAX_METRICS_PER_BATCH,
-    MAX_PARAM_VALUE_LENGTH, MAX_PARAMS_PER_BATCH, PARAMS_CHANGED_TAG, PARENT_TAG, MlflowTracker,
-    metric_name, numeric_metrics, param_value,
+    MAX_PARAM_VALUE_LENGTH, MAX_PARAMS_PER_BATCH, PARAMS_CHANGED_TAG, PARENT_TAG, RUN_KEY_TAG,
+    MlflowTracker, metric_name, new_run_key, numeric_metrics, param_value,
 )
 from vacsr.tracking.uri import (
     DB_NAME, DB_PORTS, TRACKING_URI_ENV, check_tracking_uri, redact_uri, resolve_tracking_uri,
@@ -24,7 +24,8 @@ from vacsr.tracking.uri import (
 __all__ = [
     "ARTIFACTS_DIR", "DB_NAME", "DB_PORTS", "EXPERIMENT_KIND", "EXPERIMENT_KIND_TAG",
     "MAX_KEY_LENGTH", "MAX_METRICS_PER_BATCH", "MAX_PARAM_VALUE_LENGTH", "MAX_PARAMS_PER_BATCH",
-    "PARAMS_CHANGED_TAG", "PARENT_TAG", "RUN_STATE_FILE", "TRACKING_URI_ENV", "MlflowTracker",
-    "TrackingCallback", "best_entry", "check_tracking_uri", "metric_name", "numeric_metrics",
-    "param_value", "redact_uri", "resolve_tracking_uri", "sqlite_path",
+    "PARAMS_CHANGED_TAG", "PARENT_TAG", "RUN_KEY_TAG", "RUN_STATE_FILE", "TRACKING_URI_ENV",
+    "MlflowTracker", "TrackingCallback", "best_entry", "check_tracking_uri", "metric_name",
+    "new_run_key", "numeric_metrics", "param_value", "redact_uri", "resolve_tracking_uri",
+    "sqlite_path",
 ]

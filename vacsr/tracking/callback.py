@@ -13,7 +13,7 @@ from vacsr.atomic import atomic_write_json
 from vacsr.config import Config
 from vacsr.errors import ConfigError
 from vacsr.plots import plot_training_curves
-from vacsr.tracking.run import MlflowTracker
+from vacsr.tracking.run import MlflowTracker, new_run_key
 from vacsr.tracking.uri import _absolute, check_tracking_uri, redact_uri, resolve_tracking_uri
 from vacsr.train.files import CONFIG_FILE, METRICS_FILE
 
@@ -71,16 +71,21 @@ class TrackingCallback:
         output_dir = _absolute(config.train.output_dir)
         tracker = MlflowTracker(uri)
         resume = config.train.resume if resume is None else resume
-        stored = _stored_run_id(output_dir, uri) if resume else None
+        state = _stored_run_state(output_dir, uri) if resume else {}
+        stored, key = state.get("run_id"), state.get("run_key")
         if stored is not None and not tracker.run_exists(stored):
             stored = None  # the store was reset or the run deleted: start afresh
+        place = {"tracking_uri": redact_uri(uri), "experiment": experiment}
+        if key is None:
+            key = new_run_key()
+            if stored is None:  # the key before the run: see RUN_KEY_TAG
+                _write_run_state(output_dir, {"run_key": key, **place})
         run_id = tracker.start(experiment, run_name or output_dir.name, run_id=stored,
-                               parent_run_id=parent_run_id,
+                               run_key=key, parent_run_id=parent_run_id,
                                tags={"vacsr.output_dir": str(output_dir), **(tags or {})})
-        # record the run first: a process killed while the config is being logged must leave a
-        # run that its restart continues, not an orphan beside a second one
-        _write_run_state(output_dir, {"run_id": run_id, "tracking_uri": redact_uri(uri),
-                                      "experiment": experiment})
+        # the run's id before its config: a process killed while the config is being logged
+        # leaves a run that its restart continues, not an orphan beside a second one
+        _write_run_state(output_dir, {"run_id": run_id, "run_key": key, **place})
         tracker.log_config(config)
         callback = cls(uri, run_id, output_dir, metric=metric, mode=mode)
         callback._tracker = tracker
@@ -138,14 +143,15 @@ class TrackingCallback:
             self._ended = True
 
 
-def _stored_run_id(output_dir: Path, tracking_uri: str) -> str | None:
-    """The run id a previous start wrote for this output folder and store, if any."""
+def _stored_run_state(output_dir: Path, tracking_uri: str) -> dict:
+    """What a previous start wrote for this output folder and store (its run's key, then also
+    its id); empty when nothing was written or it was for another store."""
     try:
         state = json.loads((output_dir / RUN_STATE_FILE).read_text())
     except (OSError, ValueError):
-        return None
+        return {}
     same_store = state.get("tracking_uri") == redact_uri(tracking_uri)  # stored redacted
-    return state.get("run_id") if same_store else None
+    return state if same_store and isinstance(state, dict) else {}
 
 
 def _write_run_state(output_dir: Path, state: dict) -> None:

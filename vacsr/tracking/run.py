@@ -12,6 +12,7 @@ import os
 import re
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,14 @@ ARTIFACTS_DIR = "mlartifacts"  # next to the SQLite file, like `mlflow server`'s
 PARENT_TAG = "mlflow.parentRunId"
 MLFLOW_USER_ENV, MLFLOW_PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
 PARAMS_CHANGED_TAG = "vacsr.params_changed_on_resume"
+# A run's name for its owner, recorded (state file) before MLflow creates the run: a process killed
+# after MLflow committed the run but before the owner recorded its id finds the run by this tag
+# when it restarts, instead of opening a second one beside it.
+RUN_KEY_TAG = "vacsr.run_key"
+
+
+def new_run_key() -> str:
+    return uuid.uuid4().hex
 # The experiment kind MLflow 3.x's UI reads to choose between its GenAI views (traces) and its
 # model-training views (runs, charts). 3.17's UI follows its sidebar switch instead (a link can
 # carry `?workflowType=machine_learning`), but the tag still marks what the experiment holds.
@@ -115,13 +124,19 @@ class MlflowTracker:
 
     # ------------------------------------------------------------ lifecycle
     def start(self, experiment: str, run_name: str, *, parent_run_id: str | None = None,
-              tags: Mapping[str, Any] | None = None, run_id: str | None = None) -> str:
-        """Create a run in `experiment` (created if missing), or resume `run_id`; return its id."""
+              tags: Mapping[str, Any] | None = None, run_id: str | None = None,
+              run_key: str | None = None) -> str:
+        """Create a run in `experiment` (created if missing), or resume `run_id`, or else the
+        live run tagged with `run_key` (see RUN_KEY_TAG); return its id."""
         if self.run_id is not None:
             raise RuntimeError(f"tracker already holds run {self.run_id}; finish() it first")
         all_tags = {k: str(v) for k, v in (tags or {}).items()}
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
+        if run_key is not None:
+            all_tags[RUN_KEY_TAG] = run_key
+            if run_id is None:
+                run_id = self.find_run(experiment, run_key)
         if run_id is not None:
             return self.resume(run_id, tags=all_tags)
         run = self.client.create_run(self.experiment_id(experiment), run_name=run_name,
@@ -151,6 +166,15 @@ class MlflowTracker:
             return self.client.get_run(run_id).info.lifecycle_stage != "deleted"
         except MlflowException:
             return False
+
+    def find_run(self, experiment: str, run_key: str) -> str | None:
+        """The live run of `experiment` tagged with `run_key`, if MLflow holds one."""
+        if not re.fullmatch(r"[0-9a-f]+", run_key):
+            raise ValueError(f"run key {run_key!r}: expected lowercase hex (uuid4().hex)")
+        runs = self.client.search_runs([self.experiment_id(experiment)],
+                                       filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
+                                       max_results=1)
+        return runs[0].info.run_id if runs else None
 
     def experiment_id(self, name: str) -> str:
         """Id of experiment `name`, created (or restored) if needed; safe against a racing trial.
