@@ -33,6 +33,10 @@ class ModelConfig:
     train_embeddings: bool = False  # patch/token/positional embeddings (full fine-tune only)
 
 
+ADAPTER_KINDS = ("vacsr", "sigmoid_baseline")
+ADAPTER_INITS = ("random", "cosine")
+
+
 @dataclass
 class AdapterConfig:
     """The variational similarity adapter (paper section 3.1) or the sigmoid baseline."""
@@ -345,12 +349,12 @@ def validate(config: Config) -> Config:
            m.trainable_image_blocks)
     _check(m.trainable_text_blocks >= -1, "model.trainable_text_blocks", "-1 (all) or >= 0",
            m.trainable_text_blocks)
-    _one_of("adapter.kind", a.kind, ("vacsr", "sigmoid_baseline"))
+    _one_of("adapter.kind", a.kind, ADAPTER_KINDS)
     _check(a.hidden_dim >= 1, "adapter.hidden_dim", ">= 1", a.hidden_dim)
     _check(a.latent_dim >= 1, "adapter.latent_dim", ">= 1", a.latent_dim)
     _check(a.num_components >= 1, "adapter.num_components", "K >= 1", a.num_components)
     _check(a.decoder_hidden_dim >= 0, "adapter.decoder_hidden_dim", ">= 0", a.decoder_hidden_dim)
-    _one_of("adapter.init", a.init, ("random", "cosine"))
+    _one_of("adapter.init", a.init, ADAPTER_INITS)
     if a.init == "cosine":  # two first-layer units and two decoder units carry +-cos
         _check(a.hidden_dim >= 2, "adapter.hidden_dim", ">= 2 with adapter.init=cosine",
                a.hidden_dim)

@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vacsr.config import ADAPTER_INITS, AdapterConfig
+
 
 @dataclass
 class AdapterOutput:
@@ -49,16 +51,20 @@ class AdapterOutput:
 
 BASELINE_LOGIT_SCALE = 10.0  # SigLIP's initial t' = log 10 and b = -10: the baseline head's start
 BASELINE_LOGIT_BIAS = -10.0
-ADAPTER_INITS = ("random", "cosine")
+_DEFAULT = AdapterConfig()  # the adapter's defaults live in the config, once
 
 
 class VariationalSimilarityAdapter(nn.Module):
     """Encoder s -> (mu_k, logvar_k, alpha_k), decoder z_k -> m_k; see module docstring."""
 
-    def __init__(self, *, embed_dim: int, hidden_dim: int = 512, latent_dim: int = 32,
-                 num_components: int = 2, decoder_hidden_dim: int = 64,
-                 bounded_sigma: bool = True, logvar_bound: float = 8.0,
-                 init_logit_bias: float = -4.0, init: str = "cosine") -> None:
+    def __init__(self, *, embed_dim: int, hidden_dim: int = _DEFAULT.hidden_dim,
+                 latent_dim: int = _DEFAULT.latent_dim,
+                 num_components: int = _DEFAULT.num_components,
+                 decoder_hidden_dim: int = _DEFAULT.decoder_hidden_dim,
+                 bounded_sigma: bool = _DEFAULT.bounded_sigma,
+                 logvar_bound: float = _DEFAULT.logvar_bound,
+                 init_logit_bias: float = _DEFAULT.init_logit_bias,
+                 init: str = _DEFAULT.init) -> None:
         super().__init__()
         if not (logvar_bound > 0 and math.isfinite(logvar_bound)):
             raise ValueError(f"logvar_bound: expected a finite value > 0, got {logvar_bound!r}")
@@ -210,10 +216,14 @@ class SigmoidBaselineHead(nn.Module):
         return 2 * embed_dim
 
 
-def build_head(*, kind: str, embed_dim: int, hidden_dim: int = 512, latent_dim: int = 32,
-               num_components: int = 2, decoder_hidden_dim: int = 64,
-               bounded_sigma: bool = True, logvar_bound: float = 8.0,
-               init_logit_bias: float = -4.0, init: str = "cosine") -> nn.Module:
+def build_head(*, kind: str, embed_dim: int, hidden_dim: int = _DEFAULT.hidden_dim,
+               latent_dim: int = _DEFAULT.latent_dim,
+               num_components: int = _DEFAULT.num_components,
+               decoder_hidden_dim: int = _DEFAULT.decoder_hidden_dim,
+               bounded_sigma: bool = _DEFAULT.bounded_sigma,
+               logvar_bound: float = _DEFAULT.logvar_bound,
+               init_logit_bias: float = _DEFAULT.init_logit_bias,
+               init: str = _DEFAULT.init) -> nn.Module:
     """Factory: the VACSR adapter or the sigmoid baseline, from plain keyword arguments."""
     if kind == "vacsr":
         return VariationalSimilarityAdapter(
