@@ -33,7 +33,7 @@ from vacsr.data.concepts import (ConceptData, ConceptSpec, add_correspondence_no
 from vacsr.eval.metrics import rank_topk  # noqa: E402
 from vacsr.eval.semantic import semantic_depth, semantic_metrics  # noqa: E402
 from vacsr.eval.uncertainty import binned_recall  # noqa: E402
-from vacsr.model.adapter import build_head  # noqa: E402
+from vacsr.model.adapter import build_head, head_from_config  # noqa: E402
 from vacsr.model.losses import sigmoid_loss, vacsr_loss  # noqa: E402
 
 # Rows: (label, head kind, overrides of the paper defaults). Table 6 ablations included.
@@ -91,12 +91,7 @@ def train_run(data: ConceptData, config: Config, *, seed: int, epochs: int, batc
               head_lr_mult: float = 1.0) -> tuple[Towers, nn.Module, dict]:
     torch.manual_seed(seed)
     towers = Towers(data.init_projection)
-    a = config.adapter
-    head = build_head(kind=a.kind, embed_dim=data.init_projection.shape[1],
-                      hidden_dim=a.hidden_dim, latent_dim=a.latent_dim,
-                      num_components=a.num_components, decoder_hidden_dim=a.decoder_hidden_dim,
-                      bounded_sigma=a.bounded_sigma, logvar_bound=a.logvar_bound,
-                      init_logit_bias=a.init_logit_bias, init=a.init)
+    head = head_from_config(config.adapter, data.init_projection.shape[1])
     optim = AdamP([{"params": towers.parameters(), "lr": lr * tower_lr_mult},
                    {"params": head.parameters(), "lr": lr * head_lr_mult}], weight_decay=1e-4)
     split, loss_kwargs = data.train, asdict(config.loss)

@@ -2,7 +2,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vacsr.model.adapter import SigmoidBaselineHead, VariationalSimilarityAdapter
+from vacsr.config import AdapterConfig
+from vacsr.model.adapter import (SigmoidBaselineHead, VariationalSimilarityAdapter,
+                                  head_from_config)
 
 
 def _feats(n, d, seed):
@@ -166,3 +168,22 @@ def test_config_init_reaches_the_model():
         load_config(overrides=["adapter.init=zeros"])
     with pytest.raises(ConfigError, match=r"adapter\.decoder_hidden_dim: expected 0 or >= 2"):
         load_config(overrides=["adapter.init=cosine", "adapter.decoder_hidden_dim=1"])
+
+
+def test_head_from_config_honours_every_adapter_field():
+    """Each AdapterConfig field reaches the adapter: none dropped, none left at its default."""
+    config = AdapterConfig(hidden_dim=16, latent_dim=4, num_components=3, decoder_hidden_dim=0,
+                           bounded_sigma=False, logvar_bound=3.0, init_logit_bias=-2.0,
+                           init="random")
+    head = head_from_config(config, embed_dim=8)
+    assert isinstance(head, VariationalSimilarityAdapter)
+    assert head.fc1.in_features == 8 and head.fc1.out_features == 16
+    assert (head.latent_dim, head.num_components) == (4, 3)
+    assert head.fc2.out_features == 3 * (2 * 4 + 1)
+    assert isinstance(head.decoder, torch.nn.Linear) and head.decoder.bias.item() == -2.0
+    assert head.bounded_sigma is False and head.logvar_bound == 3.0
+    cosine = head_from_config(AdapterConfig(hidden_dim=16, latent_dim=4, decoder_hidden_dim=0),
+                              embed_dim=8)
+    assert cosine.decoder.bias.item() == -10.0  # init="cosine": the baseline head's start
+    assert isinstance(head_from_config(AdapterConfig(kind="sigmoid_baseline"), embed_dim=8),
+                      SigmoidBaselineHead)

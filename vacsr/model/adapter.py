@@ -29,7 +29,8 @@ output weights start at zero (as LoRA's second matrix), everything else is rando
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -216,21 +217,18 @@ class SigmoidBaselineHead(nn.Module):
         return 2 * embed_dim
 
 
-def build_head(*, kind: str, embed_dim: int, hidden_dim: int = _DEFAULT.hidden_dim,
-               latent_dim: int = _DEFAULT.latent_dim,
-               num_components: int = _DEFAULT.num_components,
-               decoder_hidden_dim: int = _DEFAULT.decoder_hidden_dim,
-               bounded_sigma: bool = _DEFAULT.bounded_sigma,
-               logvar_bound: float = _DEFAULT.logvar_bound,
-               init_logit_bias: float = _DEFAULT.init_logit_bias,
-               init: str = _DEFAULT.init) -> nn.Module:
-    """Factory: the VACSR adapter or the sigmoid baseline, from plain keyword arguments."""
+def build_head(*, kind: str, embed_dim: int, **adapter: Any) -> nn.Module:
+    """Factory: the VACSR adapter (`adapter` holds VariationalSimilarityAdapter's keyword
+    arguments, AdapterConfig's fields; the ones left out take their defaults) or the sigmoid
+    baseline, which has none."""
     if kind == "vacsr":
-        return VariationalSimilarityAdapter(
-            embed_dim=embed_dim, hidden_dim=hidden_dim, latent_dim=latent_dim,
-            num_components=num_components, decoder_hidden_dim=decoder_hidden_dim,
-            bounded_sigma=bounded_sigma, logvar_bound=logvar_bound,
-            init_logit_bias=init_logit_bias, init=init)
+        return VariationalSimilarityAdapter(embed_dim=embed_dim, **adapter)
     if kind == "sigmoid_baseline":
         return SigmoidBaselineHead()
     raise ValueError(f"unknown head kind {kind!r}")
+
+
+def head_from_config(adapter: AdapterConfig, embed_dim: int) -> nn.Module:
+    """build_head with every field of `adapter` (a config's `adapter` section)."""
+    options = asdict(adapter)
+    return build_head(kind=options.pop("kind"), embed_dim=embed_dim, **options)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vacsr.model.adapter import AdapterOutput, build_head
+from vacsr.model.adapter import AdapterOutput, head_from_config
 from vacsr.model.backbone import ClipBackbone, build_backbone
 
 
@@ -32,10 +32,5 @@ class VACSRModel(nn.Module):
 def build_model(config) -> VACSRModel:
     """Config -> VACSRModel (backbone from config.model, head from config.adapter)."""
     backbone = build_backbone(config.model)
-    a = config.adapter
-    head = build_head(kind=a.kind, embed_dim=backbone.embed_dim, hidden_dim=a.hidden_dim,
-                      latent_dim=a.latent_dim, num_components=a.num_components,
-                      decoder_hidden_dim=a.decoder_hidden_dim, bounded_sigma=a.bounded_sigma,
-                      logvar_bound=a.logvar_bound, init_logit_bias=a.init_logit_bias,
-                      init=a.init)
+    head = head_from_config(config.adapter, backbone.embed_dim)
     return VACSRModel(backbone, head)
