@@ -40,6 +40,9 @@ RAY_LANES = {
               "test_secrets.py", "test_eval_actor.py"),
 }
 LANE_OF_MODULE = {module: lane for lane, modules in RAY_LANES.items() for module in modules}
+# The tests that need the pretrained tiny CLIP run on one worker: it pretrains it (about 40 s of
+# one core) while the other worker goes on with other tests instead of waiting for the file.
+TINY_CLIP_GROUP = "tiny-clip"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
@@ -48,6 +51,8 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("ray"):
             lane = LANE_OF_MODULE.get(item.path.name, "ray-a")
             item.add_marker(pytest.mark.xdist_group(lane))
+        elif "tiny_weights" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group(TINY_CLIP_GROUP))
 
 
 def pytest_collection_finish(session):
