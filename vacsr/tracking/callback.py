@@ -150,8 +150,10 @@ def _stored_run_state(output_dir: Path, tracking_uri: str) -> dict:
         state = json.loads((output_dir / RUN_STATE_FILE).read_text())
     except (OSError, ValueError):
         return {}
+    if not isinstance(state, dict):
+        return {}
     same_store = state.get("tracking_uri") == redact_uri(tracking_uri)  # stored redacted
-    return state if same_store and isinstance(state, dict) else {}
+    return state if same_store else {}
 
 
 def _write_run_state(output_dir: Path, state: dict) -> None:
