@@ -184,10 +184,13 @@ def start_recorded_run(tracker: MlflowTracker, state: SweepState, dataset: str |
     the two finds the run by its key on --resume instead of opening a second one."""
     entry = state.dataset(dataset) if dataset else state.data
     id_field, key_field = ("run_id", "run_key") if dataset else ("parent_run_id", "parent_run_key")
-    if not entry.get(key_field):
-        state.update(dataset, **{key_field: new_run_key()})
-    run_id = tracker.start(experiment, run_name, run_id=entry.get(id_field),
-                           run_key=entry[key_field], **start)
+    run_id, key = entry.get(id_field), entry.get(key_field)
+    if not key:  # a new key names no run yet: nothing to look up
+        key = new_run_key()
+        state.update(dataset, **{key_field: key})
+    elif not run_id:
+        run_id = tracker.find_run(experiment, key)
+    run_id = tracker.start(experiment, run_name, run_id=run_id, run_key=key, **start)
     state.update(dataset, **{id_field: run_id})
     return run_id
 

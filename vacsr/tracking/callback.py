@@ -75,6 +75,8 @@ class TrackingCallback:
         stored, key = state.get("run_id"), state.get("run_key")
         if stored is not None and not tracker.run_exists(stored):
             stored = None  # the store was reset or the run deleted: start afresh
+        if stored is None and key is not None:  # a start killed before it recorded the id
+            stored = tracker.find_run(experiment, key)
         place = {"tracking_uri": redact_uri(uri), "experiment": experiment}
         if key is None:
             key = new_run_key()

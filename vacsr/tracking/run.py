@@ -36,10 +36,6 @@ PARAMS_CHANGED_TAG = "vacsr.params_changed_on_resume"
 # after MLflow committed the run but before the owner recorded its id finds the run by this tag
 # when it restarts, instead of opening a second one beside it.
 RUN_KEY_TAG = "vacsr.run_key"
-
-
-def new_run_key() -> str:
-    return uuid.uuid4().hex
 # The experiment kind MLflow 3.x's UI reads to choose between its GenAI views (traces) and its
 # model-training views (runs, charts). 3.17's UI follows its sidebar switch instead (a link can
 # carry `?workflowType=machine_learning`), but the tag still marks what the experiment holds.
@@ -95,6 +91,11 @@ def client_uri(uri: str) -> str:
     return bare
 
 
+def new_run_key() -> str:
+    """A key for RUN_KEY_TAG."""
+    return uuid.uuid4().hex
+
+
 # ---------------------------------------------------------------- one MLflow run
 class MlflowTracker:
     """One MLflow run, addressed by run id through its own MlflowClient.
@@ -126,8 +127,8 @@ class MlflowTracker:
     def start(self, experiment: str, run_name: str, *, parent_run_id: str | None = None,
               tags: Mapping[str, Any] | None = None, run_id: str | None = None,
               run_key: str | None = None) -> str:
-        """Create a run in `experiment` (created if missing), or resume `run_id`, or else the
-        live run tagged with `run_key` (see RUN_KEY_TAG); return its id."""
+        """Create a run in `experiment` (created if missing), tagged with `run_key` when given
+        (see RUN_KEY_TAG), or resume `run_id`; return its id."""
         if self.run_id is not None:
             raise RuntimeError(f"tracker already holds run {self.run_id}; finish() it first")
         all_tags = {k: str(v) for k, v in (tags or {}).items()}
@@ -135,8 +136,6 @@ class MlflowTracker:
             all_tags[PARENT_TAG] = parent_run_id
         if run_key is not None:
             all_tags[RUN_KEY_TAG] = run_key
-            if run_id is None:
-                run_id = self.find_run(experiment, run_key)
         if run_id is not None:
             return self.resume(run_id, tags=all_tags)
         run = self.client.create_run(self.experiment_id(experiment), run_name=run_name,
