@@ -2,9 +2,15 @@
 
 Loaders of the real on-disk layouts and the synthetic generator both produce these records, so the
 training code sees one interface. An image is a path (read lazily) or an already-built PIL image.
+
+Decoded images are bounded by MAX_IMAGE_PIXELS, checked on the size the file's header declares
+before any pixel is decoded: a small file can declare a huge canvas (a decompression bomb) and
+take a DataLoader worker's memory.
 """
 from __future__ import annotations
 
+import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence, Union
@@ -15,6 +21,12 @@ from PIL import Image
 from vacsr.errors import DataError
 
 ImageRef = Union[str, Path, Image.Image]
+# PIL's own default limit (2**30 / 4 / 3 pixels: 89.5 Mpx, 0.25 GiB decoded as RGB), far above any
+# image of the paper's datasets, which CLIP's preprocessing resizes to 224 px anyway
+MAX_IMAGE_PIXELS = 89_478_485
+# PIL warns about an image over its limit (the same) as it opens it, before load_image refuses it:
+# the warning would be a second line beside the error
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
 @dataclass
@@ -61,11 +73,25 @@ def load_image(ref: ImageRef) -> Image.Image:
         return ref.convert("RGB")
     try:
         with Image.open(ref) as img:
+            width, height = img.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise DataError(_too_large(ref, width * height, f"{width}x{height}, "))
             return img.convert("RGB")
     except FileNotFoundError:
         raise DataError(f"{ref}: image file not found") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        # PIL refuses an image over twice its limit as it opens it, naming the pixel count only
+        pixels = re.search(r"\((\d+) pixels\)", str(exc))
+        raise DataError(_too_large(ref, int(pixels[1]) if pixels else None)) from None
     except (OSError, ValueError) as exc:
         raise DataError(f"{ref}: unreadable image ({exc.__class__.__name__})") from None
+
+
+def _too_large(ref: ImageRef, pixels: int | None, size: str = "") -> str:
+    count = f"{pixels / 1e6:.1f} Mpx" if pixels else "over twice PIL's limit"
+    return (f"{ref}: image of {size}{count} is too large to decode; expected at most "
+            f"{MAX_IMAGE_PIXELS / 1e6:.1f} Mpx (vacsr.data.base.MAX_IMAGE_PIXELS; a larger "
+            "one may be a decompression bomb)")
 
 
 class ImageDataset(torch.utils.data.Dataset):

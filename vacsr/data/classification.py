@@ -23,11 +23,13 @@ from vacsr.data.base import ClassificationData
 from vacsr.data.fewshot import Item, label_set, load_or_sample, subsample_classes
 from vacsr.data.files import check_files_exist, dataset_path, read_json, read_lines, require_dir
 from vacsr.data.imagenet import VARIANTS, read_imagenet, read_variant
+from vacsr.data.validate import check_splits
 from vacsr.errors import ConfigError, DataError
 
 DEFAULT_TEMPLATE = "a photo of a {}."
 SPLIT_EXPECTED = ("a JSON object with 'train', 'val' and 'test' lists of "
                   "[image path, integer label, class name]")
+SPLITS = ("train", "val", "test")
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ def read_split_json(dataset_dir: Path, spec: DatasetSpec) -> dict[str, list[Item
         raise DataError(f"{path}: top level is a {type(data).__name__}; expected {SPLIT_EXPECTED}")
     prefix = f"{spec.image_dir}/" if spec.image_dir else ""
     splits = {}
-    for split in ("train", "val", "test"):
+    for split in SPLITS:
         entries = data.get(split)
         if not isinstance(entries, list) or not entries:
             raise DataError(f"{path}: no non-empty {split!r} list; expected {SPLIT_EXPECTED}")
@@ -106,21 +108,36 @@ def read_split_json(dataset_dir: Path, spec: DatasetSpec) -> dict[str, list[Item
 def read_aircraft(dataset_dir: Path, spec: DatasetSpec) -> dict[str, list[Item]]:
     """CoOp's FGVCAircraft: labels are line numbers in variants.txt; `<image id> <variant>` lines
     name images/<image id>.jpg (variants may contain spaces and slashes)."""
-    variants = read_lines(dataset_dir / "variants.txt", "one aircraft variant name per line")
-    label_of = {name: label for label, name in enumerate(variants)}
+    variants_path = dataset_dir / "variants.txt"
+    variants = read_lines(variants_path, "one aircraft variant name per line")
+    label_of: dict[str, int] = {}
+    for label, name in enumerate(variants):
+        if label_of.setdefault(name, label) != label:  # a repeat would leave a label unused
+            raise DataError(f"{variants_path}: line {label + 1} repeats variant {name!r}; "
+                            "expected each aircraft variant once")
     splits = {}
-    for split in ("train", "val", "test"):
+    for split in SPLITS:
         path = dataset_dir / f"images_variant_{split}.txt"
         items = []
         for number, line in enumerate(read_lines(path, "'<image id> <variant>' lines"), start=1):
             image_id, _, variant = line.partition(" ")
             if variant not in label_of:
                 raise DataError(f"{path}: line {number} names variant {variant!r}, which is not in "
-                                f"{dataset_dir / 'variants.txt'}; expected '<image id> <variant>'")
+                                f"{variants_path}; expected '<image id> <variant>'")
             image = dataset_path(f"{image_id}.jpg", path, f"line {number}")
             items.append(Item(f"{spec.image_dir}/{image}", label_of[variant], variant))
         splits[split] = items
     return splits
+
+
+def split_files(dataset_dir: Path, name: str, spec: DatasetSpec) -> dict[str, str]:
+    """Split -> the file (ImageNet: the folder) that lists it, as errors name it."""
+    if spec.split_file is not None:
+        return {split: str(dataset_dir / spec.split_file) for split in SPLITS}
+    if name == "imagenet":
+        return {"train": str(dataset_dir / "images" / "train"),
+                "test": str(dataset_dir / "images" / "val")}
+    return {split: str(dataset_dir / f"images_variant_{split}.txt") for split in SPLITS}
 
 
 def _read_splits(root: Path, name: str, spec: DatasetSpec
@@ -170,6 +187,8 @@ def load_domain_shift(root: str | Path, name: str) -> dict[str, ClassificationDa
     """{"test": ...} of an ImageNet variant (classes as CoOp defines them, see imagenet.py)."""
     spec = _spec(name)
     dataset_dir, items, classnames, _ = read_variant(Path(root).expanduser().absolute(), name)
+    image_dir = str(dataset_dir / VARIANTS[name][1])
+    check_splits({"test": items}, spec.num_classes, {"test": image_dir}, dataset_dir)
     return {"test": to_data(items, dataset_dir, classnames, spec.template)}
 
 
@@ -185,8 +204,10 @@ def load_classification(root: str | Path, name: str, *, shots: int, seed: int,
     if name in VARIANTS:
         return load_domain_shift(root, name)
     dataset_dir, splits = _read_splits(root, name, spec)
-    source = str(dataset_dir / (spec.split_file or ("images/train" if name == "imagenet"
-                                                    else "images_variant_train.txt")))
+    files = split_files(dataset_dir, name, spec)
+    # every entry of every split, before any is sampled, filtered or relabelled (validate.py)
+    check_splits(splits, spec.num_classes, files, dataset_dir)
+    source = files["train"]
     _check_class_count(splits["train"], spec.num_classes, source)
     few_train, few_val = load_or_sample(dataset_dir, splits["train"], splits["val"],
                                         shots=shots, seed=seed)

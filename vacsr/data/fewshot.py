@@ -222,17 +222,25 @@ def read_fewshot_cache(path: Path, folder_name: str) -> tuple[list[Item], list[I
 
 
 def _check_subset(cached: Sequence[Item], full: Sequence[Item], path: Path, split: str) -> None:
-    """A cache made from another split file would silently change the benchmark: refuse it."""
+    """A cache made from another split file would silently change the benchmark: refuse it.
+    The class name counts too (it becomes the label's prompt), and so does an item drawn twice
+    (`random.sample` never repeats one)."""
     if isinstance(full, GroupedItems):
-        known = full.has
+        names = {label: group[0].classname for label, group in full.groups().items()}
+        known = lambda item: (full.has(item.path, item.label)  # noqa: E731
+                              and names[item.label] == item.classname)
     else:
-        pairs = {(item.path, item.label) for item in full}
-        known = lambda path, label: (path, label) in pairs  # noqa: E731
+        known = set(full).__contains__
+    drawn: set[str] = set()
     for item in cached:
-        if not known(item.path, item.label):
-            raise DataError(f"{path}: cached item {item.path!r} (label {item.label}) is not in the "
-                            f"{split} split; expected a cache made from this split (delete it to "
-                            "resample)")
+        if not known(item):
+            raise DataError(f"{path}: cached item {item.path!r} (label {item.label}, class "
+                            f"{item.classname!r}) is not in the {split} split; expected a cache "
+                            "made from this split (delete it to resample)")
+        if item.path in drawn:
+            raise DataError(f"{path}: cached item {item.path!r} is in the {split} sample twice; "
+                            "expected each image once (delete the file to resample)")
+        drawn.add(item.path)
 
 
 def write_fewshot_cache(paths: Path | Sequence[Path], train: Sequence[Item],
