@@ -1,8 +1,8 @@
-"""SIGTERM stops an embedded sweep driver cleanly: its runs closed, its Optuna trials failed, its
-own Ray instance gone with every process; `--resume` then completes with nothing RUNNING."""
+"""A stopped sweep resumes to what one uninterrupted run gives: SIGTERM stops the driver cleanly
+(runs closed, Optuna trials failed, its own Ray instance gone with every process), SIGKILL leaves
+what `--resume` repairs, and the resumed sweep's table and chosen configs equal the clean run's."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -50,14 +50,19 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
-def _sweep(tmp_path, weights, *extra):
+DATASETS = ("eurosat", "dtd")
+
+
+def _sweep(storage: Path, weights, *extra):
+    """The embedded sweep of two datasets, 2 trials each, one seed, in `storage`."""
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
     for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):  # mlflow.set_tracking_uri exports it
         env.pop(name, None)
-    log = open(tmp_path / f"driver{len(list(tmp_path.glob('driver*.log')))}.log", "w")
+    storage.mkdir(parents=True, exist_ok=True)
+    log = open(storage / f"driver{len(list(storage.glob('driver*.log')))}.log", "w")
     return subprocess.Popen(
-        [sys.executable, "sweeps/base2novel.py", "--datasets", "eurosat", "--storage",
-         str(tmp_path), "--pretrained", str(weights), "--trials", "2", *extra],
+        [sys.executable, "sweeps/base2novel.py", "--datasets", ",".join(DATASETS), "--storage",
+         str(storage), "--pretrained", str(weights), "--trials", "2", "--seeds", "1", *extra],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), log.name
 
 
@@ -65,7 +70,7 @@ def _wait_for(driver, log: str, done, timeout: float = 600) -> None:
     deadline = time.time() + timeout
     while not done():
         assert driver.poll() is None and time.time() < deadline, Path(log).read_text()[-3000:]
-        time.sleep(0.5)
+        time.sleep(0.2)
 
 
 def _records(uri: str) -> dict:
@@ -78,55 +83,89 @@ def _records(uri: str) -> dict:
             for r in client.search_runs([experiment.experiment_id])}
 
 
-def _check_selection_agrees(root: Path, uri: str) -> None:
+def _uri(root: Path) -> str:
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def _created(root: Path, dataset: str) -> dict[str, int]:
+    """Tune trial id -> the Optuna trial number it was created with."""
+    import optuna
+
+    from vacsr.sweep.selection import creation_order
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{root / 'optuna.db'}")
+    try:
+        return creation_order(storage, f"base2novel-{dataset}")
+    finally:
+        storage.engine.dispose()
+
+
+def _selected(root: Path) -> dict[str, tuple]:
+    """Per dataset: the dataset run's params (the chosen config's searched values), its best
+    val, and best_config.yaml with the sweep folder's path taken out."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(_uri(root))
+    runs = client.search_runs([client.get_experiment_by_name("vacsr-base2novel").experiment_id])
+    chosen = {}
+    for dataset in DATASETS:
+        [run] = [r for r in runs if r.data.tags.get("vacsr.dataset") == dataset]
+        best = (root / "best" / dataset / "best_config.yaml").read_text()
+        chosen[dataset] = (run.data.params, run.data.metrics["best_val/acc"],
+                           best.replace(str(root.parent), "<storage>"))
+    return chosen
+
+
+def _check_selection_agrees(root: Path) -> None:
     """The dataset run's params, best_config.yaml and the selected trial are one config: the
-    best val selection saw (each trial run's `selection_val/acc`), ties to the trial that
-    started first (trials/eurosat/trial_order.json)."""
+    best val selection saw (each trial run's `selection_val/acc`), ties to the trial the
+    searcher created first."""
     import yaml
     from mlflow import MlflowClient
 
     from vacsr.tracking import PARAMS_CHANGED_TAG
 
-    client = MlflowClient(uri)
+    client = MlflowClient(_uri(root))
     runs = client.search_runs([client.get_experiment_by_name("vacsr-base2novel").experiment_id])
-    [dataset_run] = [r for r in runs if r.data.tags.get("vacsr.dataset") == "eurosat"]
-    assert PARAMS_CHANGED_TAG not in dataset_run.data.tags, dataset_run.data.tags
-    best = yaml.safe_load((root / "best" / "eurosat" / "best_config.yaml").read_text())
-    searched = dataset_run.data.params
-    assert searched and all(str(best[k.split(".")[0]][k.split(".")[1]]) == v
-                            for k, v in searched.items()), (searched, best)
-    order = json.loads((root / "trials" / "eurosat" / "trial_order.json").read_text())
-    trials = {r.info.run_name.removeprefix("eurosat-"): r for r in runs
-              if r.data.tags.get("mlflow.parentRunId") == dataset_run.info.run_id
-              and r.info.run_name.removeprefix("eurosat-") in order}
-    assert len(trials) == 2, sorted(trials)
-    # what selection compared, on each trial's run: Tune's last result (a trial ASHA stopped may
-    # log an epoch more before its workers stop), and it is the run's val/acc at that epoch
-    val = {t: r.data.metrics["selection_val/acc"] for t, r in trials.items()}
-    for t, r in trials.items():
-        epoch = int(r.data.tags["vacsr.selection_epoch"])
-        history = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "val/acc")}
-        assert history[epoch] == val[t], (t, epoch, history)
-    chosen = min(trials, key=lambda t: (-val[t], order[t]))
-    assert {k: trials[chosen].data.params[k] for k in searched} == searched, (val, order)
-    assert dataset_run.data.metrics["best_val/acc"] == val[chosen]
+    for dataset in DATASETS:
+        [dataset_run] = [r for r in runs if r.data.tags.get("vacsr.dataset") == dataset]
+        assert PARAMS_CHANGED_TAG not in dataset_run.data.tags, dataset_run.data.tags
+        best = yaml.safe_load((root / "best" / dataset / "best_config.yaml").read_text())
+        searched = dataset_run.data.params
+        assert searched and all(str(best[k.split(".")[0]][k.split(".")[1]]) == v
+                                for k, v in searched.items()), (searched, best)
+        order = _created(root, dataset)
+        trials = {r.info.run_name.removeprefix(f"{dataset}-"): r for r in runs
+                  if r.data.tags.get("mlflow.parentRunId") == dataset_run.info.run_id
+                  and r.info.run_name.removeprefix(f"{dataset}-") in order}
+        assert len(trials) == len(order) == 2, (sorted(trials), order)
+        # what selection compared, on each trial's run: Tune's last result (a trial ASHA
+        # stopped may log an epoch more before it stops), its run's val/acc at that epoch
+        val = {t: r.data.metrics["selection_val/acc"] for t, r in trials.items()}
+        for t, r in trials.items():
+            epoch = int(r.data.tags["vacsr.selection_epoch"])
+            history = {m.step: m.value for m in client.get_metric_history(r.info.run_id,
+                                                                           "val/acc")}
+            assert history[epoch] == val[t], (t, epoch, history)
+        chosen = min(trials, key=lambda t: (-val[t], order[t]))
+        assert {k: trials[chosen].data.params[k] for k in searched} == searched, (val, order)
+        assert dataset_run.data.metrics["best_val/acc"] == val[chosen]
 
 
-def test_sigterm_stops_the_driver_cleanly_and_resume_completes(tmp_path, weights):
-    """One folder, in turn: a second driver refused while the first trains; SIGTERM during a
-    trial; a resume stopped by SIGTERM in the final phase; a resume that completes with the
-    records of one clean selection; a new sweep in the used folder refused, records unchanged."""
-    driver, log = _sweep(tmp_path, weights)
-    state = tmp_path / "base2novel" / "sweep_state.json"
-    _wait_for(driver, log, state.is_file, timeout=300)  # the folder is claimed
-    second, second_log = _sweep(tmp_path, weights)
-    assert second.wait(timeout=180) == 2, Path(second_log).read_text()[-3000:]
-    refused = Path(second_log).read_text().strip().splitlines()
-    assert refused[-1].startswith("vacsr: error: ") and \
-        f"another sweep driver is running in this folder (pid {driver.pid} on" in refused[-1]
-    trials = tmp_path / "base2novel" / "trials" / "eurosat"
-    _wait_for(driver, log, lambda: trials.is_dir() and any(p.is_dir() for p in trials.iterdir()),
-              timeout=300)  # a trial is training (a few seconds: stop it now)
+def _no_open_records(root: Path) -> None:
+    import mlflow
+    import optuna
+
+    runs = mlflow.search_runs(experiment_names=["vacsr-base2novel"])
+    assert (runs.status == "RUNNING").sum() == 0, runs[["tags.mlflow.runName", "status"]]
+    for dataset in DATASETS:
+        study = optuna.load_study(study_name=f"base2novel-{dataset}",
+                                  storage=f"sqlite:///{root / 'optuna.db'}")
+        assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def _sigterm_cleanly(driver, log: str) -> None:
+    """SIGTERM: exit 128 + 15, one line, no traceback, and the driver's Ray processes gone."""
     ray_processes = _descendants(driver.pid)
     assert ray_processes, "the embedded Ray runs under the driver"
     driver.send_signal(signal.SIGTERM)
@@ -139,37 +178,74 @@ def test_sigterm_stops_the_driver_cleanly_and_resume_completes(tmp_path, weights
         time.sleep(1)
     assert not _alive(ray_processes), "processes of the driver's Ray instance left running"
 
+
+def _trial_folders(root: Path) -> set[Path]:
+    return {p for d in DATASETS if (root / "trials" / d).is_dir()
+            for p in (root / "trials" / d).iterdir() if p.is_dir()}
+
+
+def test_a_stopped_and_resumed_sweep_gives_the_uninterrupted_table_and_choices(tmp_path,
+                                                                               weights):
+    """The same sweep command, run once without a stop and once stopped three ways, each
+    followed by --resume: SIGTERM during a trial, SIGKILL of the driver during a trial, SIGTERM
+    one second after the first dataset's last trial. Both end with the same results.md and the
+    same chosen config for each dataset (the dataset run's params, best_config.yaml). On the
+    way: a second driver on the folder is refused, each stop leaves nothing RUNNING, and a new
+    sweep in the used folder is refused with the records unchanged."""
+    reference, log = _sweep(tmp_path / "clean", weights)
+    assert reference.wait(timeout=900) == 0, Path(log).read_text()[-3000:]
+    clean = tmp_path / "clean" / "base2novel"
+
+    storage = tmp_path / "stopped"
+    root = storage / "base2novel"
+    driver, log = _sweep(storage, weights)
+    _wait_for(driver, log, (root / "sweep_state.json").is_file, timeout=300)  # folder claimed
+    second, second_log = _sweep(storage, weights)
+    assert second.wait(timeout=180) == 2, Path(second_log).read_text()[-3000:]
+    refused = Path(second_log).read_text().strip().splitlines()
+    assert refused[-1].startswith("vacsr: error: ") and \
+        f"another sweep driver is running in this folder (pid {driver.pid} on" in refused[-1]
+    _wait_for(driver, log, lambda: bool(_trial_folders(root)), timeout=300)  # a trial trains
+    _sigterm_cleanly(driver, log)
+
     import mlflow
-    import optuna
 
-    uri = f"sqlite:///{tmp_path / 'base2novel' / 'mlflow.db'}"
-    mlflow.set_tracking_uri(uri)
+    mlflow.set_tracking_uri(_uri(root))
     runs = mlflow.search_runs(experiment_names=["vacsr-base2novel"])
-    assert (runs.status == "RUNNING").sum() == 0 and "KILLED" in set(runs.status)
-    study_db = f"sqlite:///{tmp_path / 'base2novel' / 'optuna.db'}"
-    study = optuna.load_study(study_name="base2novel-eurosat", storage=study_db)
-    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert "KILLED" in set(runs.status)
+    _no_open_records(root)
 
-    # stopped again one second after the last trial: the final phase (the issue's case)
-    resumed, log = _sweep(tmp_path, weights, "--resume")
-    _wait_for(resumed, log, lambda: "eurosat: trial 2 done" in Path(log).read_text())
+    # SIGKILL of the driver while a trial it had not started before trains
+    before = _trial_folders(root)
+    resumed, log = _sweep(storage, weights, "--resume")
+    _wait_for(resumed, log, lambda: bool(_trial_folders(root) - before))
+    time.sleep(2)
+    resumed.send_signal(signal.SIGKILL)
+    resumed.wait(timeout=60)
+
+    # SIGTERM one second after the first dataset's last trial: its search is done, its final
+    # phase starting
+    resumed, log = _sweep(storage, weights, "--resume")
+    _wait_for(resumed, log, lambda: any(f"{d}: trial 2 done" in Path(log).read_text()
+                                        for d in DATASETS))
     time.sleep(1)
-    resumed.send_signal(signal.SIGTERM)
-    assert resumed.wait(timeout=120) == 128 + signal.SIGTERM, Path(log).read_text()[-3000:]
+    _sigterm_cleanly(resumed, log)
+    _no_open_records(root)
 
-    resumed, log = _sweep(tmp_path, weights, "--resume")
-    assert resumed.wait(timeout=600) == 0, Path(log).read_text()[-3000:]
-    assert "| eurosat |" in Path(log).read_text()
+    resumed, log = _sweep(storage, weights, "--resume")
+    assert resumed.wait(timeout=900) == 0, Path(log).read_text()[-3000:]
+    _no_open_records(root)
     runs = mlflow.search_runs(experiment_names=["vacsr-base2novel"])
-    assert (runs.status == "RUNNING").sum() == 0
     parents = runs[runs["tags.vacsr.kind"] == "base2novel"]
     assert len(parents) == 1 and parents.status.iloc[0] == "FINISHED"
-    study = optuna.load_study(study_name="base2novel-eurosat", storage=study_db)
-    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
-    _check_selection_agrees(tmp_path / "base2novel", uri)
+    assert (root / "report" / "results.md").read_text() == \
+        (clean / "report" / "results.md").read_text()
+    assert _selected(root) == _selected(clean)
+    _check_selection_agrees(root)
+    _check_selection_agrees(clean)
 
-    before = _records(uri)
-    again, log = _sweep(tmp_path, weights)  # a new sweep, no --resume, in the used folder
+    before = _records(_uri(root))
+    again, log = _sweep(storage, weights)  # a new sweep, no --resume, in the used folder
     assert again.wait(timeout=180) == 2, Path(log).read_text()[-3000:]
     assert "holds the sweep 'base2novel' already" in Path(log).read_text()
-    assert _records(uri) == before  # the earlier sweep's MLflow runs are unchanged
+    assert _records(_uri(root)) == before  # the earlier sweep's MLflow runs are unchanged

@@ -98,22 +98,25 @@ def test_storage_paths_and_copies_for_paths_and_uris(tmp_path):
         assert dest.read_bytes() == b"weights" and not list(dest.parent.glob("*.tmp"))
 
 
-@pytest.mark.parametrize("cpus,workers,cpw,trial_cpus,parallel,expected", [
-    (2, 1, 1.0, 1.0, None, (2, 1)),   # one worker trains in the trial's actor: 1 CPU a trial
-    (2, 1, 0.5, 0.1, None, (4, 1)),   # the embedded default: four datasets side by side
-    (64, 1, 4.0, 1.0, None, (11, 1)),  # 16 slots over 11 datasets
-    (64, 1, 1.0, 1.0, 4, (4, 16)),    # 64 slots, 4 datasets at once: 16 trials each
-    (8, 2, 1.0, 1.0, 20, (2, 1)),     # 2 workers: the actor's CPU counts; never more datasets
-    (3, 2, 1.0, 1.0, None, (1, 1)),   # than slots (no starved trials)
+@pytest.mark.parametrize("cpus,workers,cpw,trial_cpus,parallel,concurrent,expected", [
+    (2, 1, 1.0, 1.0, None, 1, (2, 1)),   # one worker trains in the trial's actor: 1 CPU a trial
+    (2, 1, 0.5, 0.1, None, 1, (4, 1)),   # the embedded default: four datasets side by side
+    (64, 1, 4.0, 1.0, None, 1, (11, 1)),  # 16 slots over 11 datasets
+    (64, 1, 1.0, 1.0, 4, 1, (4, 1)),     # a dataset's trials one after another: slots left idle
+    (64, 1, 1.0, 1.0, 4, 16, (4, 16)),   # asked for: 4 datasets at once, 16 trials each
+    (64, 1, 1.0, 1.0, None, 16, (4, 16)),  # 16 trials each: as many datasets as that leaves
+    (8, 2, 1.0, 1.0, 20, 1, (2, 1)),     # 2 workers: the actor's CPU counts; never more datasets
+    (3, 2, 1.0, 1.0, None, 4, (1, 1)),   # than slots (no starved trials)
 ])
-def test_parallel_plan_never_oversubscribes(cpus, workers, cpw, trial_cpus, parallel, expected):
+def test_parallel_plan_never_oversubscribes(cpus, workers, cpw, trial_cpus, parallel, concurrent,
+                                            expected):
     from vacsr.config import load_config
     from vacsr.sweep.plan import SweepPlan, plan_parallelism
 
     config = load_config(overrides=[f"train.workers={workers}", f"train.cpus_per_worker={cpw}"])
     plan = SweepPlan(kind=BASE2NOVEL, name="t", configs={f"d{i}": config for i in range(11)},
                      spaces={}, storage=Path("/tmp"), tracking_uri="sqlite:///x.db",
-                     parallel=parallel, trial_cpus=trial_cpus)
+                     parallel=parallel, trial_cpus=trial_cpus, concurrent_trials=concurrent)
     datasets_at_once, trials_each = plan_parallelism(plan, {"CPU": cpus})
     assert (datasets_at_once, trials_each) == expected
     actor_cpus = 0 if workers == 1 else trial_cpus  # a one-worker trial's actor is its worker
@@ -196,17 +199,75 @@ def test_the_study_search_draws_the_same_configs_again_and_fails_errored_trials(
     assert draws("a.db") == draws("b.db")
 
 
-def test_trial_order_keeps_the_first_start_of_each_trial(tmp_path):
+def test_a_tie_goes_to_the_trial_created_first_though_they_start_in_reverse(tmp_path):
+    """Two trials end at one val value: the one the searcher created first (the enqueued base
+    config, Optuna trial 0) is selected, although the other started, reported and finished
+    first, and its id sorts first too. A trial resumed after a stop (a new Optuna trial with a
+    higher number) keeps its first place."""
+    import optuna
+
+    from vacsr.sweep.search import fail_running_trials
+    from vacsr.sweep.searcher import OptunaStudySearch
+    from vacsr.sweep.selection import creation_order
+    from vacsr.sweep.space import DefineByRun
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
+    space = DefineByRun({"loss.beta": LogFloat(0.1, 10.0)})
+    search = OptunaStudySearch(space, metric="val/acc", mode="max", storage=storage,
+                               study_name="s-dtd", seed=0, points_to_evaluate=[{"loss.beta": 1.0}])
+    created = ["t_b", "t_a"]  # creation order; ids sort the other way
+    configs = {tid: search.suggest(tid) for tid in created}
+    assert configs["t_b"] == {"loss": {"beta": 1.0}}  # the base config, enqueued first
+    # the second-created trial starts and finishes first, the first one is stopped mid-way
+    search.on_trial_result("t_a", {"val/acc": 30.0, "training_iteration": 1})
+    search.on_trial_complete("t_a", {"val/acc": 30.0})
+    search.on_trial_result("t_b", {"val/acc": 10.0, "training_iteration": 1})
+    assert fail_running_trials(storage, "s-dtd") == 1  # a driver stopped, t_b resumed
+    search.on_trial_result("t_b", {"val/acc": 30.0, "training_iteration": 2})
+    search.on_trial_complete("t_b", {"val/acc": 30.0})
+    order = creation_order(storage, "s-dtd")
+    assert order == {"t_b": 0, "t_a": 1}
+    finished_first = [{"trial_id": tid, "metrics": {"val/acc": 30.0}, "order": order[tid]}
+                      for tid in ("t_a", "t_b")]
+    assert select_best(finished_first, "val/acc")["trial_id"] == "t_b"
+    assert creation_order(storage, "no-such-study") == {}
+
+
+def test_a_recorded_selection_is_read_back_and_a_damaged_one_refused(tmp_path):
+    from vacsr.sweep.selection import read_selection, write_selection
+
+    assert read_selection(tmp_path) is None
+    record = {"trial_id": "t_b", "suggested": {"loss": {"beta": 1.0}}, "val": 30.0,
+              "num_trials": 2, "failed_trials": 0, "checkpoint": None}
+    write_selection(tmp_path, record)
+    assert read_selection(tmp_path) == record
+    for damaged in ("[]", "{", '{"trial_id": "t_b"}', '{"val": true}'):
+        (tmp_path / "selection.json").write_text(damaged)
+        with pytest.raises(ConfigError, match=r"selection.json: not a selection record"):
+            read_selection(tmp_path)
+
+
+def test_asha_notes_the_rung_and_the_values_each_stopped_trial_was_compared_with(tmp_path):
+    """What the sweep records on a stopped trial's MLflow run: ASHA's own decision, with the
+    rung and the values reported there before it (their order decides the stop)."""
     from types import SimpleNamespace
 
-    from vacsr.sweep.selection import TrialOrder, read_trial_order
+    from vacsr.sweep.search import AshaStops, RecordingASHA
 
-    path = tmp_path / "trials" / "dtd" / "trial_order.json"
-    order = TrialOrder(path)
-    for trial_id in ("b_1", "a_0", "b_1"):  # a restored trial starts again: it keeps its place
-        order.on_trial_start(0, [], SimpleNamespace(trial_id=trial_id))
-    assert read_trial_order(path) == {"b_1": 0, "a_0": 1}
-    assert TrialOrder(path) and read_trial_order(tmp_path / "missing.json") == {}
+    stops = AshaStops(tmp_path / "asha_stops.json")
+    asha = RecordingASHA(stops, time_attr="epoch", max_t=9, grace_period=1, reduction_factor=2)
+    asha.set_search_properties("val/acc", "max")
+    decisions = {}
+    for tid, value in (("a", 50.0), ("b", 40.0), ("c", 10.0)):
+        trial = SimpleNamespace(trial_id=tid)
+        asha.on_trial_add(None, trial)
+        decisions[tid] = asha.on_trial_result(None, trial, {"epoch": 1, "val/acc": value})
+    assert decisions["c"] == RecordingASHA.STOP and decisions["a"] == RecordingASHA.CONTINUE
+    recorded = stops.read()
+    assert recorded["c"] == {"rung": 1, "value": 10.0, "compared": [40.0, 50.0]}
+    assert set(recorded) == {tid for tid, d in decisions.items() if d == RecordingASHA.STOP}
+    (tmp_path / "asha_stops.json").write_text("[")  # informative only: damage reads as none
+    assert stops.read() == {}
 
 
 def test_each_trial_run_records_the_value_selection_compared(tmp_path):

@@ -139,6 +139,11 @@ def _run_datasets(plan: SweepPlan, state: SweepState, parent_id: str,
     pending = [d for d in plan.datasets if not state.dataset(d).get("done")]
     progress.line(f"[{plan.name}] {len(pending)} dataset(s) to search, {parallel} at a time, "
                   f"{per_dataset} concurrent trial(s) each, {plan.trials} trials per dataset")
+    if per_dataset > 1:
+        progress.line(f"[{plan.name}] note: with {per_dataset} trials of a dataset at once, "
+                      "ASHA's early stops depend on which trial reports first, so two runs of "
+                      "this sweep may select differently (each stop's rung and compared values "
+                      "are tags of the trial's MLflow run)")
     events = start_event_log(plan.name)
     task = ray.remote(num_cpus=0, max_retries=0)(run_dataset)
     running: dict = {}

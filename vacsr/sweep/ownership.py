@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import socket
 from pathlib import Path
@@ -61,7 +62,7 @@ def sweep_settings(plan: SweepPlan) -> dict[str, Any]:
                 if k not in RESOURCE_KEYS}
 
     return {"datasets": plan.datasets, "trials": plan.trials, "seeds": list(plan.seeds),
-            "seed": plan.sampler_seed,
+            "seed": plan.sampler_seed, "concurrent-trials": plan.concurrent_trials,
             "configs": {d: config(d) for d in plan.datasets},
             "spaces": {d: {k: repr(v) for k, v in plan.spaces[d].items()} for d in plan.datasets}}
 
@@ -69,7 +70,7 @@ def sweep_settings(plan: SweepPlan) -> dict[str, Any]:
 def _differences(recorded: dict, current: dict) -> list[str]:
     """`--flag old -> new` for the plain settings, `dataset: key` for configs and spaces."""
     diffs = [f"--{key} {_show(recorded[key])} -> {_show(current[key])}"
-             for key in ("datasets", "trials", "seeds", "seed")
+             for key in ("datasets", "trials", "seeds", "seed", "concurrent-trials")
              if key in recorded and recorded[key] != current[key]]
     for part, label in (("configs", "config"), ("spaces", "search range")):
         for dataset, values in current[part].items():
@@ -97,6 +98,30 @@ def _studies_of(plan: SweepPlan) -> list[str]:
     return sorted(n for n in names if n in {f"{plan.name}-{d}" for d in plan.kind.datasets})
 
 
+def check_resume_files(plan: SweepPlan, state: SweepState) -> None:
+    """What --resume reads for each unfinished dataset, checked before Ray starts: its recorded
+    selection, and Tune's experiment state in a local Ray storage (a zero-byte file is what a
+    full disk leaves, cleared by sweep/repair.py; anything else unreadable stops here)."""
+    from vacsr.sweep.selection import read_selection
+
+    for dataset in plan.datasets:
+        if state.dataset(dataset).get("done"):
+            continue
+        read_selection(plan.storage / "trials" / dataset)  # ConfigError when damaged
+        folder = Path(plan.ray_path("tune", dataset))
+        if "://" in str(plan.ray_root) or not folder.is_dir():
+            continue
+        for file in sorted(folder.glob("experiment_state-*.json")):
+            try:
+                ok = file.stat().st_size == 0 or isinstance(json.loads(file.read_text()), dict)
+            except (OSError, ValueError, UnicodeDecodeError):
+                ok = False
+            if not ok:
+                raise ConfigError(f"--resume: {file}: Tune's experiment state is damaged (not a "
+                                  "JSON object); restore the file, or start a new sweep with "
+                                  "another --name")
+
+
 def claim_state(plan: SweepPlan) -> SweepState:
     """The sweep's state: a fresh one for a new sweep in an unused folder, the recorded one for
     `--resume` with the same settings; ConfigError (one line) otherwise."""
@@ -111,7 +136,13 @@ def claim_state(plan: SweepPlan) -> SweepState:
                               "--name or --storage")
         state = SweepState(path, fresh=True)
     else:
+        if not path.is_file() and _studies_of(plan):
+            raise ConfigError(f"--resume: {path} is missing, but the folder holds the sweep's "
+                              f"Optuna studies ({', '.join(_studies_of(plan))}); without it the "
+                              "resume would open the sweep's MLflow runs a second time: restore "
+                              "the file, or start a new sweep with another --name")
         state = SweepState(path, fresh=False)
+        check_resume_files(plan, state)
         recorded = state.data.get("settings")
         diffs = _differences(recorded, settings) if recorded else []
         if diffs:

@@ -31,6 +31,9 @@ class SweepPlan:
     sampler_seed: int = 0
     resume: bool = False
     parallel: int | None = None  # datasets searched at once; None: as many as the cluster holds
+    # trials of one dataset at once: 1 keeps ASHA's stops, and so the table, independent of
+    # timing; more fills a large cluster sooner, with stops that depend on arrival order
+    concurrent_trials: int = 1
     trial_cpus: float = 1.0  # a trial actor that only drives a TorchTrainer (runs of 2+ workers)
     ray_storage: str = ""  # Tune/Train experiments + checkpoints: path or s3:// gs:// URI
     optuna_url: str = ""  # Optuna RDB storage; default sqlite in the sweep folder
@@ -106,9 +109,12 @@ def concurrency(resources: dict, workers: int, cpus_per_worker: float, gpus_per_
 
 def plan_parallelism(plan: SweepPlan, resources: dict) -> tuple[int, int]:
     """(datasets searched at once, concurrent trials per dataset). Their product never exceeds the
-    trials the cluster holds, so no trial actor waits forever for its Train workers."""
+    trials the cluster holds, so no trial actor waits forever for its Train workers; a dataset
+    runs at most `plan.concurrent_trials` trials at once, and slots beyond what the datasets
+    take stay idle."""
     train = plan.configs[plan.datasets[0]].train
     slots = concurrency(resources, train.workers, train.cpus_per_worker, train.gpus_per_worker,
                         0.0 if trains_in_trial(train) else plan.trial_cpus)
-    parallel = max(1, min(plan.parallel or slots, slots, len(plan.datasets)))
-    return parallel, max(1, slots // parallel)
+    per_dataset = max(1, min(plan.concurrent_trials, slots))
+    parallel = max(1, min(plan.parallel or slots, slots // per_dataset, len(plan.datasets)))
+    return parallel, per_dataset

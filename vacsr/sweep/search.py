@@ -6,20 +6,24 @@ of its own, so datasets searched side by side share no Tune or Optuna state.
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 import zlib
+from pathlib import Path
 from typing import Any, Callable
 
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
+from vacsr.atomic import atomic_write_json
 from vacsr.distributed.storage_fs import ray_storage
 from vacsr.errors import ConfigError
 from vacsr.sweep.plan import SweepPlan, trains_in_trial, trial_resources
 from vacsr.sweep.repair import repair_experiment
 from vacsr.sweep.searcher import OptunaStudySearch
-from vacsr.sweep.selection import ORDER_FILE, TrialOrder, read_trial_order, select_best
+from vacsr.sweep.selection import (creation_order, read_selection, select_best,
+                                   write_selection)
 from vacsr.sweep.space import DefineByRun, start_point
 from vacsr.sweep.storage import join_storage
 from vacsr.sweep.trial import CHECKPOINT_PATH_KEY, TrialMeta, run_trial, with_suggestions
@@ -76,8 +80,63 @@ def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str) -> str:
     return name
 
 
+ASHA_STOPS_FILE = "asha_stops.json"  # in trials/<dataset>/ of the sweep folder
+
+
+class AshaStops:
+    """Each trial ASHA stopped: the rung (epoch), its value there and the values it was compared
+    with, kept in the sweep folder for the trial's MLflow run (`record_selection_values`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def read(self) -> dict[str, dict]:
+        try:  # informative only: a damaged file loses the note, never a result
+            stops = json.loads(self.path.read_text())
+        except (OSError, ValueError, UnicodeDecodeError):
+            return {}
+        return stops if isinstance(stops, dict) else {}
+
+    def add(self, trial_id: str, entry: dict) -> None:
+        atomic_write_json(self.path, {**self.read(), trial_id: entry})
+
+
+class RecordingASHA(ASHAScheduler):
+    """ASHA (one bracket) that notes why it stops a trial. The rungs and the record per rung
+    mirror ASHA's own bookkeeping (Li et al. 2020, Alg. 2): a trial's value is compared, at the
+    first rung it reaches, with the values trials reported there before it. With several trials
+    of one dataset running at once, which trials reported before depends on timing."""
+
+    def __init__(self, stops: AshaStops, *, time_attr: str, max_t: int, grace_period: int,
+                 reduction_factor: int = 4) -> None:
+        super().__init__(time_attr=time_attr, max_t=max_t, grace_period=grace_period,
+                         reduction_factor=reduction_factor)
+        self.stops, self.time_key = stops, time_attr
+        rungs, milestone = [], grace_period
+        while milestone < max_t:
+            rungs.append(milestone)
+            milestone *= reduction_factor
+        self.rungs: dict[int, dict[str, float]] = {m: {} for m in reversed(rungs)}
+
+    def on_trial_result(self, *args) -> str:  # (controller, trial, result), as Tune calls it
+        decision = super().on_trial_result(*args)
+        trial, result = args[-2], args[-1]
+        now, value = result.get(self.time_key), result.get(self.metric)
+        if not isinstance(now, (int, float)) or not isinstance(value, (int, float)):
+            return decision
+        for milestone, recorded in self.rungs.items():  # highest rung first
+            if now < milestone or trial.trial_id in recorded:
+                continue
+            if decision == ASHAScheduler.STOP:
+                self.stops.add(trial.trial_id, {"rung": milestone, "value": value,
+                                                "compared": sorted(recorded.values())})
+            recorded[trial.trial_id] = value
+            break
+        return decision
+
+
 def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: int,
-           callbacks: list) -> tune.Tuner:
+           callbacks: list, stops: AshaStops) -> tune.Tuner:
     """A new Tuner, or the restored one when --resume finds this dataset's experiment."""
     storage_path, filesystem = ray_storage(plan.ray_path("tune"))  # whole files (storage_fs.py)
     folder = join_storage(storage_path, dataset)
@@ -106,7 +165,7 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
             # max_t beyond the longest trial: ASHA stops a trial that reaches max_t at once,
             # which would cut off its last MLflow logging (metrics.json, curves); trials that run
             # all their epochs must end by themselves
-            scheduler=ASHAScheduler(time_attr="epoch", max_t=max(max_epochs, 1) + 1,
+            scheduler=RecordingASHA(stops, time_attr="epoch", max_t=max(max_epochs, 1) + 1,
                                     grace_period=1),
             max_concurrent_trials=max_concurrent,
             # the next trial trains in the actor (and process) the last one ended in: no second
@@ -159,32 +218,45 @@ def _with_checkpoint_path(result) -> dict:
 
 def search_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: int = 1,
                    report: Callable[[dict], None] = lambda event: None) -> dict:
-    """Run (or resume) the dataset's search; the best trial's config, val metric and checkpoint."""
+    """Run (or resume) the dataset's search; the best trial's config, val metric and checkpoint.
+    A resumed sweep whose search of this dataset was done takes the recorded choice."""
+    folder = plan.storage / "trials" / dataset
+    recorded = read_selection(folder) if plan.resume else None
+    selection = recorded or _search(plan, dataset, dataset_run_id, max_concurrent, report)
+    if recorded is None:
+        write_selection(folder, selection)
+    return {**selection, "config": with_suggestions(plan.configs[dataset], selection["suggested"])}
+
+
+def _search(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: int,
+            report: Callable[[dict], None]) -> dict:
+    """The search itself, its trials' MLflow runs closed and marked; the selection record."""
     storage = open_optuna_storage(plan)
     study = f"{plan.name}-{dataset}"
-    order_file = plan.storage / "trials" / dataset / ORDER_FILE
+    stops = AshaStops(plan.storage / "trials" / dataset / ASHA_STOPS_FILE)
     tuner = _tuner(plan, dataset, _trainable(plan, dataset, dataset_run_id), storage,
-                   max_concurrent, [TrialEvents(dataset, plan.kind.metric, report),
-                                    TrialOrder(order_file)])
+                   max_concurrent, [TrialEvents(dataset, plan.kind.metric, report)], stops)
     results = tuner.fit()
     fail_running_trials(storage, study)  # a trial Tune restarted afresh leaves its old one behind
-    order = read_trial_order(order_file)
+    order = creation_order(storage, study)
+    storage.engine.dispose()
     trials = [{"config": r.config or {}, "metrics": _with_checkpoint_path(r),
                "error": _error_line(r.error), "trial_id": (r.metrics or {}).get("trial_id"),
                "order": order.get((r.metrics or {}).get("trial_id"), math.inf)}
               for r in results]
     close_running_children(plan.tracking_uri, plan.kind.experiment, dataset_run_id)
     record_selection_values(plan.tracking_uri, plan.kind.experiment, dataset_run_id, dataset,
-                            trials, plan.kind.metric)
+                            trials, plan.kind.metric, stops.read())
     best = select_best(trials, plan.kind.metric, plan.kind.mode)
-    config = with_suggestions(plan.configs[dataset], best["config"])
     metrics = best["metrics"]
-    finished = metrics.get("epoch") == config.train.epochs and metrics.get(CHECKPOINT_PATH_KEY)
-    return {"config": config, "val": metrics[plan.kind.metric], "num_trials": len(trials),
+    epochs = with_suggestions(plan.configs[dataset], best["config"]).train.epochs
+    finished = metrics.get("epoch") == epochs and metrics.get(CHECKPOINT_PATH_KEY)
+    return {"trial_id": str(metrics.get("trial_id")), "suggested": best["config"],
+            "val": metrics[plan.kind.metric], "num_trials": len(trials),
             "failed_trials": sum(t["error"] is not None for t in trials),
-            "trial_id": metrics.get("trial_id"),
             # the trial ran every epoch (ASHA did not stop it): its last checkpoint is final
-            "checkpoint": f"{metrics[CHECKPOINT_PATH_KEY]}/{CHECKPOINT_FILE}" if finished else None}
+            "checkpoint": f"{metrics[CHECKPOINT_PATH_KEY]}/{CHECKPOINT_FILE}" if finished
+            else None}
 
 
 def close_running_children(uri: str, experiment: str, parent_run_id: str) -> int:
@@ -205,6 +277,8 @@ def _child_runs(tracker: MlflowTracker, experiment: str, parent_run_id: str, als
 
 
 SELECTION_EPOCH_TAG = "vacsr.selection_epoch"
+ASHA_RUNG_TAG = "vacsr.asha_stop_rung"  # the epoch at which ASHA stopped the trial
+ASHA_COMPARED_TAG = "vacsr.asha_compared"  # the values reported at that rung before it
 
 
 def selection_metric_name(metric: str) -> str:
@@ -213,11 +287,12 @@ def selection_metric_name(metric: str) -> str:
 
 
 def record_selection_values(uri: str, experiment: str, parent_run_id: str, dataset: str,
-                            trials: list[dict], metric: str) -> int:
+                            trials: list[dict], metric: str,
+                            stops: dict[str, dict] | None = None) -> int:
     """Log on each trial's MLflow run the value selection compares (Tune's last result) and its
-    epoch. A trial the scheduler (ASHA) stops may log an epoch or two more before its workers
-    stop; without this its latest MLflow `val/...` is a value selection never saw. Returns how
-    many runs were marked."""
+    epoch, and for a trial ASHA stopped, the rung and the values it was compared with. A stopped
+    trial may log an epoch or two more before its workers stop; without this its latest MLflow
+    `val/...` is a value selection never saw. Returns how many runs were marked."""
     from mlflow.entities import Metric, RunTag
 
     tracker = MlflowTracker(uri)
@@ -229,9 +304,13 @@ def record_selection_values(uri: str, experiment: str, parent_run_id: str, datas
         if run_id is None or not isinstance(value, (int, float)) or not math.isfinite(value):
             continue
         epoch = trial["metrics"].get("epoch")
+        tags = [RunTag(SELECTION_EPOCH_TAG, str(epoch))]
+        stop = (stops or {}).get(str(trial["trial_id"]))
+        if stop:
+            tags += [RunTag(ASHA_RUNG_TAG, str(stop["rung"])),
+                     RunTag(ASHA_COMPARED_TAG, ", ".join(f"{v:g}" for v in stop["compared"]))]
         tracker.client.log_batch(  # one request per run
             run_id, metrics=[Metric(selection_metric_name(metric), float(value),
-                                    int(time.time() * 1000), int(epoch or 0))],
-            tags=[RunTag(SELECTION_EPOCH_TAG, str(epoch))])
+                                    int(time.time() * 1000), int(epoch or 0))], tags=tags)
         marked += 1
     return marked

@@ -5,6 +5,10 @@ The study lives in an RDB storage, so its trials outlive a stopped driver. The d
 Optuna trials it leaves RUNNING as FAIL; `--resume` then continues those Tune trials from their
 checkpoints, and their results go to a fresh Optuna trial with the same parameters (Optuna refuses
 to update a finished one).
+
+Each Optuna trial carries the id of the Tune trial it configures (user attribute TUNE_TRIAL_ATTR),
+written when the trial is created: the study's trial numbers are then the order the searcher
+created the Tune trials in, which selection breaks ties by (vacsr/sweep/selection.py).
 """
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
+
+TUNE_TRIAL_ATTR = "tune_trial_id"  # Optuna user attribute: the Tune trial an Optuna trial configures
 
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
@@ -52,6 +58,7 @@ class OptunaStudySearch(Searcher):
     # ------------------------------------------------------------ Tune's Searcher interface
     def suggest(self, trial_id: str) -> dict | None:
         trial = self._study.ask()
+        trial.set_user_attr(TUNE_TRIAL_ATTR, trial_id)  # in the study before the trial runs
         self._space(trial)
         self._trials[trial_id] = trial
         return nest(trial.params)
@@ -100,4 +107,5 @@ class OptunaStudySearch(Searcher):
             self._study.enqueue_trial(frozen.params, skip_if_exists=False)
             trial = self._trials[trial_id] = self._study.ask(
                 fixed_distributions=frozen.distributions)
+            trial.set_user_attr(TUNE_TRIAL_ATTR, trial_id)
         return trial

@@ -1,59 +1,53 @@
 """Which trial a dataset's search selects (paper sec. 4.1, appendix C: on the validation split
-only), as a pure function of the trials' results.
+only), as a pure function of the trials' results, and the record of that choice.
 
-The order is total and does not depend on how Tune lists its trials (a restored experiment lists
-them in another order): the best last-reported val metric, then, on a tie, the trial that
-started first, as recorded by `TrialOrder` in `trials/<dataset>/trial_order.json` of the sweep
-folder, then the trial id. A resumed sweep therefore selects exactly what an uninterrupted one
-selects.
+The order is total and depends on nothing that timing decides: the best last-reported val
+metric, then, on a tie, the trial the searcher created first (its Optuna trial number; the
+enqueued base config is number 0, see `creation_order`), then the trial id. Once made, the
+choice is written to `trials/<dataset>/selection.json` of the sweep folder, and a resumed sweep
+reads it back instead of deriving it again.
 """
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-
-from ray import tune
+from typing import Any
 
 from vacsr.atomic import atomic_write_json
-from vacsr.errors import VacsrError
+from vacsr.errors import ConfigError, VacsrError
 
-ORDER_FILE = "trial_order.json"
+SELECTION_FILE = "selection.json"
+SELECTION_FIELDS = {"trial_id": str, "suggested": dict, "val": (int, float), "num_trials": int,
+                    "failed_trials": int, "checkpoint": (str, type(None))}
 
 
 class DatasetFailed(VacsrError):
     """No trial of a dataset finished with its selection metric."""
 
 
-def read_trial_order(path: Path) -> dict[str, int]:
-    """trial id -> the position it started in; empty when nothing was recorded."""
+def creation_order(storage, study_name: str) -> dict[str, int]:
+    """Tune trial id -> the number of the first Optuna trial created for it (the searcher tags
+    each Optuna trial with its Tune trial, vacsr/sweep/searcher.py). A trial resumed after a
+    stop gets a new Optuna trial with a higher number; it keeps its first one."""
+    from vacsr.sweep.searcher import TUNE_TRIAL_ATTR
+
     try:
-        order = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        study_id = storage.get_study_id_from_name(study_name)
+    except KeyError:
         return {}
-    return {str(k): int(v) for k, v in order.items()} if isinstance(order, dict) else {}
-
-
-class TrialOrder(tune.Callback):
-    """Records each trial's id when it first starts, with the next free position. Kept in the
-    sweep folder, not in the callback (Tune pickles callbacks into its experiment state, which a
-    stopped driver may have saved before the last trial started)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-
-    def on_trial_start(self, iteration, trials, trial, **info) -> None:
-        order = read_trial_order(self.path)
-        if trial.trial_id not in order:
-            order[trial.trial_id] = max(order.values(), default=-1) + 1
-            atomic_write_json(self.path, order)
+    order: dict[str, int] = {}
+    for trial in storage.get_all_trials(study_id, deepcopy=False):
+        trial_id = trial.user_attrs.get(TUNE_TRIAL_ATTR)
+        if isinstance(trial_id, str):
+            order[trial_id] = min(order.get(trial_id, trial.number), trial.number)
+    return order
 
 
 def select_best(trials: list[dict], metric: str, mode: str = "max") -> dict:
     """The trial whose last reported `metric` (a val metric) is best; test metrics never count.
-    A tie goes to the trial with the lower `order` (it started first), then the lower
-    `trial_id`, whatever the list's order. Failed trials and trials without the metric are
-    skipped."""
+    A tie goes to the trial with the lower `order` (created first), then the lower `trial_id`,
+    whatever the list's order. Failed trials and trials without the metric are skipped."""
     if not metric.startswith("val/"):
         raise ValueError(f"selection must use a val metric, got {metric!r}")
     scored = [t for t in trials if t.get("error") is None
@@ -65,6 +59,31 @@ def select_best(trials: list[dict], metric: str, mode: str = "max") -> dict:
         raise DatasetFailed(f"none of {len(trials)} trial(s) reported {metric}"
                             f" ({len(errors)} failed){why}")
     sign = 1 if mode == "max" else -1
-    # min over (-value, order, id): best value first, then the earliest start, then the id
+    # min over (-value, order, id): best value first, then the earliest created, then the id
     return min(scored, key=lambda t: (-sign * t["metrics"][metric],
                                       t.get("order", math.inf), str(t.get("trial_id", ""))))
+
+
+def write_selection(folder: Path, selection: dict[str, Any]) -> Path:
+    """The dataset's choice, whole or not at all."""
+    return atomic_write_json(Path(folder) / SELECTION_FILE, selection)
+
+
+def read_selection(folder: Path) -> dict[str, Any] | None:
+    """The recorded choice; None when none was recorded. A damaged record stops the resume with
+    one line: deriving the choice again could pick another trial than the records show."""
+    path = Path(folder) / SELECTION_FILE
+    if not path.is_file():
+        return None
+    try:
+        selection = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        selection = None
+    ok = isinstance(selection, dict) and all(
+        isinstance(selection.get(k), kind) and not isinstance(selection.get(k), bool)
+        for k, kind in SELECTION_FIELDS.items())
+    if not ok:
+        raise ConfigError(f"{path}: not a selection record (a JSON object with "
+                          f"{', '.join(SELECTION_FIELDS)}); remove it and the dataset's search "
+                          "is read again from its trials on --resume")
+    return selection
