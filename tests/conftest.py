@@ -208,3 +208,13 @@ def weights(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("weights") / "random-tiny.pt"
     torch.save(create_clip("vacsr-tiny")[0].state_dict(), path)
     return path
+
+
+def make_dataset_folders(root: Path) -> Path:
+    """An empty folder for every dataset under `root`, where its layout puts it: what a sweep
+    checks for before Ray starts, for the tests that only plan a sweep."""
+    from vacsr.data.classification import DATASETS
+
+    for folder in [spec.folder for spec in DATASETS.values()] + ["coco"]:
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    return root

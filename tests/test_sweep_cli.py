@@ -3,6 +3,7 @@ is parsed once, and the embedded profile is one file."""
 from __future__ import annotations
 
 import pytest
+from conftest import make_dataset_folders
 
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.retrieval import SWEEP as RETRIEVAL
@@ -12,6 +13,7 @@ from vacsr.sweep.space import Int
 
 
 def _plan(argv, tmp_path, kind=BASE2NOVEL):
+    make_dataset_folders(tmp_path)
     args = cli.build_parser(kind).parse_args(argv + ["--storage", str(tmp_path)])
     return cli.plan_from_args(kind, args)
 

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from conftest import make_dataset_folders
 
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from vacsr.errors import ConfigError
@@ -17,6 +18,7 @@ from vacsr.sweep.ownership import LOCK_FILE, DriverLock, claim_state
 
 
 def _plan(tmp_path, *argv):
+    make_dataset_folders(tmp_path / "data")
     args = cli.build_parser(BASE2NOVEL).parse_args(
         ["--datasets", "eurosat,dtd", "--data-root", str(tmp_path / "data"), "--trials", "2",
          "--storage", str(tmp_path), *argv])

@@ -1,6 +1,7 @@
 """The sweeps follow the paper's training protocols (appendix C.2) and search the loss reading
 of appendix E.1; retrieval test evaluation reports the COCO 1K recalls."""
 import pytest
+from conftest import make_dataset_folders
 
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.domain_generalization import SWEEP as DG
@@ -18,7 +19,7 @@ def _plan(kind, tmp_path, monkeypatch, argv=(), embedded=False):
 
     if embedded:  # the embedded profile without writing data or pretraining the tiny CLIP
         monkeypatch.setattr(cli, "_embedded_data", lambda *a: None)
-    root = [] if embedded else ["--data-root", str(tmp_path / "data")]
+    root = [] if embedded else ["--data-root", str(make_dataset_folders(tmp_path / "data"))]
     args = cli.build_parser(kind).parse_args([*root, "--storage", str(tmp_path), *argv])
     return cli.plan_from_args(kind, args)
 

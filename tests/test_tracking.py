@@ -324,6 +324,22 @@ def test_a_start_killed_before_recording_its_run_is_continued_not_doubled(tracki
     assert fresh.run_id != orphan and fresh_state["run_key"] != state["run_key"]
 
 
+@pytest.mark.parametrize("damage", ["{garbage", "[1, 2]", '{"run_id": 7}', "\udcff"])
+def test_a_damaged_run_record_continues_the_folders_run_not_a_second(tracking_uri, tmp_path,
+                                                                     damage):
+    """mlflow_run.json overwritten with something that is not its record: a resume continues
+    the run that trained into the folder (found by its vacsr.output_dir tag) instead of opening
+    a second run of the same name beside it; a fresh start still opens a new run."""
+    cfg = load_config(overrides=[f"train.output_dir={tmp_path / 'run'}"])
+    first = TrackingCallback.start(cfg, experiment="damaged", run_name="ds-trial")
+    (tmp_path / "run" / RUN_STATE_FILE).write_text(damage, errors="surrogateescape")
+    resumed = TrackingCallback.start(cfg, experiment="damaged", run_name="ds-trial")
+    assert resumed.run_id == first.run_id
+    assert _runs_named("damaged", "ds-trial") == [first.run_id]
+    state = json.loads((tmp_path / "run" / RUN_STATE_FILE).read_text())
+    assert state["run_id"] == first.run_id  # the record is whole again
+
+
 @pytest.mark.parametrize("dataset", [None, "caltech101"])
 def test_a_sweep_driver_killed_before_recording_a_run_continues_it_on_resume(
         tracking_uri, tmp_path, dataset):

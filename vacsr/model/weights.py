@@ -11,10 +11,12 @@ import logging
 import warnings
 from pathlib import Path
 
-import open_clip
-from torch import nn
+from typing import TYPE_CHECKING
 
 from vacsr.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 EXPECTED = ("a state dict saved with torch.save (e.g. by `vacsr pretrain-tiny`) or an open_clip "
             "checkpoint of this model")
@@ -44,9 +46,33 @@ class _NoRandomInitNotice(logging.Filter):
         return not record.getMessage().startswith("No pretrained weights loaded")
 
 
+# what the files torch.save writes start with: a zip archive (torch >= 1.6, TorchScript archives
+# such as OpenAI's .pt too) or a pickle (protocol 2+), and what a .safetensors file starts with
+# (an 8-byte little-endian header length, then its JSON header)
+ZIP_MAGIC, PICKLE_MAGIC = b"PK\x03\x04", b"\x80"
+
+
+def check_weights_file(path: str | Path) -> None:
+    """A cheap look at a weights file before anything is built (a sweep driver checks
+    --pretrained before Ray starts): readable, and the kind of file a loader of weights reads.
+    Whether it fits the model is `load_weights`'s check."""
+    try:
+        with open(path, "rb") as src:
+            head = src.read(16)
+    except OSError as exc:
+        raise ConfigError(f"model.pretrained: {path}: cannot read ({exc.strerror}); expected "
+                          f"{EXPECTED}") from None
+    safetensors = len(head) >= 9 and head[8:9] == b"{"
+    if not (head.startswith(ZIP_MAGIC) or head.startswith(PICKLE_MAGIC) or safetensors):
+        raise ConfigError(f"model.pretrained: {path} is not weights (starts with {head[:8]!r}, "
+                          f"not a torch.save archive or pickle); expected {EXPECTED}")
+
+
 def load_weights(model: nn.Module, path: str | Path, model_name: str) -> None:
     """Load the weights file `path` into `model` (open_clip's loader: it converts third-party
     and older open_clip state dicts), or raise one ConfigError line."""
+    import open_clip
+
     try:
         with warnings.catch_warnings():  # torch notes the pickle protocol of every old file
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
@@ -59,6 +85,8 @@ def load_weights(model: nn.Module, path: str | Path, model_name: str) -> None:
 def create_with_weights(model_name: str, path: str | Path):
     """(model, train transform, eval transform) of open_clip's `model_name` with the weights
     file `path` loaded."""
+    import open_clip
+
     notice = _NoRandomInitNotice()
     logging.getLogger().addFilter(notice)
     try:

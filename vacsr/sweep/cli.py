@@ -19,6 +19,8 @@ import ray  # noqa: F401
 from vacsr import config as cfg
 from vacsr.errors import ConfigError, VacsrError
 from vacsr.sweep.kind import SweepKind
+from vacsr.sweep.inputs import (check_datasets, check_devices, check_model, check_pretrained,
+                                check_ray_address, check_sweep_name)
 from vacsr.sweep.ownership import DriverLock
 from vacsr.sweep.plan import SweepPlan, build_config
 from vacsr.sweep.space import (check_space_values, clamp_blocks, dataset_space, parse_range,
@@ -60,6 +62,13 @@ def _nonempty(text: str) -> str:
     return text
 
 
+def _sweep_name(text: str) -> str:
+    try:
+        return check_sweep_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
     p = OneLineParser(prog=f"sweeps/{kind.name}.py",
                       description=f"vacsr {kind.name} sweep (Ray Tune + Optuna + MLflow)")
@@ -75,7 +84,8 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=_positive(int), help="epochs when not searched")
     p.add_argument("--shots", type=_positive(int), help="few-shot K (default 16)")
     p.add_argument("--seeds", type=_nonempty, help="seeds of the final re-runs (default 1,2,3)")
-    p.add_argument("--name", type=_nonempty, default=kind.name, help="sweep name (its folder)")
+    p.add_argument("--name", type=_sweep_name, default=kind.name,
+                   help="sweep name: its folder under --storage (letters, digits, . _ -)")
     p.add_argument("--storage", type=_nonempty, default=env("VACSR_SWEEP_STORAGE") or "sweeps_out",
                    help="sweep folder; on a multi-node cluster a path every node mounts "
                         "(env VACSR_SWEEP_STORAGE)")
@@ -100,6 +110,10 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
                    help="Ray actors scoring each final checkpoint's test splits (EvalPool)")
     p.add_argument("--parallel-datasets", type=_positive(int),
                    help="datasets searched at once (default: as many as the cluster holds)")
+    p.add_argument("--concurrent-trials", type=_positive(int), default=1,
+                   help="trials of one dataset run at once (default 1: the same table on every "
+                        "run; more fills a cluster sooner, but ASHA's stops then depend on which "
+                        "trial reports first)")
     p.add_argument("--range", action="append", default=[], metavar="KEY=KIND:LOW:HIGH",
                    help="override a search range, e.g. loss.beta=log:0.5:2")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -207,12 +221,20 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
     embedded = args.data_root is None
     profile = load_profile(kind) if embedded else {}
     model = _pick(args.model, profile, "model")
+    check_model(model)
+    if args.pretrained:
+        check_pretrained(args.pretrained, model)
+    if args.ray_address:  # a cluster that is not there: one line now, not a wait in ray.init
+        check_ray_address(args.ray_address)
     user = dict(cfg.parse_override(text) for text in args.set)  # each --set parsed here, once
     ranges = {key: parse_range(f"{key}={text}")[1]
               for key, text in profile.get("range", {}).items() if key not in kind.protocol}
     ranges.update(parse_range(text) for text in args.range)
     storage = sweep_folder(args.storage, args.name)
     root = storage / "data" if embedded else Path(args.data_root).expanduser().resolve()
+    if not embedded:
+        check_datasets(root, kind.task, [d for d in kind.data_needed(datasets)
+                                         if d not in kind.also_accepts])
     tiny = embedded and profile.get("pretrain_tiny") and model == profile["model"]
     pretrained = args.pretrained or (str(storage / "tiny-clip.pt") if tiny else None)
     shared = _base_values(kind, args, profile, root, model, pretrained)
@@ -226,6 +248,7 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
               for d in datasets}
     for d in datasets:  # a value the runs refuse fails here, before Ray starts
         check_space_values(spaces[d], configs[d], d)
+    check_devices(configs, local=not args.ray_address)
     from vacsr.sweep.driver import check_optuna_storage, prepare_tracking
 
     plan = SweepPlan(
@@ -234,6 +257,7 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
         trials=_pick(args.trials, profile, "trials"),
         seeds=_seeds(args.seeds, _pick(None, profile, "seeds")), sampler_seed=args.seed,
         resume=args.resume, parallel=args.parallel_datasets,
+        concurrent_trials=args.concurrent_trials,
         trial_cpus=_pick(args.trial_cpus, profile, "trial_cpus"),
         ray_storage=_ray_storage(args.ray_storage), optuna_url=args.optuna_storage or "",
         ray_address=args.ray_address, eval_actors=args.eval_actors, verbose=args.verbose)

@@ -13,7 +13,7 @@ from vacsr.atomic import atomic_write_json
 from vacsr.config import Config
 from vacsr.errors import ConfigError
 from vacsr.plots import plot_training_curves
-from vacsr.tracking.run import MlflowTracker, new_run_key
+from vacsr.tracking.run import RUN_KEY_TAG, MlflowTracker, new_run_key
 from vacsr.tracking.uri import _absolute, check_tracking_uri, redact_uri, resolve_tracking_uri
 from vacsr.train.files import CONFIG_FILE, METRICS_FILE
 
@@ -77,6 +77,8 @@ class TrackingCallback:
             stored = None  # the store was reset or the run deleted: start afresh
         if stored is None and key is not None:  # a start killed before it recorded the id
             stored = tracker.find_run(experiment, key)
+        if resume and state.get("damaged"):  # the record is lost, the run is not
+            stored, key = _run_of_folder(tracker, experiment, output_dir)
         place = {"tracking_uri": redact_uri(uri), "experiment": experiment}
         if key is None:
             key = new_run_key()
@@ -147,15 +149,35 @@ class TrackingCallback:
 
 def _stored_run_state(output_dir: Path, tracking_uri: str) -> dict:
     """What a previous start wrote for this output folder and store (its run's key, then also
-    its id); empty when nothing was written or it was for another store."""
+    its id); empty when nothing was written or it was for another store, {"damaged": True}
+    when a file is there that is not such a record."""
+    path = output_dir / RUN_STATE_FILE
+    if not path.is_file():
+        return {}
     try:
-        state = json.loads((output_dir / RUN_STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(state, dict):
-        return {}
+        state = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {"damaged": True}
+    if not isinstance(state, dict) or not isinstance(state.get("run_key", ""), str) \
+            or not isinstance(state.get("run_id", ""), str):
+        return {"damaged": True}
     same_store = state.get("tracking_uri") == redact_uri(tracking_uri)  # stored redacted
     return state if same_store else {}
+
+
+def _run_of_folder(tracker: MlflowTracker, experiment: str,
+                   output_dir: Path) -> tuple[str | None, str | None]:
+    """(id, key) of the newest run of `experiment` that trained into `output_dir` (every run is
+    tagged with its folder), when the folder's record of it is damaged; (None, None) if none."""
+    if "'" in str(output_dir):  # would end the filter's string early
+        return None, None
+    runs = tracker.client.search_runs(
+        [tracker.experiment_id(experiment)],
+        filter_string=f"tags.`vacsr.output_dir` = '{output_dir}'",
+        order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs:
+        return None, None
+    return runs[0].info.run_id, runs[0].data.tags.get(RUN_KEY_TAG)
 
 
 def _write_run_state(output_dir: Path, state: dict) -> None:

@@ -1,0 +1,148 @@
+"""A sweep's bad inputs are refused before Ray starts: one line `vacsr: error: ...`, exit status
+2, and nothing written, neither under --storage nor beside it."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from conftest import make_dataset_folders
+
+from sweeps.base2novel import SWEEP as BASE2NOVEL
+from vacsr.sweep import cli
+
+
+def _refused(argv: list[str], storage: Path, capsys) -> str:
+    """Run the sweep's entry point; the one stderr line it ends with (exit 2, no Ray)."""
+    import ray
+
+    try:
+        code = cli.main(BASE2NOVEL, [*argv, "--storage", str(storage)])
+    except SystemExit as stop:  # argparse refuses a flag's value by exiting
+        code = stop.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("vacsr: error: "), (code, err)
+    assert not ray.is_initialized()
+    return err[0]
+
+
+def _nothing_written(tmp_path: Path, *kept: Path) -> None:
+    written = [p for p in tmp_path.rglob("*") if not any(p == k or k in p.parents for k in kept)]
+    assert written == [], written
+
+
+@pytest.mark.parametrize("name", ["../escaped", "<absolute>", "a/b", "line\nbreak", ".", "..",
+                                  ".hidden", ""])
+def test_a_sweep_name_must_be_one_safe_folder_name(tmp_path, capsys, name):
+    name = name.replace("<absolute>", str(tmp_path / "abs-sweep"))
+    line = _refused(["--name", name], tmp_path / "store", capsys)
+    assert "--name" in line
+    _nothing_written(tmp_path)
+
+
+@pytest.fixture
+def data_root(tmp_path) -> Path:
+    return make_dataset_folders(tmp_path / "data")
+
+
+def test_a_data_root_without_the_dataset_is_refused(tmp_path, capsys):
+    (tmp_path / "data" / "eurosat").mkdir(parents=True)
+    line = _refused(["--datasets", "eurosat,dtd", "--data-root", str(tmp_path / "data")],
+                    tmp_path / "store", capsys)
+    assert f"{tmp_path / 'data' / 'dtd'}: folder not found" in line
+    _nothing_written(tmp_path, tmp_path / "data")
+
+
+def test_an_unknown_model_is_refused(tmp_path, capsys, data_root):
+    line = _refused(["--datasets", "eurosat", "--data-root", str(data_root), "--model",
+                     "ViT-Q-99"], tmp_path / "store", capsys)
+    assert "--model: unknown open_clip model 'ViT-Q-99'" in line
+    _nothing_written(tmp_path, data_root)
+
+
+@pytest.mark.parametrize("kind", ["missing", "text", "empty"])
+def test_a_pretrained_that_is_missing_or_not_weights_is_refused(tmp_path, capsys, data_root,
+                                                                 kind):
+    path = tmp_path / "weights.pt"
+    if kind == "text":
+        path.write_text("model: ViT-B-32\n")
+    elif kind == "empty":
+        path.write_bytes(b"")
+    line = _refused(["--datasets", "eurosat", "--data-root", str(data_root), "--pretrained",
+                     str(path)], tmp_path / "store", capsys)
+    assert str(path) in line
+    assert ("no such weights file" if kind == "missing" else "is not weights") in line
+    _nothing_written(tmp_path, data_root, path)
+
+
+def test_an_unreachable_ray_address_fails_within_a_bounded_wait(tmp_path, capsys, data_root):
+    start = time.monotonic()
+    line = _refused(["--datasets", "eurosat", "--data-root", str(data_root), "--ray-address",
+                     "127.0.0.1:9"], tmp_path / "store", capsys)
+    assert time.monotonic() - start < 30
+    assert "--ray-address 127.0.0.1:9: no Ray cluster reachable there" in line
+    _nothing_written(tmp_path, data_root)
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--set", "train.device=cuda"], "cuda asked for, but no GPU is reserved"),
+    (["--set", "train.device=cuda:1", "--gpus-per-worker", "1"], "names a device index"),
+])
+def test_a_device_the_runs_cannot_have_is_refused(tmp_path, capsys, data_root, argv, fragment):
+    line = _refused(["--datasets", "eurosat", "--data-root", str(data_root), *argv],
+                    tmp_path / "store", capsys)
+    assert fragment in line
+    _nothing_written(tmp_path, data_root)
+
+
+# ---------------------------------------------------------------- --resume of a damaged folder
+def _resume_refused(tmp_path, capsys, data_root) -> tuple[str, Path]:
+    root = tmp_path / "store" / "base2novel"
+    line = _refused(["--datasets", "eurosat", "--data-root", str(data_root), "--resume"],
+                    tmp_path / "store", capsys)
+    return line, root
+
+
+@pytest.mark.parametrize("content,fragment", [
+    ("[1, 2]", "a JSON list, not an object"),
+    ('"state"', "a JSON str, not an object"),
+    ('{"settings": [1]}', "'settings' is a list"),
+    ('{"datasets": {"eurosat": {"done": true}}}', "done without its per-seed results"),
+    ('{"datasets": {"eurosat": {"run_id": 5}}}', "'eurosat.run_id' is a int"),
+    ("{not json", "not valid JSON"),
+])
+def test_a_damaged_sweep_state_stops_the_resume_in_one_line(tmp_path, capsys, data_root,
+                                                            content, fragment):
+    state = tmp_path / "store" / "base2novel" / "sweep_state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(content)
+    line, _ = _resume_refused(tmp_path, capsys, data_root)
+    assert f"{state}: " in line and fragment in line
+    assert state.read_text() == content
+
+
+def test_a_resume_without_its_sweep_state_is_refused_where_the_studies_remain(tmp_path, capsys,
+                                                                              data_root):
+    """Read as a new sweep, it would open the sweep's and datasets' MLflow runs twice."""
+    import optuna
+
+    root = tmp_path / "store" / "base2novel"
+    root.mkdir(parents=True)
+    optuna.create_study(study_name="base2novel-eurosat", storage=f"sqlite:///{root}/optuna.db")
+    line, _ = _resume_refused(tmp_path, capsys, data_root)
+    assert f"{root / 'sweep_state.json'} is missing" in line and "base2novel-eurosat" in line
+    assert not (root / "sweep_state.json").exists()
+
+
+@pytest.mark.parametrize("where", ["tune/eurosat/experiment_state-2026-12-02.json",
+                                   "trials/eurosat/selection.json"])
+def test_a_damaged_tune_state_or_selection_record_stops_the_resume(tmp_path, capsys, data_root,
+                                                                   where):
+    root = tmp_path / "store" / "base2novel"
+    damaged = root / where
+    damaged.parent.mkdir(parents=True)
+    damaged.write_text('{"trials": [')
+    (root / "sweep_state.json").write_text('{"datasets": {}}')
+    line, _ = _resume_refused(tmp_path, capsys, data_root)
+    assert str(damaged) in line
+    assert damaged.read_text() == '{"trials": ['

@@ -1,0 +1,120 @@
+"""A sweep's inputs checked before Ray starts and before anything is written: each bad value is
+one line (ConfigError / DataError) and exit status 2, instead of a Ray instance whose every
+trial fails on it, or a driver that waits for a cluster that is not there.
+"""
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+
+from vacsr.errors import ConfigError
+
+# a sweep name is one folder under --storage and part of Optuna study and MLflow run names
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+NAME_EXPECTED = ("one folder name of letters, digits, '.', '_' or '-' (at most 100, starting "
+                 "with a letter or digit)")
+RAY_CONNECT_TIMEOUT_S = 10.0  # to open a TCP connection to --ray-address's head node
+
+
+def check_sweep_name(text: str) -> str:
+    """--name: one safe path component (no '/', '..', newline or leading dot), so the sweep's
+    folder, lock and databases stay under --storage."""
+    if not NAME_PATTERN.fullmatch(text):
+        raise ValueError(f"expected {NAME_EXPECTED}, got {text!r}")
+    return text
+
+
+def check_model(name: str) -> None:
+    """An open_clip model name: vacsr's own configs are read without open_clip."""
+    from vacsr.model.configs import own_model_config
+
+    if own_model_config(name) is not None or name.startswith("hf-hub:"):
+        return
+    import open_clip
+
+    if name not in open_clip.list_models():
+        raise ConfigError(f"--model: unknown open_clip model {name!r} (open_clip.list_models() "
+                          "names the known ones)")
+
+
+def check_pretrained(text: str, model: str) -> None:
+    """--pretrained: a readable weights file, or an open_clip tag of `model`."""
+    from vacsr.model.configs import own_model_config
+    from vacsr.model.weights import check_weights_file
+
+    path = Path(text).expanduser()
+    if path.is_file():
+        check_weights_file(path)
+        return
+    if path.exists() or own_model_config(model) is not None or "/" in text or \
+            path.suffix in (".pt", ".pth", ".bin", ".safetensors"):
+        raise ConfigError(f"--pretrained {text}: no such weights file (vacsr's own models "
+                          "have no open_clip tags)")
+    import open_clip
+
+    tags = open_clip.list_pretrained_tags_by_model(model)
+    if text not in tags:
+        raise ConfigError(f"--pretrained {text!r}: neither a weights file nor an open_clip tag "
+                          f"of {model} (tags: {', '.join(tags) or 'none'})")
+
+
+def check_datasets(root: Path, task: str, names: list[str]) -> None:
+    """Each dataset's folder is where its layout puts it under --data-root (the readers check
+    the files inside when the runs load them)."""
+    from vacsr.data.files import require_dir
+
+    require_dir(root, "--data-root: the folder holding the datasets")
+    if task == "retrieval":
+        for name in names:
+            require_dir(root / name, f"the {name} layout (--data-root {root})")
+        return
+    from vacsr.data.classification import DATASETS
+
+    for name in names:
+        require_dir(root / DATASETS[name].folder,
+                    f"the {name} dataset folder under --data-root (CoOp's DATASETS.md layout)")
+
+
+def check_devices(configs: dict, local: bool) -> None:
+    """train.device against the GPUs the runs reserve: under Ray a worker computes on the GPU
+    Ray assigns it, so cuda needs --gpus-per-worker; a local instance has the GPUs torch sees."""
+    from vacsr.device import parse_device
+
+    for dataset, config in configs.items():
+        spec, gpus = parse_device(config.train.device), config.train.gpus_per_worker
+        if spec.index is not None:
+            raise ConfigError(f"train.device: {spec} names a device index, but under Ray each "
+                              "worker trains on the GPU Ray assigns it; use auto or cuda")
+        if spec.kind == "cuda" and gpus <= 0:
+            raise ConfigError(f"train.device: cuda asked for, but no GPU is reserved for the "
+                              "runs; set --gpus-per-worker > 0, or train.device=auto or cpu")
+        if gpus > 0 and local:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError(f"--gpus-per-worker {gpus:g}: the local Ray instance would have "
+                                  "no GPU (torch finds no CUDA device on this machine); join a "
+                                  "cluster with --ray-address, or use --gpus-per-worker 0")
+
+
+def check_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """A head node answers at `address` (host:port or ray://host:port) within `timeout_s`:
+    ray.init waits much longer for a cluster that is not there. "auto" and "local" pass."""
+    if address in ("auto", "local"):
+        return
+    target = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--ray-address {address!r}: expected host:port or ray://host:port "
+                          "(or auto)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise ConfigError(f"--ray-address {address}: no Ray cluster reachable there ({why} "
+                          f"within {timeout_s:g} s); start it, or check RAY_ADDRESS") from None
+
+
+__all__ = ["check_datasets", "check_devices", "check_model", "check_pretrained",
+           "check_ray_address", "check_sweep_name"]
