@@ -101,9 +101,19 @@ def test_mlflow_like_server_passes_with_credentials_and_a_path_prefix():
                                  f"/mlflow{MLFLOW_PROBE_PATH}?experiment_name=Default"]
 
 
-def test_auth_wall_passes_and_server_errors_fail():
+def test_refused_credentials_and_server_errors_fail(monkeypatch):
+    for name in ("MLFLOW_TRACKING_AUTH", "MLFLOW_TRACKING_AWS_SIGV4"):
+        monkeypatch.delenv(name, raising=False)
     with _serving(_answering(401, "text/plain", b"You are not authenticated")) as uri:
-        check_tracking_uri(uri, timeout_s=2.0)  # MLflow reports bad credentials itself
+        message = _error(uri.replace("//", "//user:secret@"))
+    assert message.startswith(f"MLflow tracking URI {uri.replace('//', '//user:***@')}: the "
+                              "server refused the credentials (HTTP 401; sent user 'user' and a "
+                              "password)")
+    assert "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD" in message
+    assert "MLFLOW_TRACKING_TOKEN" in message and "secret" not in message
+    with _serving(_answering(403, "text/plain", b"Forbidden")) as uri:
+        monkeypatch.setenv("MLFLOW_TRACKING_AUTH", "some-plugin")
+        check_tracking_uri(uri, timeout_s=2.0)  # a plugin authenticates: MLflow reports it
     with _serving(_answering(503, "text/plain", b"--artifacts-only")) as uri:
         assert _error(uri).endswith(": server answered HTTP 503")
     body = json.dumps({"error_code": "INTERNAL_ERROR", "message": "database is locked"}).encode()

@@ -56,9 +56,8 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 
 def cmd_train(args) -> int:
     from vacsr.config import load_config
-    from vacsr.train.loop import train
     from vacsr.stop import stop_on_signals
-    from vacsr.train.run_folder import check_run_folder
+    from vacsr.train.run_folder import check_run_output, claim_run_folder
 
     overrides = list(args.overrides)
     if args.ray:
@@ -66,14 +65,23 @@ def cmd_train(args) -> int:
     if args.workers is not None:
         overrides.append(f"train.workers={args.workers}")
     config = load_config(args.config, overrides)
-    check_run_folder(config)  # a finished or stopped run continues only with its own settings
-    if config.train.ray:
-        from vacsr.distributed.train import fit_ray
+    check_run_output(config)  # a file, /dev/null or a read-only place: before any work
+    if config.tracking.enabled:  # a wrong store, before the run folder is created
+        from vacsr.tracking import check_tracking_uri
 
-        result = fit_ray(config)  # its workers own the MLflow run
-    else:
-        with stop_on_signals():  # SIGTERM / Ctrl-C: the MLflow run closes as KILLED (train())
-            result = train(config)
+        check_tracking_uri(config.tracking.uri)
+    # held for the whole run (its Ray workers write it for this process); a finished or stopped
+    # run continues only with its own settings
+    with claim_run_folder(config):
+        if config.train.ray:
+            from vacsr.distributed.train import fit_ray
+
+            result = fit_ray(config)  # its workers own the MLflow run
+        else:
+            from vacsr.train.loop import train  # torch: after the checks, which need none
+
+            with stop_on_signals():  # SIGTERM / Ctrl-C: the MLflow run closes as KILLED
+                result = train(config)
     print(format_metrics(result.final_metrics))
     print(f"checkpoint: {result.checkpoint}")
     return 0
@@ -81,6 +89,8 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from vacsr.config import from_dict, load_config
+    from vacsr.folder_lock import check_output_file
+    from vacsr.model.pretrain import random_init_expected
     from vacsr.tasks import task_type
     from vacsr.train.checkpoint import load_checkpoint
     from vacsr.train.evaluate import evaluate_checkpoint
@@ -92,16 +102,20 @@ def cmd_eval(args) -> int:
                          base=from_dict(stored) if isinstance(stored, dict) else None)
     out = Path(args.out) if args.out is not None else checkpoint.with_name(
         f"eval-{config.data.dataset}-{config.data.subsample_classes}-{args.split}.json")
+    check_output_file(out, "the metrics (--out)")  # before the evaluation, not after it
     extra = {}
     if task_type(config.data.task).ranks_items:
         extra["uncertainty_plot"] = out.with_suffix(".uncertainty.png")
         if args.two_stage is not None:
             extra["two_stage_k"] = args.two_stage
-    # a retrieval test split also gets the COCO 1K recalls (5 folds; evaluate_checkpoint)
-    if args.actors is None:
-        metrics = evaluate_checkpoint(config, checkpoint, split=args.split, **extra)
-    else:
-        metrics = _evaluate_on_actors(config, checkpoint, args.split, args.actors, extra)
+    # the backbone is built without weights and gets the checkpoint's: open_clip's notice that
+    # it is randomly initialised would be false (and a second line beside an error)
+    with random_init_expected():
+        # a retrieval test split also gets the COCO 1K recalls (5 folds; evaluate_checkpoint)
+        if args.actors is None:
+            metrics = evaluate_checkpoint(config, checkpoint, split=args.split, **extra)
+        else:
+            metrics = _evaluate_on_actors(config, checkpoint, args.split, args.actors, extra)
     print(format_metrics(metrics))
     write_json(out, {"checkpoint": str(checkpoint), "dataset": config.data.dataset,
                      "split": args.split, "metrics": metrics})
@@ -210,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="vacsr-base2novel, vacsr-retrieval or vacsr-domain_generalization")
     best.add_argument("--sweep", type=_nonempty, help="sweep name (default: the newest sweep)")
     best.add_argument("--tracking-uri", type=_nonempty,
-                      help="MLflow URI (default: $MLFLOW_TRACKING_URI)")
+                      help="the sweep's MLflow store (default: $MLFLOW_TRACKING_URI, else "
+                           "./mlflow.db); read only, never created")
     best.add_argument("--export", type=_nonempty,
                       help="folder to write <dataset>.yaml best configs into")
     best.add_argument("--table", action="store_true",

@@ -33,6 +33,12 @@ class ModelConfig:
     train_embeddings: bool = False  # patch/token/positional embeddings (full fine-tune only)
 
 
+# Bounds of the synthetic data (DataConfig): a mistyped count is one line at validation, not a
+# MemoryError while the split is rendered.
+MAX_IMAGE_SIZE = 1024
+MAX_SPLIT_PIXEL_BYTES = 2 << 30  # 2 GiB of RGB pixels in one split
+MAX_CAPTIONS_PER_IMAGE = 100
+
 ADAPTER_KINDS = ("vacsr", "sigmoid_baseline")
 ADAPTER_INITS = ("random", "cosine")
 
@@ -103,6 +109,10 @@ class DataConfig:
     dataset: str = "synthetic"
     root: str | None = None  # dataset root folder; None = generated synthetic data
     image_size: int = 32  # only for synthetic data; real data uses the model's preprocessing
+    # synthetic splits are rendered into memory before training, so their sizes are bounded
+    # (validate): image_size <= MAX_IMAGE_SIZE, num_train and num_test images of at most
+    # MAX_SPLIT_PIXEL_BYTES of RGB pixels a split (32 px: 699,050 images), captions_per_image
+    # <= MAX_CAPTIONS_PER_IMAGE
     num_train: int = 512  # synthetic: train images
     num_test: int = 100  # synthetic: test images
     captions_per_image: int = 5
@@ -179,16 +189,16 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         return _coerce(value, inner[0], key)
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
+            raise ConfigError(f"{key}: expected a list, got {_shown(value)}")
         return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
     if annotation is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        raise ConfigError(f"{key}: expected true or false, got {_shown(value)}")
     if annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        raise ConfigError(f"{key}: expected an integer, got {_shown(value)}")
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -197,11 +207,11 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        raise ConfigError(f"{key}: expected a number, got {_shown(value)}")
     if annotation is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
+        raise ConfigError(f"{key}: expected a string, got {_shown(value)}")
     raise ConfigError(f"{key}: unsupported type {annotation!r}")
 
 
@@ -242,25 +252,88 @@ def apply_mapping(config: Config, mapping: dict[str, Any], source: str = "config
     return config
 
 
+# Config text is parsed by a bounded YAML loader: no aliases, at most this deep, at most this long
+MAX_YAML_DEPTH = 16  # a config file nests section -> key -> list
+MAX_CONFIG_BYTES = 1 << 20
+MAX_SHOWN_CHARS = 120  # of a value quoted in an error line
+
+
+def _shown(value: Any) -> str:
+    """repr(value), cut to fit an error line."""
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS - 3] + "..."
+
+
+class YamlRefused(yaml.YAMLError):
+    """Config text that the bounded loader does not read (an alias, too deep a nesting)."""
+
+    def __init__(self, what: str, mark, advice: str) -> None:
+        super().__init__(f"{what} (line {mark.line + 1}, column {mark.column + 1}): {advice}")
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """SafeLoader without aliases and with bounded nesting. An alias (`*name`) repeats a value
+    without copying it: a few hundred bytes of nested aliases ("billion laughs") become billions
+    of entries once the value is checked or printed. Deep nesting overflows the recursive
+    composer. Config values need neither."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise YamlRefused(f"a YAML alias *{event.anchor}", event.start_mark,
+                              "config text takes no anchors or aliases, write each value out")
+        if self.depth >= MAX_YAML_DEPTH:
+            raise YamlRefused(f"YAML nested deeper than {MAX_YAML_DEPTH} levels",
+                              self.peek_event().start_mark,
+                              "config values nest a few levels at most")
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def load_yaml_text(text: str) -> Any:
+    """`text` parsed as YAML by the bounded loader; YamlRefused or another YAMLError otherwise."""
+    loader = _ConfigLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    if isinstance(exc, YamlRefused):
+        return f"holds {exc}"
+    return f"is not valid YAML ({exc.__class__.__name__})"
+
+
 def parse_override(text: str) -> tuple[str, Any]:
-    """`loss.beta=2.0` -> ("loss.beta", 2.0); the value is parsed as YAML."""
+    """`loss.beta=2.0` -> ("loss.beta", 2.0); the value is parsed as YAML (bounded loader)."""
     if "=" not in text:
-        raise ConfigError(f"override {text!r}: expected key.sub=value")
+        raise ConfigError(f"override {_shown(text)}: expected key.sub=value")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = load_yaml_text(raw) if raw != "" else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {text!r}: value is not valid YAML ({exc.__class__.__name__})")
+        raise ConfigError(f"override {_shown(text)}: value {_yaml_problem(exc)}") from None
     return key.strip(), value
 
 
 def read_config_text(path: Path, expected: str) -> str:
     """The text of a config file the user names, or one ConfigError line: missing, unreadable,
-    or not UTF-8 (a UTF-8 byte-order mark is accepted)."""
+    larger than MAX_CONFIG_BYTES, or not UTF-8 (a UTF-8 byte-order mark is accepted)."""
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found; expected {expected}")
     try:
-        return path.read_bytes().decode("utf-8-sig")
+        with open(path, "rb") as src:
+            data = src.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB; expected "
+                              f"{expected}")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
                           f"{exc.start}); expected {expected}") from None
@@ -273,10 +346,10 @@ def read_yaml_file(path: Path, expected: str) -> Any:
     """A config file parsed as YAML (`read_config_text`), or one ConfigError line."""
     text = read_config_text(path, expected)
     try:
-        return yaml.safe_load(text)
+        return load_yaml_text(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__}); "
-                          f"expected {expected}") from None
+        problem = _yaml_problem(exc).replace("is not valid YAML", "not valid YAML")
+        raise ConfigError(f"{path}: {problem}; expected {expected}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
@@ -332,7 +405,7 @@ def save_config(config: Config, path: str | Path) -> None:
 # ---------------------------------------------------------------- validation
 def _check(condition: bool, key: str, expected: str, value: Any) -> None:
     if not condition:
-        raise ConfigError(f"{key}: expected {expected}, got {value!r}")
+        raise ConfigError(f"{key}: expected {expected}, got {_shown(value)}")
 
 
 def _one_of(key: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -373,10 +446,7 @@ def validate(config: Config) -> Config:
     _one_of("loss.neg_columns", l.neg_columns, ("all", "with_positive"))
     _validate_optim(o)
     _one_of("data.task", d.task, ("retrieval", "classification"))
-    _check(d.image_size >= 8, "data.image_size", ">= 8", d.image_size)
-    _check(d.num_train >= 1, "data.num_train", ">= 1", d.num_train)
-    _check(d.num_test >= 1, "data.num_test", ">= 1", d.num_test)
-    _check(d.captions_per_image >= 1, "data.captions_per_image", ">= 1", d.captions_per_image)
+    _validate_synthetic_sizes(d)
     _check(d.num_workers >= 0, "data.num_workers", ">= 0", d.num_workers)
     _check(d.shots >= 1, "data.shots", ">= 1", d.shots)
     _one_of("data.subsample_classes", d.subsample_classes, ("all", "base", "novel"))
@@ -392,6 +462,23 @@ def validate(config: Config) -> Config:
     _check(t.max_failures >= 0, "train.max_failures", ">= 0", t.max_failures)
     parse_device(t.device)  # the text only: whether this machine has it is checked where it runs
     return config
+
+
+def max_synthetic_images(image_size: int) -> int:
+    """The most synthetic images of `image_size` pixels a split holds (MAX_SPLIT_PIXEL_BYTES)."""
+    return MAX_SPLIT_PIXEL_BYTES // (3 * image_size * image_size)
+
+
+def _validate_synthetic_sizes(d: DataConfig) -> None:
+    _check(8 <= d.image_size <= MAX_IMAGE_SIZE, "data.image_size",
+           f"8 to {MAX_IMAGE_SIZE} pixels", d.image_size)
+    most = max_synthetic_images(d.image_size)
+    for key, count in (("data.num_train", d.num_train), ("data.num_test", d.num_test)):
+        _check(1 <= count <= most, key,
+               f"1 to {most:,} images of {d.image_size}x{d.image_size} pixels (a synthetic split "
+               f"is held in memory: at most {MAX_SPLIT_PIXEL_BYTES >> 30} GiB of pixels)", count)
+    _check(1 <= d.captions_per_image <= MAX_CAPTIONS_PER_IMAGE, "data.captions_per_image",
+           f"1 to {MAX_CAPTIONS_PER_IMAGE}", d.captions_per_image)
 
 
 def _validate_optim(o: OptimConfig) -> None:

@@ -7,9 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from vacsr.config import load_config
+from vacsr.folder_lock import check_output_file, check_output_folder
 from vacsr.metrics_table import format_metrics
 from vacsr.model.pretrain import pretrain_clip
 from vacsr.train.loop import Trainer
+from vacsr.train.run_folder import claim_run_folder
 
 
 def demo_overrides(weights: Path, output_dir: Path, epochs: int) -> list[str]:
@@ -22,13 +24,18 @@ def demo_overrides(weights: Path, output_dir: Path, epochs: int) -> list[str]:
 def run_demo(workdir: Path, epochs: int = 3) -> dict:
     workdir = workdir.expanduser().resolve()
     weights = workdir / "tiny-clip.pt"
-    if not weights.is_file():
-        print(f"pretraining the tiny CLIP on synthetic data -> {weights}")
-        pretrain_clip(weights)
     config = load_config(overrides=demo_overrides(weights, workdir / "runs" / "retrieval", epochs))
-    trainer = Trainer(config)
-    before = trainer.evaluate("test")
-    result = trainer.fit()
+    # the folders first: a work folder that is a file would fail only after minutes of pretraining
+    check_output_folder(workdir, "the demo (--workdir)")
+    if not weights.is_file():
+        check_output_file(weights, "the pretrained tiny CLIP")
+    with claim_run_folder(config):
+        if not weights.is_file():
+            print(f"pretraining the tiny CLIP on synthetic data -> {weights}")
+            pretrain_clip(weights)
+        trainer = Trainer(config)
+        before = trainer.evaluate("test")
+        result = trainer.fit()
     print("\nretrieval on the synthetic test split (100 images, 500 captions; chance R@1 = 1%)")
     print(f"{'metric':<16}{'untrained head':>16}{'after VACSR':>14}")
     for key in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum"):

@@ -21,6 +21,7 @@ from vacsr.atomic import atomic_write
 from vacsr.data.base import CaptionPairDataset
 from vacsr.data.synthetic import synthetic_retrieval
 from vacsr.errors import ConfigError
+from vacsr.folder_lock import check_output_file
 from vacsr.model.backbone import create_clip
 from vacsr.seed import seed_everything
 
@@ -36,9 +37,10 @@ def clip_loss(image_feats: torch.Tensor, text_feats: torch.Tensor, logit_scale: 
 
 
 @contextlib.contextmanager
-def _random_init_expected():
-    """open_clip warns (root logger) that no pretrained weights were loaded: here that is the
-    point, so the notice is dropped."""
+def random_init_expected():
+    """open_clip warns (root logger) that no pretrained weights were loaded: where the weights
+    are trained from scratch, or come from a checkpoint right after, that notice is false, so it
+    is dropped."""
     notice = logging.Filter()
     notice.filter = lambda record: "No pretrained weights loaded" not in record.getMessage()
     root = logging.getLogger()
@@ -52,7 +54,9 @@ def _random_init_expected():
 def pretrain_clip(out_path: str | Path, *, name: str = "vacsr-tiny", num_images: int = 1024,
                   epochs: int = 6, batch_size: int = 128, lr: float = 2e-3, seed: int = 0,
                   image_size: int = 32, progress: bool = True) -> Path:
-    """Train `name` from scratch with InfoNCE on synthetic pairs; save an open_clip state dict."""
+    """Train `name` from scratch with InfoNCE on synthetic pairs; save an open_clip state dict.
+    Where the file cannot be written is known before the minutes of training (one line)."""
+    out_path = check_output_file(out_path, "the pretrained weights")
     per_image = 5  # captions of each synthetic image
     if epochs < 1 or num_images * per_image < batch_size:  # OneCycleLR needs at least one step
         raise ConfigError(f"pretraining needs epochs >= 1 and num_images >= "
@@ -60,7 +64,7 @@ def pretrain_clip(out_path: str | Path, *, name: str = "vacsr-tiny", num_images:
                           f"pairs; the last partial batch is dropped), got epochs={epochs}, "
                           f"num_images={num_images}")
     seed_everything(seed)
-    with _random_init_expected():
+    with random_init_expected():
         model, train_transform, _, tokenizer = create_clip(name)
     data = synthetic_retrieval(num_images, captions_per_image=per_image, image_size=image_size,
                                seed=seed + 777)

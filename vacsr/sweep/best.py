@@ -12,7 +12,8 @@ from vacsr.atomic import atomic_write_bytes, require_writable_folder
 from vacsr.errors import ConfigError
 from vacsr.sweep.importance import FOLDER, Sensitivity, importance_table
 from vacsr.sweep.report import readable, table_rows, to_markdown
-from vacsr.tracking import MlflowTracker, check_tracking_uri, redact_uri, resolve_tracking_uri
+from vacsr.tracking import MlflowTracker, check_tracking_uri, redact_uri
+from vacsr.tracking.uri import check_store_exists
 
 
 def find_sweep_run(tracker: MlflowTracker, experiment: str, sweep: str | None):
@@ -37,9 +38,15 @@ def dataset_runs(tracker: MlflowTracker, parent) -> list:
         order_by=["attributes.start_time ASC"])
 
 
+# what `vacsr best` reads: never a store it would create (MLflow makes an empty one, and its
+# folder, at any path it is given)
+EXISTING_STORE = ("the MLflow store a sweep recorded into (--tracking-uri, else "
+                  "$MLFLOW_TRACKING_URI, else ./mlflow.db)")
+
+
 def _tracker(tracking_uri: str | None) -> MlflowTracker:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per file
-    uri = resolve_tracking_uri(tracking_uri)
+    uri = check_store_exists(tracking_uri, EXISTING_STORE)
     check_tracking_uri(uri)
     return MlflowTracker(uri)
 

@@ -24,7 +24,8 @@ from mlflow.exceptions import MlflowException
 from vacsr.config import Config, public_dict, save_config
 from vacsr.errors import ConfigError
 from vacsr.redact import split_credentials
-from vacsr.tracking.uri import _absolute, redact_uri, resolve_tracking_uri, sqlite_path
+from vacsr.tracking.uri import (_absolute, redact_uri, resolve_tracking_uri, sqlite_path,
+                                store_creation_lock)
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,8 @@ class MlflowTracker:
 
     def __init__(self, tracking_uri: str | None = None, *, default_dir: str | Path = ".") -> None:
         self.tracking_uri = resolve_tracking_uri(tracking_uri, default_dir)
-        self.client = MlflowClient(tracking_uri=client_uri(self.tracking_uri))
+        with store_creation_lock(self.tracking_uri):  # the client creates a new store
+            self.client = MlflowClient(tracking_uri=client_uri(self.tracking_uri))
         self.run_id: str | None = None
         self._read_store = False  # the run may hold data this tracker did not log itself
         self._steps: dict[str, set[int]] = {}  # metric -> steps known to be in the run

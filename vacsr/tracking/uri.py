@@ -3,10 +3,17 @@
 The default store is SQLite next to the runs, always as an absolute path because Ray trials change
 their working directory. `check_tracking_uri` turns an unreachable or wrong store into one
 ConfigError line naming the URI: MLflow itself retries an absent server for minutes and then fails
-deep inside a worker.
+deep inside a worker; a server that refuses the credentials is said so in one line, naming the
+variables MLflow reads them from. `check_store_exists` is for commands that only read a store:
+MLflow would create an empty one at a mistyped path. `store_creation_lock` keeps two processes
+from creating one SQLite store at once.
 """
 from __future__ import annotations
 
+import base64
+import configparser
+import contextlib
+import fcntl
 import http.client
 import json
 import os
@@ -14,6 +21,7 @@ import re
 import socket
 import sqlite3
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from vacsr.errors import ConfigError
-from vacsr.redact import redact_uri  # noqa: F401  (one redaction, also for error lines)
+from vacsr.redact import redact_uri, split_credentials  # one redaction, also for error lines
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 DB_NAME = "mlflow.db"
@@ -33,6 +41,13 @@ _PROBE_QUERY = "experiment_name=Default"
 _MAX_PROBE_BYTES = 1 << 16
 # what MLflow answers the probe with: the experiment, or its error (RESOURCE_DOES_NOT_EXIST)
 _MLFLOW_ANSWER_KEYS = {"experiment", "error_code"}
+# the variables MLflow's client reads its credentials from (mlflow.utils.credentials), and those
+# that hand authentication to a plugin the probe cannot imitate
+USER_ENV, PASSWORD_ENV, TOKEN_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                                     "MLFLOW_TRACKING_TOKEN")
+PLUGIN_AUTH_ENVS = ("MLFLOW_TRACKING_AUTH", "MLFLOW_TRACKING_AWS_SIGV4")
+# how long opening a store waits for another process that is creating it (store_creation_lock)
+STORE_CREATION_WAIT_S = 120.0
 
 
 def _absolute(path: str | Path) -> Path:
@@ -129,16 +144,21 @@ def _check_http(shown: str, uri: str, timeout_s: float) -> None:
     parts = urllib.parse.urlsplit(uri)  # urllib cannot parse user:password@ hosts: drop them
     probe = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1], query=_PROBE_QUERY,
                            path=parts.path.rstrip("/") + MLFLOW_PROBE_PATH, fragment="")
+    authorization, sent = _credentials(uri)
     try:
-        status, kind, body = _http_get(urllib.parse.urlunsplit(probe), timeout_s)
+        status, kind, body = _http_get(urllib.parse.urlunsplit(probe), timeout_s, authorization)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise _unreachable(shown, f"server not answering within {timeout_s:g} s "
                                   f"({getattr(exc, 'reason', exc)})") from None
     except http.client.HTTPException as exc:  # something answered, but not in HTTP
         raise _unreachable(shown, f"answered, but not in HTTP ({exc.__class__.__name__}); "
                                   "expected an MLflow server (mlflow server / mlflow ui)") from None
-    if status in (401, 403):  # an auth layer answered first; MLflow reports credentials itself
-        return
+    if status in (401, 403):
+        if any(os.environ.get(name) for name in PLUGIN_AUTH_ENVS):
+            return  # a plugin authenticates MLflow's requests, not these: MLflow reports it
+        raise _unreachable(shown, f"the server refused the credentials (HTTP {status}; sent "
+                                  f"{sent}); MLflow takes them from the URI's user:password, "
+                                  f"else {USER_ENV} / {PASSWORD_ENV}, else {TOKEN_ENV}")
     answer = _json_object(body)
     if status >= 500:
         detail = f": {str(answer.get('message', ''))[:200]}" if answer else ""
@@ -149,10 +169,41 @@ def _check_http(shown: str, uri: str, timeout_s: float) -> None:
                                   f"{what}); expected an MLflow server (mlflow server / mlflow ui)")
 
 
-def _http_get(url: str, timeout_s: float) -> tuple[int, str, bytes]:
-    """(status, media type, start of the body) of a GET; an error status still has a body."""
+def _mlflow_file_credentials() -> tuple[str | None, str | None]:
+    """User and password of ~/.mlflow/credentials, which MLflow reads after its variables."""
+    parser = configparser.ConfigParser()
     try:
-        response = urllib.request.urlopen(url, timeout=timeout_s)
+        parser.read(os.path.expanduser("~/.mlflow/credentials"))
+    except (configparser.Error, ValueError):  # not an INI file, not text
+        return None, None
+    section = parser["mlflow"] if parser.has_section("mlflow") else {}
+    return section.get(USER_ENV.lower()), section.get(PASSWORD_ENV.lower())
+
+
+def _credentials(uri: str) -> tuple[str | None, str]:
+    """(the Authorization header MLflow's client would send to `uri`, what it holds in words):
+    user:password of the URI (vacsr hands them to MLflow's variables), else of MLflow's
+    variables or credentials file, else the token variable (mlflow.utils.rest_utils)."""
+    _, user, password = split_credentials(uri)
+    from_file = _mlflow_file_credentials()
+    user = user or os.environ.get(USER_ENV) or from_file[0]
+    password = password or os.environ.get(PASSWORD_ENV) or from_file[1]
+    if user and password:
+        basic = base64.standard_b64encode(f"{user}:{password}".encode()).decode()
+        return f"Basic {basic}", f"user {user!r} and a password"
+    if os.environ.get(TOKEN_ENV):
+        return f"Bearer {os.environ[TOKEN_ENV]}", f"the token in {TOKEN_ENV}"
+    return None, "no credentials"
+
+
+def _http_get(url: str, timeout_s: float, authorization: str | None = None
+              ) -> tuple[int, str, bytes]:
+    """(status, media type, start of the body) of a GET; an error status still has a body."""
+    request = urllib.request.Request(url)
+    if authorization is not None:
+        request.add_unredirected_header("Authorization", authorization)  # not to another host
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout_s)
     except urllib.error.HTTPError as exc:
         response = exc
     with response:
@@ -210,3 +261,75 @@ def _check_tcp(shown: str, uri: str, timeout_s: float) -> None:
     except OSError as exc:
         raise _unreachable(shown, f"database server {parts.hostname}:{port} not answering "
                                   f"({exc.strerror or exc})") from None
+
+
+# ---------------------------------------------------------------- stores that must exist already
+def check_store_exists(uri: str | None, expected: str) -> str:
+    """The resolved URI, once its store is known to exist already: for commands that only read a
+    store (`vacsr best`), where MLflow would quietly create an empty one (and its folder) at a
+    mistyped path. A server (http, databases) is asked by check_tracking_uri instead."""
+    resolved = resolve_tracking_uri(uri)
+    shown, scheme = uri or resolved, _scheme(resolved) or ""
+    if scheme.startswith("sqlite") and (path := sqlite_path(resolved)) is not None:
+        _check_sqlite_store(shown, _absolute(path), expected)
+    elif scheme == "file":
+        folder = _absolute(urllib.parse.unquote(urllib.parse.urlsplit(resolved).path))
+        if not folder.is_dir():
+            raise _unreachable(shown, f"no MLflow store at {folder} (no such folder); expected "
+                                      f"{expected}")
+    return resolved
+
+
+def _check_sqlite_store(shown: str, path: Path, expected: str) -> None:
+    if not path.is_file():
+        what = "no such file" if not path.exists() else "not a file"
+        raise _unreachable(shown, f"no MLflow store at {path} ({what}); expected {expected}")
+    try:  # read-only: a file that is no store stays as it is
+        conn = sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro", uri=True)
+        try:
+            tables = {row[0] for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise _unreachable(shown, f"{path} is not an SQLite database ({exc}); expected "
+                                  f"{expected}") from None
+    if not {"experiments", "runs"} <= tables:
+        raise _unreachable(shown, f"{path} holds no MLflow store (no experiments or runs table); "
+                                  f"expected {expected}")
+
+
+# ---------------------------------------------------------------- creating a store
+@contextlib.contextmanager
+def store_creation_lock(uri: str, timeout_s: float = STORE_CREATION_WAIT_S):
+    """Held while MLflow opens the store of `uri`, which creates and migrates a new SQLite store:
+    two processes doing that at once break each other's migration (`table _alembic_tmp_...
+    already exists`). An flock on the database's folder, so nothing is written beside it;
+    other stores, and file systems without flock on folders, pass through."""
+    path = sqlite_path(uri)
+    try:
+        fd = os.open(_absolute(path).parent, os.O_RDONLY | os.O_DIRECTORY) if path else None
+    except OSError:  # no folder yet: SQLite reports that itself
+        fd = None
+    try:
+        if fd is not None:
+            _wait_for_lock(fd, f"MLflow store {path}", timeout_s)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # drops the lock
+
+
+def _wait_for_lock(fd: int, what: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"{what}: another process has been creating it for "
+                                  f"{timeout_s:g} s; try again once it is done") from None
+            time.sleep(0.05)
+        except OSError:  # flock not supported here: go on unguarded
+            return

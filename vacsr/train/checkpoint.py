@@ -20,6 +20,15 @@ ARCHITECTURE_KEYS = ("model.name", "model.use_gpo", "adapter.kind", "adapter.hid
 TRAINABLE_KEYS = ("model.trainable_image_blocks", "model.trainable_text_blocks",
                   "model.train_projections", "model.train_embeddings")
 _UNKNOWN = object()
+# what each entry of the dict `vacsr train` writes holds (entries a file lacks are not checked
+# here): a crafted or foreign payload fails in one line, not in load_state_dict's TypeError
+PAYLOAD_TYPES = {
+    "model": (dict, "a state dict (parameter names to tensors)"),
+    "optimizer": (dict, "an optimizer state dict"),
+    "epoch": (int, "an epoch number"),
+    "history": (list, "a list of per-epoch metrics"),
+    "config": ((dict, type(None)), "a config mapping"),
+}
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
@@ -39,7 +48,35 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a vacsr checkpoint; "
                               "expected the dict `vacsr train` writes (last.ckpt)")
+    check_payload(path, state)
     return state
+
+
+def _entry_problem(key: str, value: Any) -> str | None:
+    """What is wrong with `state[key]`, said of the entry (None: it holds what PAYLOAD_TYPES
+    says)."""
+    kinds, expected = PAYLOAD_TYPES[key]
+    if not isinstance(value, kinds) or isinstance(value, bool):
+        return f"holds a {type(value).__name__}, expected {expected}"
+    if key == "model":
+        for name, tensor in value.items():
+            if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+                return (f"maps {str(name)[:60]!r} to a {type(tensor).__name__}, expected "
+                        f"{expected}")
+    if key == "history":
+        other = next((epoch for epoch in value if not isinstance(epoch, dict)), _UNKNOWN)
+        if other is not _UNKNOWN:
+            return f"holds a {type(other).__name__} among its epochs, expected {expected}"
+    return None
+
+
+def check_payload(path: str | Path, state: dict) -> None:
+    """CheckpointError (one line naming the file and the entry) for the first entry of `state`
+    that does not hold what `vacsr train` writes there."""
+    for key in PAYLOAD_TYPES:
+        if key in state and (problem := _entry_problem(key, state[key])) is not None:
+            raise CheckpointError(f"{path}: its {key!r} entry {problem}; not a checkpoint "
+                                  "`vacsr train` writes")
 
 
 def _show(value: Any) -> str:

@@ -29,6 +29,7 @@ from vacsr.train.checkpoint import (ARCHITECTURE_KEYS, TRAINABLE_KEYS, load_chec
 from vacsr.train.evaluate import evaluate_split
 from vacsr.train.files import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE
 from vacsr.train.optim import build_optimizer, lr_factor, set_learning_rates
+from vacsr.train.run_folder import lock_run_folder
 from vacsr.train.run_hooks import RunHooks
 from vacsr.train.precision import STATE_KEY, check_resume_precision, run_precision
 
@@ -303,5 +304,7 @@ def write_json(path: Path, payload: dict) -> None:
 
 
 def train(config: Config, callbacks: tuple[EpochCallback, ...] = ()) -> TrainResult:
-    """Build a Trainer from `config` and run it to the last epoch (MLflow-tracked if enabled)."""
-    return Trainer(config).fit(callbacks=callbacks)
+    """Build a Trainer from `config` and run it to the last epoch (MLflow-tracked if enabled),
+    holding its output folder (a second process training there is refused; run_folder.py)."""
+    with lock_run_folder(config):
+        return Trainer(config).fit(callbacks=callbacks)

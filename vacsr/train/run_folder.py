@@ -6,10 +6,17 @@ would be printed as the new run's. So the stored config (the checkpoint's, else 
 compared with the new one first: a key that changes training stops the run with one line naming
 it; evaluation-only keys are allowed and said; where and how the run is placed (folders, Ray,
 workers, tracking) may change freely.
+
+A run folder belongs to one process while it trains there (`claim_run_folder`, a FolderLock on
+train.lock): a second `vacsr train` into it would train beside the first and mix their records.
+The process that starts a run holds the lock (`vacsr train`, locally or as the driver of its Ray
+Train workers, and `train()`), never the Ray workers that write the folder on its behalf. A
+sweep's trial and final-run folders lie in its sweep folder, which its driver holds.
 """
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +24,7 @@ import yaml
 
 from vacsr.config import Config, flatten
 from vacsr.errors import ConfigError
+from vacsr.folder_lock import FolderLock, check_output_folder
 
 CHECKPOINT_NAME = "last.ckpt"
 CONFIG_NAME = "config.yaml"
@@ -28,6 +36,9 @@ PLACEMENT_KEYS = ("train.output_dir", "train.resume", "train.ray", "train.worker
                   "tracking.enabled", "tracking.uri", "tracking.experiment",
                   "tracking.run_name", "tracking.parent_run_id")
 FRESH_START = "use another train.output_dir, or train.resume=false to start afresh"
+LOCK_NAME = "train.lock"
+IN_USE = ("{folder}: another vacsr train is running in this folder (pid {pid} on {host}); wait "
+          "for it to end, or use another train.output_dir")
 
 
 def _flat(nested: Any) -> dict[str, Any] | None:
@@ -84,3 +95,29 @@ def check_run_folder(config: Config) -> None:
     if differing:
         print(f"vacsr: note: {source}: continuing the run with other evaluation-only settings: "
               f"{', '.join(changes.values())}", file=sys.stderr)
+
+
+def run_folder(config: Config) -> Path:
+    return Path(config.train.output_dir).expanduser().resolve()
+
+
+def check_run_output(config: Config) -> Path:
+    """The run folder, once it is known that it is (or can be created as) a writable folder;
+    nothing is created (a file, /dev/null or a read-only place is one line, before any work)."""
+    return check_output_folder(run_folder(config), "the run (train.output_dir)")
+
+
+def lock_run_folder(config: Config) -> FolderLock:
+    """This process's hold on the run folder until release(); one line naming the owner when
+    another process trains there."""
+    return FolderLock(run_folder(config), LOCK_NAME, IN_USE)
+
+
+@contextmanager
+def claim_run_folder(config: Config):
+    """Check the run folder, hold it, and check the run already in it (check_run_folder) while
+    held, so that no other process starts or changes it in between; yields the folder."""
+    folder = check_run_output(config)
+    with lock_run_folder(config):
+        check_run_folder(config)
+        yield folder
