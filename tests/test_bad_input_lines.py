@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import make_dataset_folders
 import torch
 
 from vacsr.cli import main
@@ -264,7 +265,8 @@ def test_search_range_values_are_checked_before_ray_starts(tmp_path, capsys, tex
     from sweeps.base2novel import SWEEP
     from vacsr.sweep.cli import main as sweep_main
 
-    line = _one_line(["--datasets", "eurosat", "--data-root", tmp_path / "data", "--storage",
+    line = _one_line(["--datasets", "eurosat", "--data-root",
+                      make_dataset_folders(tmp_path / "data"), "--storage",
                       tmp_path / "sweeps", "--range", text], capsys,
                      entry=lambda argv: sweep_main(SWEEP, argv))
     assert fragment in line

@@ -50,3 +50,34 @@ def test_a_trial_that_trained_in_its_actor_gets_its_tune_checkpoint_path():
     assert _with_checkpoint_path(train_stored)["checkpoint_path"] == "/r/trials/t1/c"
     failed = SimpleNamespace(metrics=None, checkpoint=None)
     assert _with_checkpoint_path(failed) == {}
+
+
+def test_a_damaged_reported_checkpoint_trains_the_run_again(tmp_path, capsys):
+    """A zero-byte or garbage checkpoint where Ray restores a trial or a final seed run from:
+    one line naming it, and the run starts from its first epoch (seeded: the same result)
+    instead of failing the dataset."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from vacsr.train.checkpoint import save_checkpoint
+    from vacsr.train.run_hooks import restore_reported
+
+    class Reported:  # the part of ray.train.Checkpoint / tune.Checkpoint that is used
+        def __init__(self, folder):
+            self.folder = folder
+
+        @contextmanager
+        def as_directory(self):
+            yield str(self.folder)
+
+    loaded = []
+    trainer = SimpleNamespace(device="cpu", load_state=loaded.append)
+    assert restore_reported(trainer, None) is False
+    for content in (b"", b"not a checkpoint"):
+        (tmp_path / "last.ckpt").write_bytes(content)
+        assert restore_reported(trainer, Reported(tmp_path)) is False
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert str(tmp_path / "last.ckpt") in line and "from its first epoch" in line
+    assert loaded == []
+    save_checkpoint(tmp_path / "last.ckpt", {"epoch": 2})
+    assert restore_reported(trainer, Reported(tmp_path)) is True and loaded == [{"epoch": 2}]

@@ -30,10 +30,10 @@ from vacsr.config import Config
 from vacsr.device import ray_worker_device
 from vacsr.distributed.devices import placement_tags, record_workers
 from vacsr.tasks import PairBatch
-from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
+from vacsr.train.checkpoint import save_checkpoint
 from vacsr.train.files import CHECKPOINT_FILE
 from vacsr.train.loop import Trainer
-from vacsr.train.run_hooks import RunHooks
+from vacsr.train.run_hooks import RunHooks, restore_reported
 
 
 def gather_pairs(pairs: PairBatch) -> PairBatch:
@@ -104,11 +104,7 @@ class RayTrainRun(RunHooks):
         self.fail_once = fail_once
 
     def restore(self, trainer: Trainer) -> None:
-        checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
-            return
-        with checkpoint.as_directory() as folder:
-            trainer.load_state(load_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.device))
+        restore_reported(trainer, ray.train.get_checkpoint())
 
     def loss_fn(self, trainer: Trainer):
         return ray.train.torch.prepare_model(GlobalLoss(trainer), move_to_device=False)

@@ -288,6 +288,16 @@ def main(kind: SweepKind, argv: list[str] | None = None) -> int:
             return exc.exit_code
         print(f"vacsr: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # the MLflow server went away while the driver itself logged
+        from vacsr.sweep.driver import SweepTrackingDown
+        from vacsr.sweep.reserve import tracking_failure
+
+        down = tracking_failure(exc)
+        if not down:
+            raise
+        print(f"vacsr: error: {SweepTrackingDown(args.tracking_uri or '', down)}",
+              file=sys.stderr)
+        return 2
     finally:
         for lock in locks:
             lock.release()

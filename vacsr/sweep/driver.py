@@ -30,7 +30,7 @@ from vacsr.sweep.ownership import claim_state
 from vacsr.sweep.plan import SweepPlan, plan_parallelism
 from vacsr.sweep.progress import SweepProgress
 from vacsr.sweep.report import table_spec, write_report
-from vacsr.sweep.reserve import SpaceReserve, storage_failure
+from vacsr.sweep.reserve import SpaceReserve, storage_failure, tracking_failure
 from vacsr.sweep.search import (close_running_children, fail_running_trials, open_optuna_storage,
                                 search_dataset)
 from vacsr.sweep.state import SweepState
@@ -58,6 +58,16 @@ class SweepStorageFull(VacsrError):
                    "its records could not be closed here, --resume closes them")
         super().__init__(f"{storage}: the sweep stopped on a storage error ({where}); "
                          f"{records}; free space, then continue with --resume")
+
+
+class SweepTrackingDown(VacsrError):
+    """The MLflow server stopped answering: the sweep stops, and `--resume` continues it (and
+    closes its runs) once the server is back."""
+
+    def __init__(self, uri: str, why: str) -> None:
+        super().__init__(f"--tracking-uri {redact_uri(uri)}: the MLflow server stopped answering "
+                         f"({why}); the sweep stopped, its runs stay open until --resume: "
+                         "restart the server, then continue with --resume")
 
 
 @dataclass
@@ -209,6 +219,8 @@ def _finish_dataset(plan: SweepPlan, state: SweepState, dataset: str, ref) -> st
         full = storage_failure(exc)
         if full:  # not the dataset's fault: the sweep stops and resumes it (run_sweep)
             raise StorageError(f"{dataset}: {full}") from None
+        if tracking_failure(exc):  # nor is this: run_sweep stops the sweep
+            raise
         cause = exc.cause if isinstance(exc.cause, BaseException) else exc
         lines = str(cause).strip().splitlines()
         why = lines[-1][:300] if lines else repr(cause)
@@ -281,15 +293,18 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
         for signum in stop.previous:  # the clean-up itself is not interrupted
             signal.signal(signum, signal.SIG_IGN)
         reserve.release()
-        full = storage_failure(exc)
-        closed = _close_records(plan, state, parent,
-                                "KILLED" if full or isinstance(exc, (SweepInterrupted,
-                                                                     KeyboardInterrupt))
-                                else "FAILED", tolerate=bool(full))
+        full, down = storage_failure(exc), tracking_failure(exc)
+        if not down:  # a server that does not answer closes nothing: --resume closes them
+            closed = _close_records(plan, state, parent,
+                                    "KILLED" if full or isinstance(exc, (SweepInterrupted,
+                                                                         KeyboardInterrupt))
+                                    else "FAILED", tolerate=bool(full))
         if not plan.ray_address:
             ray.shutdown()
         if full:
             raise SweepStorageFull(plan.storage, full, closed) from None
+        if down:
+            raise SweepTrackingDown(plan.tracking_uri, down) from None
         raise
     finally:
         stop.restore()

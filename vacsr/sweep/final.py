@@ -9,6 +9,7 @@ over `--eval-actors`.
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 from statistics import mean
 from typing import Callable
@@ -51,11 +52,23 @@ def test_metrics(plan: SweepPlan, config, checkpoint: Path,
     return metrics
 
 
-def _reuse_trial(plan: SweepPlan, config, best: dict) -> Path:
+def _reuse_trial(plan: SweepPlan, config, best: dict) -> Path | None:
     """The best trial trained this very config on this seed to the end: its checkpoint is the
-    seed's final checkpoint (runs are seeded, so a re-run would repeat it)."""
-    return copy_from_storage(plan.ray_root, best["checkpoint"],
+    seed's final checkpoint (runs are seeded, so a re-run would repeat it). None when that
+    checkpoint is damaged: the seed is then trained again."""
+    from vacsr.errors import CheckpointError
+    from vacsr.train.checkpoint import load_checkpoint
+
+    copy = copy_from_storage(plan.ray_root, best["checkpoint"],
                              Path(config.train.output_dir) / CHECKPOINT_FILE)
+    try:
+        load_checkpoint(copy)
+    except CheckpointError as exc:
+        print(f"vacsr: {exc}; training seed {config.train.seed} again", file=sys.stderr,
+              flush=True)
+        copy.unlink()
+        return None
+    return copy
 
 
 def _log_test(config, metrics: dict, tags: dict) -> None:
@@ -73,22 +86,21 @@ def final_runs(plan: SweepPlan, dataset: str, best: dict, dataset_run_id: str,
     cfg = best["config"]
     reused_seed = cfg.train.seed if best.get("checkpoint") else None
     scorer = PoolScorer(plan.eval_actors, cfg.train.cpus_per_worker)
-    per_seed = []
+    per_seed, reused_trial = [], None
     try:
         for seed in plan.seeds:
             config = final_config(cfg, plan, dataset, seed, dataset_run_id)
-            if seed == reused_seed:
-                checkpoint = _reuse_trial(plan, config, best)
-            else:
+            checkpoint = _reuse_trial(plan, config, best) if seed == reused_seed else None
+            reused = checkpoint is not None
+            reused_trial = best["trial_id"] if reused else reused_trial
+            if not reused:
                 checkpoint = fit_ray(config, name=f"{dataset}-seed{seed}").checkpoint
             metrics = test_metrics(plan, config, checkpoint, scorer)
             scorer.release_gpus()  # the next seed's run needs them
-            _log_test(config, metrics,
-                      {"vacsr.reused_trial": best["trial_id"]} if seed == reused_seed else {})
+            _log_test(config, metrics, {"vacsr.reused_trial": best["trial_id"]} if reused else {})
             per_seed.append({"seed": seed, **metrics})
             report({"event": "final", "dataset": dataset, "seed": seed, "metrics": metrics})
     finally:
         scorer.shutdown()
-    return {"per_seed": per_seed,
-            "reused_trial": best.get("trial_id") if reused_seed in plan.seeds else None}
+    return {"per_seed": per_seed, "reused_trial": reused_trial}
 

@@ -4,14 +4,15 @@ A full disk (or a quota) mid-trial leaves zero-byte files where Tune was writing
 then stops on them for good (an empty `error.pkl` ends in `EOFError: Ran out of input` when the
 results are read). Empty pickles and JSON files are never valid, so they are removed (Tune falls
 back to `error.txt` for an error); and trials that errored on a storage error are resumed from
-their checkpoints, since freeing space removes their cause (other errors stay final: the same
-config and seed fail again).
+their checkpoints, since freeing space removes their cause (so are trials whose MLflow server
+stopped answering, once it is back); other errors stay final: the same config and seed fail
+again.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from vacsr.sweep.reserve import STORAGE_ERROR_TEXTS
+from vacsr.sweep.reserve import outage
 
 
 def clear_empty_files(folder: Path) -> list[Path]:
@@ -24,23 +25,24 @@ def clear_empty_files(folder: Path) -> list[Path]:
     return removed
 
 
-def failed_on_storage(folder: Path) -> bool:
-    """True when a trial of the experiment errored on a storage error (its error.txt says)."""
+def failed_on_outage(folder: Path) -> bool:
+    """True when a trial of the experiment errored on a storage error or on a tracking server
+    that did not answer (its error.txt says): another try cures both."""
     for path in folder.rglob("error.txt"):
         try:
             text = path.read_text(errors="replace")
         except OSError:
             continue
-        if any(marker in text for marker in STORAGE_ERROR_TEXTS):
+        if outage(text):
             return True
     return False
 
 
 def repair_experiment(folder: str) -> bool:
     """Clear a local experiment folder for restore; True when its errored trials should resume
-    (they failed on storage). A URI (s3://...) is left as it is: object stores write whole
+    (they failed on storage or on the tracking server). A URI (s3://...) is left as it is: object stores write whole
     objects or none."""
     if "://" in folder or not Path(folder).is_dir():
         return False
     clear_empty_files(Path(folder))
-    return failed_on_storage(Path(folder))
+    return failed_on_outage(Path(folder))

@@ -30,9 +30,19 @@ STORAGE_ERROR_TEXTS = (*(os.strerror(code) for code in _SPACE_ERRNOS),
 _ERROR_CLASS = re.compile(r"^[\w.]+(Error|Exception): ")  # "vacsr.errors.StorageError: ..."
 
 
-def storage_failure(error: BaseException | str) -> str | None:
-    """The first line of `error` (its text, or its chain of causes) that says the disk is full
-    or failing; None when it says nothing of the kind."""
+# what MLflow's REST client says when its server does not answer (connection refused, a timeout,
+# a gateway's 5xx): a restarted server cures it, as freeing space cures a full disk
+TRACKING_DOWN = re.compile(r"API request to (?:endpoint )?(\S+?) failed with "
+                           r"(?:exception|error code 5\d\d)")
+# ... and what vacsr's own check of the store says then (vacsr/tracking/uri.py)
+TRACKING_CHECK_DOWN = re.compile(r"MLflow tracking URI (\S+): (?:server not answering|"
+                                 r"server answered HTTP 5\d\d)")
+TRACKING_DOWN_NOTE = "the MLflow server did not answer"  # how vacsr passes such an error on
+_NOTED = re.compile(re.escape(TRACKING_DOWN_NOTE) + r" \((no answer[^)]*)\)")
+
+
+def _error_lines(error: BaseException | str) -> list[str]:
+    """The lines of `error`'s text and of its chain of causes (a remote traceback included)."""
     seen, texts = 0, []
     while isinstance(error, BaseException) and seen < 8:
         texts.append(str(error))
@@ -42,11 +52,40 @@ def storage_failure(error: BaseException | str) -> str | None:
         seen += 1
     if isinstance(error, str):
         texts.append(error)
-    for line in "\n".join(texts).splitlines():
+    return "\n".join(texts).splitlines()
+
+
+def storage_failure(error: BaseException | str) -> str | None:
+    """The first line of `error` (its text, or its chain of causes) that says the disk is full
+    or failing; None when it says nothing of the kind."""
+    for line in _error_lines(error):
         if any(marker in line for marker in STORAGE_ERROR_TEXTS):
             line = _ERROR_CLASS.sub("", line.strip()).removesuffix(f"; {STORAGE_ADVICE}")
             return line[:300]
     return None
+
+
+def tracking_failure(error: BaseException | str) -> str | None:
+    """"no answer from <server>" when `error` (or its chain) says the MLflow server did not
+    answer a request; None otherwise."""
+    from urllib.parse import urlsplit
+
+    for line in _error_lines(error):
+        noted = _NOTED.search(line)
+        if noted:
+            return noted.group(1)
+        match = TRACKING_DOWN.search(line) or TRACKING_CHECK_DOWN.search(line)
+        if match:
+            url = urlsplit(match.group(1))
+            where = f"{url.scheme}://{url.hostname}:{url.port}"
+            return f"no answer from {where}" if url.hostname else "no answer"
+    return None
+
+
+def outage(error: BaseException | str) -> str | None:
+    """What stopped a write or a request that another try cures once the disk has room or the
+    tracking server is back; None when `error` is the run's own."""
+    return storage_failure(error) or tracking_failure(error)
 
 
 def _allocate(fd: int, size: int) -> None:

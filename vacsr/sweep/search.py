@@ -18,9 +18,10 @@ from ray.tune.schedulers import ASHAScheduler
 
 from vacsr.atomic import atomic_write_json
 from vacsr.distributed.storage_fs import ray_storage
-from vacsr.errors import ConfigError
+from vacsr.errors import ConfigError, VacsrError
 from vacsr.sweep.plan import SweepPlan, trains_in_trial, trial_resources
 from vacsr.sweep.repair import repair_experiment
+from vacsr.sweep.reserve import TRACKING_DOWN_NOTE, tracking_failure
 from vacsr.sweep.searcher import OptunaStudySearch
 from vacsr.sweep.selection import (creation_order, read_selection, select_best,
                                    write_selection)
@@ -29,6 +30,11 @@ from vacsr.sweep.storage import join_storage
 from vacsr.sweep.trial import CHECKPOINT_PATH_KEY, TrialMeta, run_trial, with_suggestions
 from vacsr.tracking import MlflowTracker, redact_uri
 from vacsr.train.files import CHECKPOINT_FILE
+
+
+class TrackingUnavailable(VacsrError):
+    """A trial stopped because the MLflow server did not answer: the sweep stops (the driver
+    says so in one line) and --resume trains the trial again."""
 
 
 def sampler_seed(sweep_seed: int, dataset: str) -> int:
@@ -238,6 +244,10 @@ def _search(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: 
                    max_concurrent, [TrialEvents(dataset, plan.kind.metric, report)], stops)
     results = tuner.fit()
     fail_running_trials(storage, study)  # a trial Tune restarted afresh leaves its old one behind
+    for result in results:  # selecting among the trials the outage left would choose otherwise
+        down = result.error is not None and tracking_failure(result.error)
+        if down:
+            raise TrackingUnavailable(f"{dataset}: a trial stopped: {TRACKING_DOWN_NOTE} ({down})")
     order = creation_order(storage, study)
     storage.engine.dispose()
     trials = [{"config": r.config or {}, "metrics": _with_checkpoint_path(r),

@@ -23,19 +23,22 @@ from ray import tune
 from vacsr.config import Config
 from vacsr.distributed.train import record_run_failure
 from vacsr.errors import RunFailed, VacsrError
-from vacsr.sweep.reserve import storage_failure
+from vacsr.sweep.reserve import outage
 from vacsr.train.files import CHECKPOINT_FILE, FAILED_FILE
 from vacsr.train.run_hooks import RunHooks
 
 
 def recorded_failure(output_dir: Path) -> str | None:
-    """The error an earlier attempt of this trial recorded, unless it was a storage error (the
-    resume after freeing space retrains those, vacsr/sweep/repair.py)."""
+    """The error an earlier attempt of this trial recorded, unless another try cures it (a full
+    disk, a tracking server that did not answer: the resume retrains those, sweep/repair.py)."""
     path = output_dir / FAILED_FILE
     if not path.is_file():
         return None
-    error = json.loads(path.read_text())["error"]
-    if storage_failure(error):
+    try:
+        error = json.loads(path.read_text())["error"]
+    except (OSError, ValueError, UnicodeDecodeError, TypeError, KeyError):
+        error = None  # not the record a failed attempt writes: the trial trains again
+    if not isinstance(error, str) or outage(error):
         path.unlink()
         return None
     return error
@@ -49,13 +52,9 @@ class TuneTrialRun(RunHooks):
     marks_resume = True
 
     def restore(self, trainer) -> None:
-        checkpoint = tune.get_checkpoint()
-        if checkpoint is None:
-            return
-        from vacsr.train.checkpoint import load_checkpoint
+        from vacsr.train.run_hooks import restore_reported
 
-        with checkpoint.as_directory() as folder:
-            trainer.load_state(load_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.device))
+        restore_reported(trainer, tune.get_checkpoint())
 
     def after_epoch(self, trainer, epoch: int, metrics: dict) -> None:
         return None  # the checkpoint goes to Tune with the report, after the epoch is logged

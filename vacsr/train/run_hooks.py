@@ -7,10 +7,31 @@ several workers, whose reports its TuneReportCallback passes on to Tune);
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from vacsr.train.checkpoint import save_checkpoint
+from vacsr.errors import CheckpointError
+from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
+from vacsr.train.files import CHECKPOINT_FILE
+
+
+def restore_reported(trainer: Trainer, checkpoint) -> bool:
+    """Load a checkpoint Ray reported (a Ray Train or Tune `Checkpoint`; None: nothing to do)
+    into `trainer`; True when it loaded. A damaged one (zero bytes, not a checkpoint, as a full
+    disk or a hand edit leaves it) is named in one line and the run trains again from its first
+    epoch: runs are seeded, so that repeats what the lost epochs computed."""
+    if checkpoint is None:
+        return False
+    with checkpoint.as_directory() as folder:
+        try:
+            state = load_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.device)
+        except CheckpointError as exc:
+            print(f"vacsr: {exc}; training the run again from its first epoch", file=sys.stderr,
+                  flush=True)
+            return False
+    trainer.load_state(state)
+    return True
 
 
 class RunHooks:
