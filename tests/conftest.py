@@ -218,3 +218,38 @@ def make_dataset_folders(root: Path) -> Path:
     for folder in [spec.folder for spec in DATASETS.values()] + ["coco"]:
         (root / folder).mkdir(parents=True, exist_ok=True)
     return root
+
+
+def one_line(argv, capsys, entry=None) -> str:
+    """The one stderr line `vacsr: error: ...` of a command that must fail with exit status 2
+    (`entry`: the `vacsr` command's main unless given)."""
+    if entry is None:
+        from vacsr.cli import main as entry
+    code = entry([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("vacsr: error: "), lines
+    return lines[0]
+
+
+def nothing_written(folder: Path) -> None:
+    assert not folder.exists() or not any(folder.rglob("*")), list(folder.rglob("*"))
+
+
+@contextmanager
+def http_serving(handler):
+    """`handler` (an http.server handler class) on a free loopback port, in a thread, always
+    shut down; yields the server's URL."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -16,15 +16,14 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from conftest import http_serving, one_line
 import torch
 import yaml
 
-from vacsr.cli import main
 
 TINY = ["data.num_train=8", "data.num_test=10", "train.batch_size=16", "train.epochs=1",
         "adapter.hidden_dim=16", "data.augment=false", "train.progress=false",
@@ -33,15 +32,6 @@ MEMORY_CAP = 4 << 30  # address space of a capped subprocess: torch imports in i
 # nine levels of nine aliases: 9**9 entries once expanded, from 300 bytes of text
 ALIAS_BOMB = "[&a [" + ", ".join(['"lol"'] * 9) + "]" + "".join(
     f", &{b} [{', '.join([f'*{a}'] * 9)}]" for a, b in zip("abcdefgh", "bcdefghi")) + "]"
-
-
-def _one_line(argv, capsys) -> str:
-    code = main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    lines = err.splitlines()
-    assert code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("vacsr: error: "), lines
-    return lines[0]
 
 
 def _cli(argv, *, cwd: Path | None = None, cap_memory: bool = False, timeout: float = 300,
@@ -76,7 +66,7 @@ def no_model_built(monkeypatch):
 
 # ---------------------------------------------------------------- A: config text
 @pytest.mark.parametrize("where", ["override", "config-file"])
-def test_yaml_alias_bomb_is_one_line(tmp_path, where):
+def test_yaml_alias_bomb_isone_line(tmp_path, where):
     config = tmp_path / "bomb.yaml"
     config.write_text(f"loss:\n  gamma: {ALIAS_BOMB}\n")
     given = [f"loss.gamma={ALIAS_BOMB}"] if where == "override" else ["--config", config]
@@ -87,9 +77,9 @@ def test_yaml_alias_bomb_is_one_line(tmp_path, where):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bomb.yaml"]
 
 
-def test_deeply_nested_override_is_one_line(tmp_path, capsys):
+def test_deeply_nested_override_isone_line(tmp_path, capsys):
     nested = "[" * 5000 + "]" * 5000
-    line = _one_line(["train", f"optim.decay_epochs={nested}",
+    line = one_line(["train", f"optim.decay_epochs={nested}",
                       f"train.output_dir={tmp_path / 'run'}"], capsys)
     assert "override 'optim.decay_epochs=[[[" in line and "nested deeper than 16" in line
     assert len(line) < 400 and list(tmp_path.iterdir()) == []
@@ -101,7 +91,7 @@ def test_output_dir_that_is_no_folder(tmp_path, capsys, weights, no_model_built,
     (tmp_path / "taken").write_text("a file\n")
     out = {"file": tmp_path / "taken", "dev-null": Path("/dev/null"),
            "below-a-file": tmp_path / "taken" / "run"}[kind]
-    line = _one_line(["train", *TINY, f"model.pretrained={weights}",
+    line = one_line(["train", *TINY, f"model.pretrained={weights}",
                       f"train.output_dir={out}"], capsys)
     assert line.startswith(f"vacsr: error: {out}: ") and "expected a folder for the run" in line
     assert ("a character device" if kind == "dev-null" else f"{tmp_path / 'taken'} is a file"
@@ -115,7 +105,7 @@ def test_read_only_output_dir(tmp_path, capsys, weights, read_only, no_model_bui
     (tmp_path / "ro").mkdir()
     folder = read_only(tmp_path / "ro")
     out = folder / "run" if inside else folder
-    line = _one_line(["train", *TINY, f"model.pretrained={weights}",
+    line = one_line(["train", *TINY, f"model.pretrained={weights}",
                       f"train.output_dir={out}"], capsys)
     assert f"{out}: cannot write (" in line and "expected a writable folder for the run" in line
     assert list(folder.iterdir()) == []
@@ -133,7 +123,7 @@ def test_huge_synthetic_split_is_refused_at_validation(tmp_path, key):
 # ---------------------------------------------------------------- D: checkpoint payloads
 def test_eval_checkpoint_whose_model_entry_is_a_list(tmp_path, capsys, no_model_built):
     torch.save({"model": [1, 2], "epoch": 0}, tmp_path / "list.ckpt")
-    line = _one_line(["eval", "--checkpoint", tmp_path / "list.ckpt", *TINY[:3]], capsys)
+    line = one_line(["eval", "--checkpoint", tmp_path / "list.ckpt", *TINY[:3]], capsys)
     assert f"{tmp_path / 'list.ckpt'}: its 'model' entry holds a list, expected a state dict" \
         in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["list.ckpt"]
@@ -155,7 +145,7 @@ def test_eval_of_another_shape_without_its_config_is_one_line_in_a_process(tmp_p
 # ---------------------------------------------------------------- E: vacsr best reads only
 def test_best_on_a_missing_store_creates_none(tmp_path, capsys):
     db = tmp_path / "nothere" / "mlflow.db"
-    line = _one_line(["best", "--tracking-uri", f"sqlite:///{db}"], capsys)
+    line = one_line(["best", "--tracking-uri", f"sqlite:///{db}"], capsys)
     assert f"no MLflow store at {db} (no such file)" in line
     assert list(tmp_path.iterdir()) == []
 
@@ -163,7 +153,7 @@ def test_best_on_a_missing_store_creates_none(tmp_path, capsys):
 def test_best_without_a_uri_creates_no_store_here(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    line = _one_line(["best"], capsys)
+    line = one_line(["best"], capsys)
     assert f"no MLflow store at {tmp_path / 'mlflow.db'}" in line and "--tracking-uri" in line
     assert list(tmp_path.iterdir()) == []
 
@@ -174,7 +164,7 @@ def test_pretrain_into_a_missing_folder_on_a_read_only_file_system(tmp_path, cap
     (tmp_path / "ro").mkdir()
     folder = read_only(tmp_path / "ro")
     out = folder / "missing" / "w.pt"
-    line = _one_line(["pretrain-tiny", "--out", out, "--num-images", "26", "--epochs", "1"],
+    line = one_line(["pretrain-tiny", "--out", out, "--num-images", "26", "--epochs", "1"],
                      capsys)
     assert f"{out}: cannot write (" in line and "for the pretrained weights" in line
     assert list(folder.iterdir()) == []
@@ -188,7 +178,7 @@ def test_demo_whose_work_folder_is_a_file_checks_it_first(tmp_path, capsys, monk
 
     monkeypatch.setattr(vacsr.demo, "pretrain_clip", pretrain)
     (tmp_path / "work").write_text("a file\n")
-    line = _one_line(["demo", "--workdir", tmp_path / "work"], capsys)
+    line = one_line(["demo", "--workdir", tmp_path / "work"], capsys)
     assert f"{tmp_path / 'work'}: is a file; expected a folder for the demo" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
 
@@ -331,15 +321,8 @@ def _serving(status: int, body: bytes, accepted: str | None = None):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with http_serving(Handler) as uri:
+        yield uri
 
 
 REFUSED = b'{"error_code": "UNAUTHENTICATED", "message": "wrong credentials"}'
@@ -354,11 +337,11 @@ def no_mlflow_credentials(monkeypatch):
 
 
 @pytest.mark.parametrize("status", [401, 403])
-def test_train_with_refused_credentials_is_one_line(tmp_path, capsys, weights, status,
+def test_train_with_refused_credentials_isone_line(tmp_path, capsys, weights, status,
                                                     no_mlflow_credentials, no_model_built):
     with _serving(status, REFUSED) as uri:
         given = uri.replace("//", "//alice:wrong@")
-        line = _one_line(["train", *TINY, f"model.pretrained={weights}", "tracking.enabled=true",
+        line = one_line(["train", *TINY, f"model.pretrained={weights}", "tracking.enabled=true",
                           f"tracking.uri={given}", f"train.output_dir={tmp_path / 'run'}"],
                          capsys)
     shown = uri.replace("//", "//alice:***@")
@@ -391,7 +374,7 @@ def test_tracking_check_sends_the_credentials_mlflow_would(no_mlflow_credentials
 def test_json_server_that_is_not_mlflow_leaves_no_run_folder(tmp_path, capsys, weights,
                                                              no_model_built):
     with _serving(200, b'{"status": "ok"}') as uri:
-        line = _one_line(["train", *TINY, f"model.pretrained={weights}", "tracking.enabled=true",
+        line = one_line(["train", *TINY, f"model.pretrained={weights}", "tracking.enabled=true",
                           f"tracking.uri={uri}", f"train.output_dir={tmp_path / 'run'}"],
                          capsys)
     assert f"MLflow tracking URI {uri}: answered, but not as an MLflow tracking server" in line

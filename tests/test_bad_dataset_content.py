@@ -14,6 +14,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from conftest import nothing_written
 
 from vacsr.cli import main
 from vacsr.data.classification import load_classification
@@ -54,10 +55,6 @@ def _train(root: Path, dataset: str, run: Path, weights: Path, capsys) -> str:
     return lines[0]
 
 
-def _nothing_written(folder: Path) -> None:
-    assert not folder.exists() or not any(folder.rglob("*")), list(folder.rglob("*"))
-
-
 def _edit_split(root: Path, edit) -> Path:
     path = root / CALTECH_SPLIT
     data = json.loads(path.read_text())
@@ -76,7 +73,7 @@ def test_split_label_outside_the_classes(root, tmp_path, weights, capsys, split,
     line = _train(root, "caltech101", tmp_path / "run", weights, capsys)
     assert f"{path}: {split}[1] " in line
     assert f"has label {label}; expected a label in 0..99 (the dataset's 100 classes)" in line
-    _nothing_written(tmp_path / "run")
+    nothing_written(tmp_path / "run")
 
 
 def test_aircraft_label_outside_the_classes(root, tmp_path, weights, capsys):
@@ -90,7 +87,7 @@ def test_aircraft_label_outside_the_classes(root, tmp_path, weights, capsys):
     test_list.write_text("\n".join(lines) + "\n")
     line = _train(root, "fgvc_aircraft", tmp_path / "run", weights, capsys)
     assert f"{test_list}: test[2] " in line and "has label 100; expected a label in 0..99" in line
-    _nothing_written(tmp_path / "run")
+    nothing_written(tmp_path / "run")
 
 
 # ---------------------------------------------------------------- 2: one class name per label
@@ -106,7 +103,7 @@ def test_two_class_names_for_one_label(root, tmp_path, weights, capsys, split):
     assert f"{path}: {split}[" in line
     assert "names class 'not the same class' for label 0, which train[0] names 'airplane'" in line
     assert line.endswith("expected one class name per label")
-    _nothing_written(tmp_path / "run")
+    nothing_written(tmp_path / "run")
 
 
 # ---------------------------------------------------------------- 3: an image listed twice
@@ -119,7 +116,7 @@ def test_image_listed_twice_in_a_split(root, tmp_path, weights, capsys):
     line = _train(root, "caltech101", tmp_path / "run", weights, capsys)
     assert f"{path}: test[{count - 1}] repeats '101_ObjectCategories/" in line
     assert "of test[3]; expected each image once in a split" in line
-    _nothing_written(tmp_path / "run")
+    nothing_written(tmp_path / "run")
 
 
 # ---------------------------------------------------------------- 4: names that are not UTF-8
@@ -130,7 +127,7 @@ def test_class_folder_file_name_not_utf8(root, tmp_path, weights, capsys):
     line = _train(root, "imagenet", tmp_path / "run", weights, capsys)
     assert f"{folder}: file name b'bad\\xff\\xfe.png', which is not valid UTF-8" in line
     assert line.endswith("expected UTF-8 file names (rename the file)")
-    _nothing_written(tmp_path / "run")
+    nothing_written(tmp_path / "run")
 
 
 def test_split_path_not_utf8(root, tmp_path, weights, capsys):
@@ -142,7 +139,7 @@ def test_split_path_not_utf8(root, tmp_path, weights, capsys):
     line = _train(root, "caltech101", tmp_path / "run", weights, capsys)
     assert f"{path}: val[2] names the path b'101_ObjectCategories/" in line
     assert "\\xff.png', which is not valid UTF-8; expected UTF-8 image paths" in line
-    _nothing_written(tmp_path / "run")
+    nothing_written(tmp_path / "run")
 
 
 # ---------------------------------------------------------------- 5: decompression bombs

@@ -13,15 +13,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import make_dataset_folders
+from conftest import http_serving, make_dataset_folders, nothing_written, one_line
 import torch
 
-from vacsr.cli import main
 from vacsr.data.fewshot import Item, read_fewshot_cache, write_fewshot_cache
 from vacsr.errors import DataError
 
@@ -44,19 +42,6 @@ def root(pristine, tmp_path) -> Path:
     return tmp_path / "data"
 
 
-def _one_line(argv, capsys, entry=main) -> str:
-    code = entry([str(a) for a in argv])
-    err = capsys.readouterr().err
-    lines = err.splitlines()
-    assert code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("vacsr: error: "), lines
-    return lines[0]
-
-
-def _nothing_written(folder: Path) -> None:
-    assert not folder.exists() or not any(folder.rglob("*")), list(folder.rglob("*"))
-
-
 # ---------------------------------------------------------------- 1, 2: dataset paths
 def test_split_entry_outside_the_dataset_folder(root, tmp_path, weights, capsys):
     split = root / "caltech-101" / "split_zhou_Caltech101.json"
@@ -66,7 +51,7 @@ def test_split_entry_outside_the_dataset_folder(root, tmp_path, weights, capsys)
                 tmp_path / "outside" / "x.png")
     data["test"][0][0] = "../../../outside/x.png"
     split.write_text(json.dumps(data))
-    line = _one_line([*TRAIN, f"model.pretrained={weights}", "data.dataset=caltech101",
+    line = one_line([*TRAIN, f"model.pretrained={weights}", "data.dataset=caltech101",
                       f"data.root={root}", f"train.output_dir={tmp_path / 'run'}"], capsys)
     assert f"{split}: test[0] names '../../../outside/x.png', outside the dataset folder" in line
     assert (tmp_path / "run" / "last.ckpt").exists() is False
@@ -78,10 +63,10 @@ def test_symlink_loop_in_a_class_folder_tree(root, tmp_path, weights, capsys, wh
     first = sorted(train.iterdir())[0]
     loop = train / "n00000001" if where == "class-folder" else first / "loop.png"
     os.symlink(loop.name, loop)  # a link to itself
-    line = _one_line([*TRAIN, f"model.pretrained={weights}", "data.dataset=imagenet",
+    line = one_line([*TRAIN, f"model.pretrained={weights}", "data.dataset=imagenet",
                       f"data.root={root}", f"train.output_dir={tmp_path / 'run'}"], capsys)
     assert f"{loop}: symbolic link loop" in line
-    _nothing_written(tmp_path / "run")
+    nothing_written(tmp_path / "run")
 
 
 # ---------------------------------------------------------------- 3: few-shot caches
@@ -99,14 +84,14 @@ class _Datum:
         return _Datum, (None,), self.state
 
 
-def test_crafted_datum_cache_is_one_line(root, tmp_path, weights, capsys):
+def test_crafted_datum_cache_isone_line(root, tmp_path, weights, capsys):
     cache = root / "caltech-101" / "split_fewshot" / "shot_1-seed_1.pkl"
     cache.parent.mkdir()
     cache.write_bytes(_datum_cache([0], state_of=lambda _: [1, 2]))  # a state that is no dict
-    line = _one_line([*TRAIN, f"model.pretrained={weights}", "data.dataset=caltech101",
+    line = one_line([*TRAIN, f"model.pretrained={weights}", "data.dataset=caltech101",
                       f"data.root={root}", f"train.output_dir={tmp_path / 'run'}"], capsys)
     assert f"{cache}: unreadable few-shot cache" in line and "delete the file" in line
-    _nothing_written(tmp_path / "run")
+    nothing_written(tmp_path / "run")
 
 
 def test_fuzzed_caches_load_or_raise_data_error(tmp_path):
@@ -147,9 +132,9 @@ def test_fuzzed_caches_load_or_raise_data_error(tmp_path):
 def test_config_file_that_is_not_utf8_text(tmp_path, capsys, content):
     path = tmp_path / "overrides.yaml"
     path.write_bytes(content)
-    line = _one_line(["train", "--config", path, f"train.output_dir={tmp_path / 'run'}"], capsys)
+    line = one_line(["train", "--config", path, f"train.output_dir={tmp_path / 'run'}"], capsys)
     assert f"{path}: not UTF-8 text" in line and "expected a YAML file" in line
-    _nothing_written(tmp_path / "run")
+    nothing_written(tmp_path / "run")
 
 
 class _RunsCode:
@@ -166,21 +151,20 @@ def test_pretrained_file_that_is_not_weights(tmp_path, capsys, kind):
         path.write_text("model:\n  name: vacsr-tiny\n")
     else:
         torch.save({"visual": _RunsCode()}, path)
-    line = _one_line(["train", f"model.pretrained={path}", "train.device=cpu",
+    line = one_line(["train", f"model.pretrained={path}", "train.device=cpu",
                       f"train.output_dir={tmp_path / 'run'}"], capsys)
     assert f"model.pretrained: {path} is not vacsr-tiny weights" in line
-    _nothing_written(tmp_path / "run")
+    nothing_written(tmp_path / "run")
 
 
 def test_checkpoint_whose_payload_is_a_list(tmp_path, capsys):
     torch.save([1, 2], tmp_path / "list.ckpt")
-    line = _one_line(["eval", "--checkpoint", tmp_path / "list.ckpt"], capsys)
+    line = one_line(["eval", "--checkpoint", tmp_path / "list.ckpt"], capsys)
     assert f"{tmp_path / 'list.ckpt'}: holds a list, not a vacsr checkpoint" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["list.ckpt"]
 
 
 # ---------------------------------------------------------------- 8: the MLflow store
-@contextlib.contextmanager
 def _json_200_server():
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's naming)
@@ -194,23 +178,15 @@ def _json_200_server():
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    return http_serving(Handler)
 
 
 def test_json_server_that_is_not_mlflow(tmp_path, capsys):
     with _json_200_server() as uri:
-        line = _one_line(["train", "tracking.enabled=true", f"tracking.uri={uri}",
+        line = one_line(["train", "tracking.enabled=true", f"tracking.uri={uri}",
                           "train.device=cpu", f"train.output_dir={tmp_path / 'run'}"], capsys)
     assert f"MLflow tracking URI {uri}: answered, but not as an MLflow tracking server" in line
-    _nothing_written(tmp_path / "run")
+    nothing_written(tmp_path / "run")
 
 
 @contextlib.contextmanager
@@ -246,11 +222,11 @@ def test_sqlite_store_that_cannot_be_written_while_its_folder_can(tmp_path, caps
     sqlite3.connect(db).execute("CREATE TABLE t (x)").connection.close()
     before = db.read_bytes()
     with _read_only(db):
-        line = _one_line(["train", "tracking.enabled=true", f"tracking.uri=sqlite:///{db}",
+        line = one_line(["train", "tracking.enabled=true", f"tracking.uri=sqlite:///{db}",
                           "train.device=cpu", f"train.output_dir={tmp_path / 'run'}"], capsys)
     assert f"{db} is not a writable SQLite database" in line
     assert db.read_bytes() == before and sorted(p.name for p in db.parent.iterdir()) == [db.name]
-    _nothing_written(tmp_path / "run")
+    nothing_written(tmp_path / "run")
 
 
 # ---------------------------------------------------------------- 9: search ranges
@@ -265,7 +241,7 @@ def test_search_range_values_are_checked_before_ray_starts(tmp_path, capsys, tex
     from sweeps.base2novel import SWEEP
     from vacsr.sweep.cli import main as sweep_main
 
-    line = _one_line(["--datasets", "eurosat", "--data-root",
+    line = one_line(["--datasets", "eurosat", "--data-root",
                       make_dataset_folders(tmp_path / "data"), "--storage",
                       tmp_path / "sweeps", "--range", text], capsys,
                      entry=lambda argv: sweep_main(SWEEP, argv))
@@ -276,19 +252,19 @@ def test_search_range_values_are_checked_before_ray_starts(tmp_path, capsys, tex
 
 # ---------------------------------------------------------------- 10: output folders
 def test_generate_data_unknown_name_and_read_only_root(tmp_path, capsys):
-    line = _one_line(["generate-data", "--root", tmp_path / "d", "--datasets", "nosuch"], capsys)
+    line = one_line(["generate-data", "--root", tmp_path / "d", "--datasets", "nosuch"], capsys)
     assert "unknown dataset 'nosuch' (known: coco, caltech101" in line
     (tmp_path / "ro").mkdir()
     with _read_only(tmp_path / "ro") as folder:
-        line = _one_line(["generate-data", "--root", folder, "--datasets", "caltech101"], capsys)
+        line = one_line(["generate-data", "--root", folder, "--datasets", "caltech101"], capsys)
         assert f"{folder}: cannot write" in line and list(folder.iterdir()) == []
-    _nothing_written(tmp_path / "d")
+    nothing_written(tmp_path / "d")
 
 
 def test_best_export_into_a_read_only_folder(tmp_path, capsys):
     (tmp_path / "ro").mkdir()
     with _read_only(tmp_path / "ro") as folder:
-        line = _one_line(["best", "--export", folder, "--tracking-uri",
+        line = one_line(["best", "--export", folder, "--tracking-uri",
                           f"sqlite:///{tmp_path / 'mlflow.db'}"], capsys)
         assert f"{folder}: cannot write" in line and list(folder.iterdir()) == []
 

@@ -1,34 +1,19 @@
 """check_tracking_uri against local HTTP servers: only an MLflow tracking server passes."""
 from __future__ import annotations
 
-import contextlib
 import functools
 import http.server
 import json
 import socket
-import threading
 
 import pytest
+from conftest import http_serving
 
 pytest.importorskip("mlflow")
 
 from vacsr.errors import ConfigError  # noqa: E402
 from vacsr.tracking import check_tracking_uri  # noqa: E402
 from vacsr.tracking.uri import MLFLOW_PROBE_PATH  # noqa: E402
-
-
-@contextlib.contextmanager
-def _serving(handler):
-    """A server on a free local port in a thread, always shut down."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -78,7 +63,7 @@ def _error(uri: str) -> str:
 
 def test_plain_web_server_is_refused_naming_the_uri(tmp_path):
     (tmp_path / "index.html").write_text("<html><body>not mlflow</body></html>")
-    with _serving(functools.partial(_Quiet, directory=str(tmp_path))) as uri:
+    with http_serving(functools.partial(_Quiet, directory=str(tmp_path))) as uri:
         message = _error(uri)
     assert message.startswith(f"MLflow tracking URI {uri}: answered, but not as an MLflow "
                               "tracking server (HTTP 404, text/html)")
@@ -86,7 +71,7 @@ def test_plain_web_server_is_refused_naming_the_uri(tmp_path):
 
 
 def test_html_200_is_refused_and_the_password_hidden():
-    with _serving(_answering(200, "text/html; charset=utf-8", b"<html>hi</html>")) as uri:
+    with http_serving(_answering(200, "text/html; charset=utf-8", b"<html>hi</html>")) as uri:
         message = _error(uri.replace("//", "//user:secret@"))
     assert "(HTTP 200, text/html)" in message
     assert "secret" not in message and "user:***@" in message
@@ -94,7 +79,7 @@ def test_html_200_is_refused_and_the_password_hidden():
 
 def test_mlflow_like_server_passes_with_credentials_and_a_path_prefix():
     _FakeMlflow.paths = []
-    with _serving(_FakeMlflow) as uri:
+    with http_serving(_FakeMlflow) as uri:
         check_tracking_uri(uri.replace("//", "//user:pw@") + "/", timeout_s=2.0)
         check_tracking_uri(uri + "/mlflow", timeout_s=2.0)
     assert _FakeMlflow.paths == [f"{MLFLOW_PROBE_PATH}?experiment_name=Default",
@@ -104,20 +89,20 @@ def test_mlflow_like_server_passes_with_credentials_and_a_path_prefix():
 def test_refused_credentials_and_server_errors_fail(monkeypatch):
     for name in ("MLFLOW_TRACKING_AUTH", "MLFLOW_TRACKING_AWS_SIGV4"):
         monkeypatch.delenv(name, raising=False)
-    with _serving(_answering(401, "text/plain", b"You are not authenticated")) as uri:
+    with http_serving(_answering(401, "text/plain", b"You are not authenticated")) as uri:
         message = _error(uri.replace("//", "//user:secret@"))
     assert message.startswith(f"MLflow tracking URI {uri.replace('//', '//user:***@')}: the "
                               "server refused the credentials (HTTP 401; sent user 'user' and a "
                               "password)")
     assert "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD" in message
     assert "MLFLOW_TRACKING_TOKEN" in message and "secret" not in message
-    with _serving(_answering(403, "text/plain", b"Forbidden")) as uri:
+    with http_serving(_answering(403, "text/plain", b"Forbidden")) as uri:
         monkeypatch.setenv("MLFLOW_TRACKING_AUTH", "some-plugin")
         check_tracking_uri(uri, timeout_s=2.0)  # a plugin authenticates: MLflow reports it
-    with _serving(_answering(503, "text/plain", b"--artifacts-only")) as uri:
+    with http_serving(_answering(503, "text/plain", b"--artifacts-only")) as uri:
         assert _error(uri).endswith(": server answered HTTP 503")
     body = json.dumps({"error_code": "INTERNAL_ERROR", "message": "database is locked"}).encode()
-    with _serving(_answering(500, "application/json", body)) as uri:
+    with http_serving(_answering(500, "application/json", body)) as uri:
         assert _error(uri).endswith(": server answered HTTP 500: database is locked")
 
 

@@ -87,7 +87,7 @@ def check_devices(configs: dict, local: bool) -> None:
             raise ConfigError(f"train.device: {spec} names a device index, but under Ray each "
                               "worker trains on the GPU Ray assigns it; use auto or cuda")
         if spec.kind == "cuda" and gpus <= 0:
-            raise ConfigError(f"train.device: cuda asked for, but no GPU is reserved for the "
+            raise ConfigError("train.device: cuda asked for, but no GPU is reserved for the "
                               "runs; set --gpus-per-worker > 0, or train.device=auto or cpu")
         if gpus > 0 and local:
             import torch
