@@ -13,15 +13,13 @@
 """
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import socket
 from pathlib import Path
 from typing import Any
 
 from vacsr.config import flatten
 from vacsr.errors import ConfigError
+from vacsr.folder_lock import FolderLock
 from vacsr.sweep.plan import SweepPlan
 from vacsr.sweep.state import SweepState
 
@@ -30,29 +28,14 @@ LOCK_FILE = "driver.lock"
 RESOURCE_KEYS = ("train.cpus_per_worker", "train.progress", "data.num_workers")
 
 
-class DriverLock:
-    """flock on `<folder>/driver.lock`, held until release() or the process ends."""
+class DriverLock(FolderLock):
+    """flock on `<folder>/driver.lock` (vacsr/folder_lock.py), held until release() or the
+    process ends."""
 
     def __init__(self, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / LOCK_FILE
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self._fd, 200, 0).decode(errors="replace").split() or ["?", "?"]
-            os.close(self._fd)
-            pid, host = (holder + ["?"])[:2]
-            raise ConfigError(f"{folder}: another sweep driver is running in this folder (pid "
-                              f"{pid} on {host}); wait for it to end, or use another --name or "
-                              "--storage") from None
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the lock
-            self._fd = None
+        super().__init__(folder, LOCK_FILE, "{folder}: another sweep driver is running in this "
+                         "folder (pid {pid} on {host}); wait for it to end, or use another "
+                         "--name or --storage")
 
 
 def sweep_settings(plan: SweepPlan) -> dict[str, Any]:
