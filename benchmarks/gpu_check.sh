@@ -9,8 +9,9 @@
 #      torch.cuda.max_memory_allocated against vacsr.model.memory's estimate;
 #   3. COCO-5K exact adapter scoring (5,000 x 25,000 pairs) against the GPU's bf16 matmul rate,
 #      target under 5 s on one H200-class GPU (PASS/FAIL);
-#   4. the embedded base2novel sweep on one dataset, each trial on a GPU of its own, with the most
-#      GPUs reserved at once and the GPU ids each search trial ran on (benchmarks/gpu_sweep.py).
+#   4. the embedded base2novel sweep on one dataset, its trials side by side (--concurrent-trials),
+#      each on a GPU of its own, with the most GPUs reserved at once and the GPU ids each search
+#      trial ran on (benchmarks/gpu_sweep.py).
 # It ends with one summary block (each check: ok/fail and its key figure) and exits 1 when a check
 # failed. Without CUDA it says so and exits 0, unless DRY_RUN=1.
 #
@@ -136,7 +137,7 @@ torch.save(open_clip.create_model("vacsr-tiny").state_dict(), sys.argv[1])' "$OU
     run_check scorer summary_line "$PY" benchmarks/gpu_scorer.py --device cpu --images 50 \
         --repeats 1 --target-s 120 --matmul-size 512 --large-budget-mib 64
     run_check sweep summary_line "$PY" benchmarks/gpu_sweep.py --logical-gpus 2 --cpus 4 -- \
-        "${SWEEP[@]}" --gpus-per-worker 0.5 --trials 4 --seeds 1 --epochs 1 \
+        "${SWEEP[@]}" --gpus-per-worker 0.5 --trials 4 --concurrent-trials 4 --seeds 1 --epochs 1 \
         --range train.epochs=choice:1 --pretrained "$OUT/tiny-random.pt" --cpus-per-worker 0.5 \
         --trial-cpus 0.5 --set train.device=cpu --set train.amp_on_cpu=true
     TITLE="dry run on the CPU"
@@ -146,7 +147,7 @@ else
         --batch-size 128
     run_check scorer summary_line "$PY" benchmarks/gpu_scorer.py --repeats 2 --target-s 5
     run_check sweep summary_line "$PY" benchmarks/gpu_sweep.py -- "${SWEEP[@]}" \
-        --gpus-per-worker 1 --trials 2
+        --gpus-per-worker 1 --trials 2 --concurrent-trials 2
     TITLE=$(timeout 60 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null \
             | head -n 1 || echo "GPU")
 fi

@@ -248,7 +248,8 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
               for d in datasets}
     for d in datasets:  # a value the runs refuse fails here, before Ray starts
         check_space_values(spaces[d], configs[d], d)
-    check_devices(configs, local=not args.ray_address)
+    # a local instance of the sweep's own (the GPUs torch sees); one the caller started has its own
+    check_devices(configs, local=not args.ray_address and not ray.is_initialized())
     from vacsr.sweep.driver import check_optuna_storage, prepare_tracking
 
     plan = SweepPlan(
