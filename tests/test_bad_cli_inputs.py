@@ -66,7 +66,7 @@ def no_model_built(monkeypatch):
 
 # ---------------------------------------------------------------- A: config text
 @pytest.mark.parametrize("where", ["override", "config-file"])
-def test_yaml_alias_bomb_isone_line(tmp_path, where):
+def test_yaml_alias_bomb_is_one_line(tmp_path, where):
     config = tmp_path / "bomb.yaml"
     config.write_text(f"loss:\n  gamma: {ALIAS_BOMB}\n")
     given = [f"loss.gamma={ALIAS_BOMB}"] if where == "override" else ["--config", config]
@@ -77,7 +77,7 @@ def test_yaml_alias_bomb_isone_line(tmp_path, where):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bomb.yaml"]
 
 
-def test_deeply_nested_override_isone_line(tmp_path, capsys):
+def test_deeply_nested_override_is_one_line(tmp_path, capsys):
     nested = "[" * 5000 + "]" * 5000
     line = one_line(["train", f"optim.decay_epochs={nested}",
                       f"train.output_dir={tmp_path / 'run'}"], capsys)
@@ -337,7 +337,7 @@ def no_mlflow_credentials(monkeypatch):
 
 
 @pytest.mark.parametrize("status", [401, 403])
-def test_train_with_refused_credentials_isone_line(tmp_path, capsys, weights, status,
+def test_train_with_refused_credentials_is_one_line(tmp_path, capsys, weights, status,
                                                     no_mlflow_credentials, no_model_built):
     with _serving(status, REFUSED) as uri:
         given = uri.replace("//", "//alice:wrong@")

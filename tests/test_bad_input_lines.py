@@ -84,7 +84,7 @@ class _Datum:
         return _Datum, (None,), self.state
 
 
-def test_crafted_datum_cache_isone_line(root, tmp_path, weights, capsys):
+def test_crafted_datum_cache_is_one_line(root, tmp_path, weights, capsys):
     cache = root / "caltech-101" / "split_fewshot" / "shot_1-seed_1.pkl"
     cache.parent.mkdir()
     cache.write_bytes(_datum_cache([0], state_of=lambda _: [1, 2]))  # a state that is no dict
