@@ -253,3 +253,21 @@ def http_serving(handler):
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def answering(status: int, content_type: str, body: bytes):
+    """An http.server handler class answering every GET with `status` and `body`."""
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's naming)
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    return Handler

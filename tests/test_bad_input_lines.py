@@ -4,7 +4,6 @@ checkpoints, the MLflow store, search ranges, output folders): exit status 2, on
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import os
 import pickle
@@ -17,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import http_serving, make_dataset_folders, nothing_written, one_line
+from conftest import answering, http_serving, make_dataset_folders, nothing_written, one_line
 import torch
 
 from vacsr.data.fewshot import Item, read_fewshot_cache, write_fewshot_cache
@@ -166,19 +165,7 @@ def test_checkpoint_whose_payload_is_a_list(tmp_path, capsys):
 
 # ---------------------------------------------------------------- 8: the MLflow store
 def _json_200_server():
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's naming)
-            body = b'{"status": "ok"}'
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    return http_serving(Handler)
+    return http_serving(answering(200, "application/json", b'{"status": "ok"}'))
 
 
 def test_json_server_that_is_not_mlflow(tmp_path, capsys):

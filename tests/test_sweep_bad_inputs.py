@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import http_serving, make_dataset_folders
+from conftest import answering, http_serving, make_dataset_folders
 
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from vacsr.sweep import cli
@@ -152,25 +152,11 @@ def test_a_tracking_server_that_refuses_the_credentials_is_one_line(tmp_path, ca
                                                                     monkeypatch):
     """A wrong password (HTTP 401): one line naming the redacted URI and where MLflow reads
     credentials from, before Ray starts and before the sweep folder is written."""
-    import http.server
-
     for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
                  "MLFLOW_TRACKING_AUTH", "MLFLOW_TRACKING_AWS_SIGV4"):
         monkeypatch.delenv(name, raising=False)
-
-    class Refusing(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's naming)
-            body = b'{"error_code": "UNAUTHENTICATED", "message": "wrong credentials"}'
-            self.send_response(401)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    with http_serving(Refusing) as uri:
+    refused = b'{"error_code": "UNAUTHENTICATED", "message": "wrong credentials"}'
+    with http_serving(answering(401, "application/json", refused)) as uri:
         given = uri.replace("//", "//alice:s3cret@")
         line = _refused(["--datasets", "eurosat", "--data-root", str(data_root),
                          "--tracking-uri", given], tmp_path / "store", capsys)

@@ -7,7 +7,7 @@ import json
 import socket
 
 import pytest
-from conftest import http_serving
+from conftest import answering, http_serving
 
 pytest.importorskip("mlflow")
 
@@ -39,20 +39,6 @@ class _FakeMlflow(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _answering(status: int, content_type: str, body: bytes):
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-    return Handler
-
-
 def _error(uri: str) -> str:
     with pytest.raises(ConfigError) as info:
         check_tracking_uri(uri, timeout_s=2.0)
@@ -71,7 +57,7 @@ def test_plain_web_server_is_refused_naming_the_uri(tmp_path):
 
 
 def test_html_200_is_refused_and_the_password_hidden():
-    with http_serving(_answering(200, "text/html; charset=utf-8", b"<html>hi</html>")) as uri:
+    with http_serving(answering(200, "text/html; charset=utf-8", b"<html>hi</html>")) as uri:
         message = _error(uri.replace("//", "//user:secret@"))
     assert "(HTTP 200, text/html)" in message
     assert "secret" not in message and "user:***@" in message
@@ -89,24 +75,24 @@ def test_mlflow_like_server_passes_with_credentials_and_a_path_prefix():
 def test_refused_credentials_and_server_errors_fail(monkeypatch):
     for name in ("MLFLOW_TRACKING_AUTH", "MLFLOW_TRACKING_AWS_SIGV4"):
         monkeypatch.delenv(name, raising=False)
-    with http_serving(_answering(401, "text/plain", b"You are not authenticated")) as uri:
+    with http_serving(answering(401, "text/plain", b"You are not authenticated")) as uri:
         message = _error(uri.replace("//", "//user:secret@"))
     assert message.startswith(f"MLflow tracking URI {uri.replace('//', '//user:***@')}: the "
                               "server refused the credentials (HTTP 401; sent user 'user' and a "
                               "password)")
     assert "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD" in message
     assert "MLFLOW_TRACKING_TOKEN" in message and "secret" not in message
-    with http_serving(_answering(403, "text/plain", b"Forbidden")) as uri:
+    with http_serving(answering(403, "text/plain", b"Forbidden")) as uri:
         monkeypatch.setenv("MLFLOW_TRACKING_AUTH", "some-plugin")
         check_tracking_uri(uri, timeout_s=2.0)  # a plugin authenticates: MLflow reports it
-    with http_serving(_answering(503, "text/plain", b"--artifacts-only")) as uri:
+    with http_serving(answering(503, "text/plain", b"--artifacts-only")) as uri:
         assert _error(uri).endswith(": server answered HTTP 503")
     body = json.dumps({"error_code": "INTERNAL_ERROR", "message": "database is locked"}).encode()
-    with http_serving(_answering(500, "application/json", body)) as uri:
+    with http_serving(answering(500, "application/json", body)) as uri:
         assert _error(uri).endswith(": server answered HTTP 500: database is locked")
 
 
-def test_closed_port_is_not_answering():
+def test_closed_port_is_notanswering():
     with socket.socket() as sock:  # a port that was free a moment ago, now closed
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
