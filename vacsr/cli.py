@@ -90,7 +90,7 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from vacsr.config import from_dict, load_config
     from vacsr.folder_lock import check_output_file
-    from vacsr.model.pretrain import random_init_expected
+    from vacsr.model.weights import random_init_expected
     from vacsr.tasks import task_type
     from vacsr.train.checkpoint import load_checkpoint
     from vacsr.train.evaluate import evaluate_checkpoint

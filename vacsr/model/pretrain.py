@@ -8,8 +8,6 @@ own checkpoint takes.
 """
 from __future__ import annotations
 
-import contextlib
-import logging
 import sys
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from vacsr.data.synthetic import synthetic_retrieval
 from vacsr.errors import ConfigError
 from vacsr.folder_lock import check_output_file
 from vacsr.model.backbone import create_clip
+from vacsr.model.weights import random_init_expected
 from vacsr.seed import seed_everything
 
 
@@ -34,21 +33,6 @@ def clip_loss(image_feats: torch.Tensor, text_feats: torch.Tensor, logit_scale: 
     loss_i2t = -(targets / targets.sum(1, keepdim=True) * F.log_softmax(logits, 1)).sum(1).mean()
     loss_t2i = -(targets / targets.sum(0, keepdim=True) * F.log_softmax(logits, 0)).sum(0).mean()
     return (loss_i2t + loss_t2i) / 2
-
-
-@contextlib.contextmanager
-def random_init_expected():
-    """open_clip warns (root logger) that no pretrained weights were loaded: where the weights
-    are trained from scratch, or come from a checkpoint right after, that notice is false, so it
-    is dropped."""
-    notice = logging.Filter()
-    notice.filter = lambda record: "No pretrained weights loaded" not in record.getMessage()
-    root = logging.getLogger()
-    root.addFilter(notice)
-    try:
-        yield
-    finally:
-        root.removeFilter(notice)
 
 
 def pretrain_clip(out_path: str | Path, *, name: str = "vacsr-tiny", num_images: int = 1024,

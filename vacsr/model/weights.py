@@ -7,6 +7,7 @@ the file, instead of torch's multi-line report.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from pathlib import Path
@@ -38,12 +39,19 @@ def _reason(exc: BaseException) -> str:
     return f"not a file torch.save writes ({exc.__class__.__name__})"
 
 
-class _NoRandomInitNotice(logging.Filter):
-    """open_clip says a model built without `pretrained` is randomly initialised; the weights
-    file is loaded right after, so that notice would be false."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("No pretrained weights loaded")
+@contextlib.contextmanager
+def random_init_expected():
+    """open_clip warns (root logger) that a model built without `pretrained` is randomly
+    initialised: where the weights are loaded right after (a weights file, a checkpoint) or
+    trained from scratch, that notice is false, so it is dropped."""
+    notice = logging.Filter()
+    notice.filter = lambda record: "No pretrained weights loaded" not in record.getMessage()
+    root = logging.getLogger()
+    root.addFilter(notice)
+    try:
+        yield
+    finally:
+        root.removeFilter(notice)
 
 
 # what the files torch.save writes start with: a zip archive (torch >= 1.6, TorchScript archives
@@ -87,12 +95,8 @@ def create_with_weights(model_name: str, path: str | Path):
     file `path` loaded."""
     import open_clip
 
-    notice = _NoRandomInitNotice()
-    logging.getLogger().addFilter(notice)
-    try:
+    with random_init_expected():
         model, train_transform, eval_transform = open_clip.create_model_and_transforms(
             model_name, pretrained=None)
-    finally:
-        logging.getLogger().removeFilter(notice)
     load_weights(model, path, model_name)
     return model, train_transform, eval_transform
