@@ -55,13 +55,17 @@ def _sweep_records(tmp_path: Path, monkeypatch) -> tuple[object, str, dict[str, 
     from vacsr.sweep.state import SweepState
     from vacsr.tracking import MlflowTracker, TrackingCallback
 
+    import torch
+
+    weights = tmp_path / "weights.pt"  # a weights file the stubbed search never loads
+    torch.save({}, weights)
     args = build_parser(SWEEP).parse_args([
         "--datasets", ",".join(DATASETS), "--data-root", str(tmp_path / "data"),
-        "--storage", str(tmp_path / "sweeps"), "--pretrained", str(tmp_path / "none.pt"),
+        "--storage", str(tmp_path / "sweeps"), "--pretrained", str(weights),
         "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    generate_all(tmp_path / "data", datasets=list(DATASETS))  # the plan checks the folders
     plan = plan_from_args(SWEEP, args)
     plan.storage.mkdir(parents=True)
-    generate_all(tmp_path / "data", datasets=list(DATASETS))  # read for the dataset inputs
 
     def search(plan, dataset, dataset_run_id, max_concurrent, report):
         """One trial run under the dataset's run, as run_trial makes it, and in the dataset's
