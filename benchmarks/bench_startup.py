@@ -184,8 +184,8 @@ def tune_trial(config, folder: Path):
     dataset task pays them once, not per trial."""
     from ray import tune
 
-    from vacsr.sweep.trial import TrialMeta, run_trial
-    from vacsr.tracking import MlflowTracker
+    from vacsr.sweep.search.trial import TrialMeta, run_trial
+    from vacsr.records import MlflowTracker
 
     folder.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{folder / 'mlflow.db'}"
@@ -194,7 +194,7 @@ def tune_trial(config, folder: Path):
                      ray_storage=str(folder / "ray"), tracking_uri=uri,
                      experiment="vacsr-bench", parent_run_id=parent)
     try:  # what a sweep reserves: a one-worker trial's actor holds the worker's share
-        from vacsr.sweep.plan import trial_resources
+        from vacsr.sweep.plan.plan import trial_resources
 
         resources = trial_resources(config.train, 0.1)
     except ImportError:  # an older tree: every trial actor drove a TorchTrainer on 0.1 CPU

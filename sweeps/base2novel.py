@@ -3,7 +3,7 @@ classes (16 shots), select on val, report base and novel accuracy and their harm
 
     ray job submit --working-dir . -- python sweeps/base2novel.py [options]
 
-With no options it runs the embedded default (vacsr/sweep/embedded.yaml): a local Ray instance,
+With no options it runs the embedded default (vacsr/sweep/plan/embedded.yaml): a local Ray instance,
 synthetic data written in the real on-disk layouts, the tiny open_clip model, SQLite MLflow.
 """
 import sys
@@ -13,10 +13,10 @@ try:  # a job whose `python` lacks vacsr fails here, in one line (README: Ray cl
 except ImportError as exc:
     sys.exit(print(f"vacsr: error: {sys.executable} cannot import vacsr or its dependencies "
                    f"({exc}); run the job with vacsr's interpreter", file=sys.stderr) or 2)
-from vacsr.sweep.kind import Evaluation, SweepKind, Table
-from vacsr.sweep.paper import (ADAPTER_SPACE, BACKBONE_SPACE, BASE_TO_NOVEL_BATCH_SIZES,
+from vacsr.sweep.spec.kind import Evaluation, SweepKind, Table
+from vacsr.sweep.spec.paper import (ADAPTER_SPACE, BACKBONE_SPACE, BASE_TO_NOVEL_BATCH_SIZES,
                                PUBLISHED_BASE_TO_NOVEL)
-from vacsr.sweep.space import LogFloat
+from vacsr.sweep.spec.space import LogFloat
 
 SWEEP = SweepKind(
     name="base2novel",

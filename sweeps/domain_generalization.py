@@ -12,9 +12,9 @@ try:  # a job whose `python` lacks vacsr fails here, in one line (README: Ray cl
 except ImportError as exc:
     sys.exit(print(f"vacsr: error: {sys.executable} cannot import vacsr or its dependencies "
                    f"({exc}); run the job with vacsr's interpreter", file=sys.stderr) or 2)
-from vacsr.sweep import paper
-from vacsr.sweep.kind import Evaluation, SweepKind
-from vacsr.sweep.space import LogFloat
+from vacsr.sweep.spec import paper
+from vacsr.sweep.spec.kind import Evaluation, SweepKind
+from vacsr.sweep.spec.space import LogFloat
 
 SHIFTS = paper.DOMAIN_SHIFTS  # ImageNet-V2, -Sketch, -A, -R
 

@@ -3,7 +3,7 @@ select on val RSUM, report COCO 5K / 1K recalls (and ECCV / CxC where their anno
 
     ray job submit --working-dir . -- python sweeps/retrieval.py [options]
 
-With no options it runs the embedded default (vacsr/sweep/embedded.yaml).
+With no options it runs the embedded default (vacsr/sweep/plan/embedded.yaml).
 """
 import sys
 
@@ -12,9 +12,9 @@ try:  # a job whose `python` lacks vacsr fails here, in one line (README: Ray cl
 except ImportError as exc:
     sys.exit(print(f"vacsr: error: {sys.executable} cannot import vacsr or its dependencies "
                    f"({exc}); run the job with vacsr's interpreter", file=sys.stderr) or 2)
-from vacsr.sweep.kind import SweepKind
-from vacsr.sweep.paper import ADAPTER_SPACE
-from vacsr.sweep.space import LogFloat
+from vacsr.sweep.spec.kind import SweepKind
+from vacsr.sweep.spec.paper import ADAPTER_SPACE
+from vacsr.sweep.spec.space import LogFloat
 
 SWEEP = SweepKind(
     name="retrieval",

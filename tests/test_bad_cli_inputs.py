@@ -275,7 +275,7 @@ def test_a_run_folder_lock_is_reentrant_in_its_process_and_dropped_when_it_dies(
 _OPEN_STORE = """
 import sys, time
 from pathlib import Path
-from vacsr.tracking.run import MlflowTracker
+from vacsr.records.tracker import MlflowTracker
 Path(sys.argv[2]).touch()
 while not Path(sys.argv[3]).exists():
     time.sleep(0.001)
@@ -354,7 +354,7 @@ def test_train_with_refused_credentials_is_one_line(tmp_path, capsys, weights, s
 
 def test_tracking_check_sends_the_credentials_mlflow_would(no_mlflow_credentials, monkeypatch):
     from vacsr.errors import ConfigError
-    from vacsr.tracking import check_tracking_uri
+    from vacsr.records import check_tracking_uri
 
     basic = "Basic " + base64.b64encode(b"alice:right").decode()
     with _serving(401, REFUSED, accepted=basic) as uri:

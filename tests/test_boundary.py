@@ -6,7 +6,7 @@ import sys
 import vacsr
 
 FORBIDDEN = ("ray", "mlflow", "optuna")
-OUTSIDE_CORE = ("vacsr.distributed", "vacsr.tracking", "vacsr.sweep")
+OUTSIDE_CORE = ("vacsr.distributed", "vacsr.records", "vacsr.sweep")
 
 
 def test_core_modules_import_no_cluster_packages():

@@ -112,8 +112,8 @@ def test_raycluster_manifest_structure():
 
 def test_rayjob_entrypoint_runs_an_existing_sweep_with_valid_arguments():
     from sweeps.base2novel import SWEEP
-    from vacsr.sweep.cli import _datasets, _ray_storage, build_parser
-    from vacsr.sweep.space import parse_range
+    from vacsr.sweep.plan.command_line import _datasets, _ray_storage, build_parser
+    from vacsr.sweep.spec.space import parse_range
 
     job = _kind("RayJob")
     assert job["apiVersion"] == "ray.io/v1"

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from vacsr.sweep.importance import MIN_FINISHED_TRIALS, analyse_study, importance_section
-from vacsr.sweep.space import Choice, Int, LogFloat, suggest
+from vacsr.sweep.report.importance import MIN_FINISHED_TRIALS, analyse_study, importance_section
+from vacsr.sweep.spec.space import Choice, Int, LogFloat, suggest
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,8 +69,8 @@ def _plan(tmp_path):
     the base-to-novel kind and eurosat's real search space."""
     from sweeps.base2novel import SWEEP
     from vacsr.config import Config
-    from vacsr.sweep.plan import SweepPlan
-    from vacsr.sweep.space import dataset_space
+    from vacsr.sweep.plan.plan import SweepPlan
+    from vacsr.sweep.spec.space import dataset_space
 
     space = dataset_space(dict(SWEEP.space), SWEEP.batch_sizes["eurosat"])
     return SweepPlan(kind=SWEEP, name="base2novel", configs={"eurosat": Config()},
@@ -86,8 +86,8 @@ def test_the_dataset_run_holds_the_table_and_figure_and_best_prints_them(tmp_pat
 
     from vacsr.cli import main
     from vacsr.config import Config, load_config, save_config
-    from vacsr.sweep.importance import record_sensitivity
-    from vacsr.tracking import MlflowTracker
+    from vacsr.sweep.report.importance import record_sensitivity
+    from vacsr.records import MlflowTracker
 
     plan = _plan(tmp_path)
     plan.storage.mkdir(parents=True)  # as run_sweep does

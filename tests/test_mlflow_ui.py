@@ -48,12 +48,12 @@ def _sweep_records(tmp_path: Path, monkeypatch) -> tuple[object, str, dict[str, 
     from sweeps.base2novel import SWEEP
     from vacsr.config import set_value
     from vacsr.data.generate import generate_all
-    from vacsr.sweep.report import write_report
-    from vacsr.sweep.space import start_point, suggest
-    from vacsr.sweep import driver
-    from vacsr.sweep.cli import build_parser, plan_from_args
-    from vacsr.sweep.state import SweepState
-    from vacsr.tracking import MlflowTracker, TrackingCallback
+    from vacsr.sweep.report.table import write_report
+    from vacsr.sweep.spec.space import start_point, suggest
+    from vacsr.sweep.flow import driver
+    from vacsr.sweep.plan.command_line import build_parser, plan_from_args
+    from vacsr.records.sweep_state import SweepState
+    from vacsr.records import MlflowTracker, TrackingCallback
 
     import torch
 
@@ -179,8 +179,8 @@ def _title(dom: str) -> str:
 
 
 def test_ui_opens_on_runs_and_shows_selected_params(tmp_path, monkeypatch, mlflow_ui):
-    from vacsr.sweep.driver import mlflow_ui_hint
-    from vacsr.tracking import MlflowTracker
+    from vacsr.sweep.flow.driver import mlflow_ui_hint
+    from vacsr.records import MlflowTracker
 
     plan, parent_id, runs = _sweep_records(tmp_path, monkeypatch)
     base = mlflow_ui(plan.tracking_uri)

@@ -18,7 +18,7 @@ TRIAL_SIDE = """
 import json, sys
 from vacsr.config import load_config
 from vacsr.distributed.train import build_torch_trainer
-import vacsr.sweep.trial
+import vacsr.sweep.search.trial
 trainer = build_torch_trainer(load_config(overrides=["train.output_dir=OUT", "train.workers=2"]))
 print(json.dumps({"loaded": [m for m in MODULES if m in sys.modules],
                   "trainer": type(trainer).__module__ + "." + type(trainer).__name__}))

@@ -8,8 +8,8 @@ from conftest import make_dataset_folders
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.retrieval import SWEEP as RETRIEVAL
 from vacsr.errors import ConfigError
-from vacsr.sweep import cli
-from vacsr.sweep.space import Int
+from vacsr.sweep.plan import command_line as cli
+from vacsr.sweep.spec.space import Int
 
 
 def _plan(argv, tmp_path, kind=BASE2NOVEL):
@@ -126,9 +126,9 @@ def test_a_seed_run_records_its_test_metrics_once_across_driver_restarts(tmp_pat
     """The pool-scored test metrics join the seed's MLflow run; a restarted driver logging them
     again continues the same run instead of adding a second one."""
     from vacsr.config import load_config
-    from vacsr.sweep.final import _log_test, final_config
-    from vacsr.sweep.plan import SweepPlan
-    from vacsr.tracking import MlflowTracker
+    from vacsr.sweep.final.seeds import _log_test, final_config
+    from vacsr.sweep.plan.plan import SweepPlan
+    from vacsr.records import MlflowTracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     plan = SweepPlan(kind=BASE2NOVEL, name="t", configs={}, spaces={},

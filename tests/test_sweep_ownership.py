@@ -13,8 +13,8 @@ from conftest import make_dataset_folders
 
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from vacsr.errors import ConfigError
-from vacsr.sweep import cli
-from vacsr.sweep.ownership import LOCK_FILE, DriverLock, claim_state
+from vacsr.sweep.plan import command_line as cli
+from vacsr.sweep.plan.ownership import LOCK_FILE, DriverLock, claim_state
 
 
 def _plan(tmp_path, *argv):
@@ -29,7 +29,7 @@ def test_a_second_driver_is_refused_until_the_first_dies(tmp_path):
     folder = tmp_path / "sweep"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from vacsr.sweep.ownership import DriverLock; DriverLock(Path(sys.argv[1])); "
+         "from vacsr.sweep.plan.ownership import DriverLock; DriverLock(Path(sys.argv[1])); "
          "print('locked', flush=True); time.sleep(120)", str(folder)],
         stdout=subprocess.PIPE, text=True)
     try:

@@ -7,15 +7,15 @@ from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.domain_generalization import SWEEP as DG
 from sweeps.retrieval import SWEEP as RETRIEVAL
 from vacsr.config import load_config
-from vacsr.sweep.paper import BASE_TO_NOVEL_BATCH_SIZES
-from vacsr.sweep.space import Choice, dataset_space
+from vacsr.sweep.spec.paper import BASE_TO_NOVEL_BATCH_SIZES
+from vacsr.sweep.spec.space import Choice, dataset_space
 from vacsr.train.optim import lr_factor
 
 KINDS = {k.name: k for k in (BASE2NOVEL, DG, RETRIEVAL)}
 
 
 def _plan(kind, tmp_path, monkeypatch, argv=(), embedded=False):
-    from vacsr.sweep import cli
+    from vacsr.sweep.plan import command_line as cli
 
     if embedded:  # the embedded profile without writing data or pretraining the tiny CLIP
         monkeypatch.setattr(cli, "_embedded_data", lambda *a: None)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import io
 import math
 
-from vacsr.sweep.progress import SweepProgress
-from vacsr.sweep.report import table_rows, to_markdown
+from vacsr.sweep.report.progress import SweepProgress
+from vacsr.sweep.report.table import table_rows, to_markdown
 
 SPEC = {"columns": [["base", "acc"], ["novel", "novel_acc"]], "harmonic": ["base", "novel"],
         "published": {"MMA": [83.2, 76.8, 79.87]}}

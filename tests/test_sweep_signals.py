@@ -92,7 +92,7 @@ def _created(root: Path, dataset: str) -> dict[str, int]:
     """Tune trial id -> the Optuna trial number it was created with."""
     import optuna
 
-    from vacsr.sweep.selection import creation_order
+    from vacsr.sweep.search.selection import creation_order
 
     storage = optuna.storages.RDBStorage(f"sqlite:///{root / 'optuna.db'}")
     try:
@@ -124,7 +124,7 @@ def _check_selection_agrees(root: Path) -> None:
     import yaml
     from mlflow import MlflowClient
 
-    from vacsr.tracking import PARAMS_CHANGED_TAG
+    from vacsr.records import PARAMS_CHANGED_TAG
 
     client = MlflowClient(_uri(root))
     runs = client.search_runs([client.get_experiment_by_name("vacsr-base2novel").experiment_id])

@@ -5,10 +5,10 @@ import pytest
 
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from vacsr.errors import ConfigError
-from vacsr.sweep.paper import BASE_TO_NOVEL_BATCH_SIZES
-from vacsr.sweep.search import sampler_seed
-from vacsr.sweep.selection import DatasetFailed, select_best
-from vacsr.sweep.space import (Choice, Int, LogFloat, clamp_blocks, dataset_space, parse_range,
+from vacsr.sweep.spec.paper import BASE_TO_NOVEL_BATCH_SIZES
+from vacsr.sweep.search.tune import sampler_seed
+from vacsr.sweep.search.selection import DatasetFailed, select_best
+from vacsr.sweep.spec.space import (Choice, Int, LogFloat, clamp_blocks, dataset_space, parse_range,
                                start_point, tower_depths, validate_space)
 
 
@@ -86,7 +86,7 @@ def test_each_dataset_samples_from_its_own_seed():
 
 
 def test_storage_paths_and_copies_for_paths_and_uris(tmp_path):
-    from vacsr.sweep.storage import copy_from_storage, join_storage
+    from vacsr.sweep.plan.folders import copy_from_storage, join_storage
 
     assert join_storage("s3://b/p/", "tune", "x") == "s3://b/p/tune/x"
     assert join_storage(str(tmp_path), "tune") == str(tmp_path / "tune")
@@ -111,7 +111,7 @@ def test_storage_paths_and_copies_for_paths_and_uris(tmp_path):
 def test_parallel_plan_never_oversubscribes(cpus, workers, cpw, trial_cpus, parallel, concurrent,
                                             expected):
     from vacsr.config import load_config
-    from vacsr.sweep.plan import SweepPlan, plan_parallelism
+    from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism
 
     config = load_config(overrides=[f"train.workers={workers}", f"train.cpus_per_worker={cpw}"])
     plan = SweepPlan(kind=BASE2NOVEL, name="t", configs={f"d{i}": config for i in range(11)},
@@ -146,9 +146,9 @@ def test_a_trial_failed_by_a_stopped_driver_reports_to_a_fresh_optuna_trial_on_r
     the same values instead of failing the search (Optuna refuses to update a finished trial)."""
     import optuna
 
-    from vacsr.sweep.search import fail_running_trials
-    from vacsr.sweep.searcher import OptunaStudySearch
-    from vacsr.sweep.space import DefineByRun
+    from vacsr.sweep.search.tune import fail_running_trials
+    from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
+    from vacsr.sweep.spec.space import DefineByRun
 
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
     space = DefineByRun({"loss.beta": LogFloat(0.1, 10.0), "train.epochs": Int(1, 3)})
@@ -179,8 +179,8 @@ def test_a_trial_failed_by_a_stopped_driver_reports_to_a_fresh_optuna_trial_on_r
 def test_the_study_search_draws_the_same_configs_again_and_fails_errored_trials(tmp_path):
     import optuna
 
-    from vacsr.sweep.searcher import OptunaStudySearch
-    from vacsr.sweep.space import DefineByRun
+    from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
+    from vacsr.sweep.spec.space import DefineByRun
 
     space = DefineByRun({"loss.beta": LogFloat(0.1, 10.0), "train.epochs": Int(1, 3)})
 
@@ -206,10 +206,10 @@ def test_a_tie_goes_to_the_trial_created_first_though_they_start_in_reverse(tmp_
     higher number) keeps its first place."""
     import optuna
 
-    from vacsr.sweep.search import fail_running_trials
-    from vacsr.sweep.searcher import OptunaStudySearch
-    from vacsr.sweep.selection import creation_order
-    from vacsr.sweep.space import DefineByRun
+    from vacsr.sweep.search.tune import fail_running_trials
+    from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
+    from vacsr.sweep.search.selection import creation_order
+    from vacsr.sweep.spec.space import DefineByRun
 
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
     space = DefineByRun({"loss.beta": LogFloat(0.1, 10.0)})
@@ -234,7 +234,7 @@ def test_a_tie_goes_to_the_trial_created_first_though_they_start_in_reverse(tmp_
 
 
 def test_a_recorded_selection_is_read_back_and_a_damaged_one_refused(tmp_path):
-    from vacsr.sweep.selection import read_selection, write_selection
+    from vacsr.sweep.search.selection import read_selection, write_selection
 
     assert read_selection(tmp_path) is None
     record = {"trial_id": "t_b", "suggested": {"loss": {"beta": 1.0}}, "val": 30.0,
@@ -252,7 +252,7 @@ def test_asha_notes_the_rung_and_the_values_each_stopped_trial_was_compared_with
     rung and the values reported there before it (their order decides the stop)."""
     from types import SimpleNamespace
 
-    from vacsr.sweep.search import AshaStops, RecordingASHA
+    from vacsr.sweep.search.tune import AshaStops, RecordingASHA
 
     stops = AshaStops(tmp_path / "asha_stops.json")
     asha = RecordingASHA(stops, time_attr="epoch", max_t=9, grace_period=1, reduction_factor=2)
@@ -273,8 +273,8 @@ def test_asha_notes_the_rung_and_the_values_each_stopped_trial_was_compared_with
 def test_each_trial_run_records_the_value_selection_compared(tmp_path):
     """A trial ASHA stopped after epoch 1 may have logged epoch 2 before its workers stopped: its
     run gets the epoch-1 value selection used (selection_val/acc, vacsr.selection_epoch)."""
-    from vacsr.sweep.search import record_selection_values
-    from vacsr.tracking import MlflowTracker
+    from vacsr.sweep.search.tune import record_selection_values
+    from vacsr.records import MlflowTracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowTracker(uri).client
@@ -305,7 +305,7 @@ def test_each_trial_run_records_the_value_selection_compared(tmp_path):
 def test_the_base_to_novel_sweep_covers_the_eleven_datasets_by_default():
     """Table 5's 11 datasets, each with its protocol batch size: what `sweeps/base2novel.py`
     searches without --datasets (the e2e job test runs three of them)."""
-    from vacsr.sweep.cli import _datasets
+    from vacsr.sweep.plan.command_line import _datasets
 
     expected = {"imagenet", "caltech101", "oxford_pets", "stanford_cars", "oxford_flowers",
                 "food101", "fgvc_aircraft", "sun397", "dtd", "eurosat", "ucf101"}

@@ -15,7 +15,7 @@ from mlflow import MlflowClient  # noqa: E402
 
 from vacsr.config import flatten, load_config, to_dict  # noqa: E402
 from vacsr.errors import ConfigError  # noqa: E402
-from vacsr.tracking import (  # noqa: E402
+from vacsr.records import (  # noqa: E402
     EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, PARAMS_CHANGED_TAG, RUN_STATE_FILE, MlflowTracker,
     TrackingCallback, check_tracking_uri, metric_name, resolve_tracking_uri,
 )
@@ -265,7 +265,7 @@ def test_log_params_keeps_first_values_and_warns_on_changes(tracking_uri, caplog
         run_id = tracker.start("params", "run")
         assert tracker.log_params({"lr": 0.1, "opt/name": "adam", "bad key!": None}) == []
         assert tracker.log_params({"lr": 0.1, "epochs": 3}) == []  # equal value: skipped
-        with caplog.at_level(logging.WARNING, logger="vacsr.tracking"):
+        with caplog.at_level(logging.WARNING, logger="vacsr.records"):
             assert tracker.log_params({"lr": 0.2, "seed": 1}) == ["lr"]
     assert "lr" in caplog.text and run_id in caplog.text
     run = client.get_run(run_id)
@@ -296,7 +296,7 @@ def test_a_start_killed_before_recording_its_run_is_continued_not_doubled(tracki
                                                                           monkeypatch):
     """A training (a sweep's trial or final seed run) killed after MLflow created its run but
     before mlflow_run.json named it: the restart continues that run (found by its key)."""
-    import vacsr.tracking.callback as callback_module
+    import vacsr.records.callback as callback_module
 
     cfg = load_config(overrides=[f"train.output_dir={tmp_path / 'run'}"])
     write = callback_module._write_run_state
@@ -345,8 +345,8 @@ def test_a_sweep_driver_killed_before_recording_a_run_continues_it_on_resume(
         tracking_uri, tmp_path, dataset):
     """The sweep's run (dataset None) and each dataset's run: sweep_state.json holds the run's key
     before MLflow creates it, so a driver killed before it recorded the id finds the run again."""
-    from vacsr.sweep.driver import start_recorded_run
-    from vacsr.sweep.state import SweepState
+    from vacsr.sweep.flow.driver import start_recorded_run
+    from vacsr.records.sweep_state import SweepState
 
     class KilledAfterCreate(SweepState):
         def update(self, dataset=None, **values):

@@ -12,8 +12,8 @@ from conftest import answering, http_serving
 pytest.importorskip("mlflow")
 
 from vacsr.errors import ConfigError  # noqa: E402
-from vacsr.tracking import check_tracking_uri  # noqa: E402
-from vacsr.tracking.uri import MLFLOW_PROBE_PATH  # noqa: E402
+from vacsr.records import check_tracking_uri  # noqa: E402
+from vacsr.records.uri import MLFLOW_PROBE_PATH  # noqa: E402
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):

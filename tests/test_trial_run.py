@@ -17,7 +17,7 @@ from vacsr.config import load_config
     (["train.workers=2", "train.gpus_per_worker=1"], {"CPU": 0.1}),  # the workers reserve theirs
 ])
 def test_a_trial_reserves_its_worker_where_it_trains_itself(overrides, expected):
-    from vacsr.sweep.plan import trains_in_trial, trial_resources
+    from vacsr.sweep.plan.plan import trains_in_trial, trial_resources
 
     train = load_config(overrides=overrides).train
     assert trial_resources(train, trial_cpus=0.1) == expected
@@ -25,7 +25,7 @@ def test_a_trial_reserves_its_worker_where_it_trains_itself(overrides, expected)
 
 
 def test_a_recorded_run_error_ends_the_retry_and_a_storage_error_does_not(tmp_path):
-    from vacsr.sweep.trial_run import recorded_failure
+    from vacsr.sweep.search.trial_run import recorded_failure
     from vacsr.train.files import FAILED_FILE
 
     assert recorded_failure(tmp_path) is None  # a first attempt
@@ -40,7 +40,7 @@ def test_a_recorded_run_error_ends_the_retry_and_a_storage_error_does_not(tmp_pa
 
 
 def test_a_trial_that_trained_in_its_actor_gets_its_tune_checkpoint_path():
-    from vacsr.sweep.search import _with_checkpoint_path
+    from vacsr.sweep.search.tune import _with_checkpoint_path
 
     tune_stored = SimpleNamespace(metrics={"epoch": 3, "val/acc": 50.0},
                                   checkpoint=SimpleNamespace(path="/r/tune/eurosat/t1/ckpt_2"))

@@ -67,7 +67,7 @@ def cmd_train(args) -> int:
     config = load_config(args.config, overrides)
     check_run_output(config)  # a file, /dev/null or a read-only place: before any work
     if config.tracking.enabled:  # a wrong store, before the run folder is created
-        from vacsr.tracking import check_tracking_uri
+        from vacsr.records import check_tracking_uri
 
         check_tracking_uri(config.tracking.uri)
     # held for the whole run (its Ray workers write it for this process); a finished or stopped
@@ -156,7 +156,7 @@ def cmd_generate_data(args) -> int:
 
 
 def cmd_best(args) -> int:
-    from vacsr.sweep.best import best_configs, format_rows, sweep_importance, sweep_table
+    from vacsr.sweep.report.best import best_configs, format_rows, sweep_importance, sweep_table
 
     if args.importance:
         print(sweep_importance(args.tracking_uri, args.experiment, args.sweep), end="")

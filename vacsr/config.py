@@ -154,7 +154,7 @@ class TrainConfig:
 
 @dataclass
 class TrackingConfig:
-    """MLflow tracking (vacsr/tracking/); rank 0 logs."""
+    """MLflow tracking (vacsr/records/); rank 0 logs."""
 
     enabled: bool = False
     uri: str | None = None  # None = $MLFLOW_TRACKING_URI, else sqlite:///<abs>/mlflow.db

@@ -3,7 +3,7 @@
 The config holds the URI as given (a run needs it); every copy that leaves the process (console
 lines, log records, MLflow params and artifacts, config.yaml, checkpoints, state files) is the
 redacted form, and MLflow gets the credentials through its own environment variables
-(vacsr/tracking/run.py).
+(vacsr/records/tracker.py).
 """
 from __future__ import annotations
 

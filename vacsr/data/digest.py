@@ -1,7 +1,7 @@
 """What a run read, as a fingerprint: each split's records (image paths relative to the folder
 that holds them, labels, captions) hashed, so two runs can be told to have used the same data.
 
-The tracking layer logs these as MLflow dataset inputs (vacsr/tracking/inputs.py); nothing here
+The tracking layer logs these as MLflow dataset inputs (vacsr/records/inputs.py); nothing here
 imports MLflow.
 """
 from __future__ import annotations

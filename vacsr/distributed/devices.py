@@ -32,7 +32,7 @@ def placement_tags() -> dict:
 
 def this_worker(rank: int, device, ray_device: str | None = None) -> dict:
     """This process's placement: a Train worker's (`ray_device` from Ray Train), or a trial
-    actor's that trains itself (vacsr/sweep/trial_run.py passes the device Ray gave it)."""
+    actor's that trains itself (vacsr/sweep/search/trial_run.py passes the device Ray gave it)."""
     return {"rank": rank, "node_id": ray.get_runtime_context().get_node_id(),
             "host": socket.gethostname(), "pid": os.getpid(),
             "gpu_ids": sorted(str(i) for i in ray.get_gpu_ids()),

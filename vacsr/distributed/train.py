@@ -54,7 +54,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         from vacsr.errors import VacsrError
 
         if config.tracking.enabled:
-            import vacsr.tracking  # noqa: F401  (mlflow)
+            import vacsr.records  # noqa: F401  (mlflow)
     output_dir = Path(config.train.output_dir)
     (output_dir / FAILED_FILE).unlink(missing_ok=True)
     try:

@@ -1,274 +1,20 @@
-"""Command line of the sweep scripts (sweeps/*.py): every check runs before any trial starts.
-
-Each flag's text is parsed exactly once here (--set values by `vacsr.config.parse_override`,
---range by `parse_range`); from then on configs travel as objects.
+"""The entry of the sweep scripts (sweeps/*.py): `main(kind)` parses the flags into a checked
+plan (sweep/plan/), runs it (sweep/flow/driver.py) and says where the results are.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
-from pathlib import Path
-from typing import Any, Callable
 
 import mlflow  # noqa: F401  (imported here so that a job's interpreter without the driver's
 import optuna  # noqa: F401   dependencies fails at once, in the sweep script's import guard)
 import ray  # noqa: F401
 
-from vacsr import config as cfg
-from vacsr.errors import ConfigError, VacsrError
-from vacsr.sweep.kind import SweepKind
-from vacsr.sweep.inputs import (check_datasets, check_devices, check_model, check_pretrained,
-                                check_ray_address, check_sweep_name)
-from vacsr.sweep.ownership import DriverLock
-from vacsr.sweep.plan import SweepPlan, build_config
-from vacsr.sweep.space import (check_space_values, clamp_blocks, dataset_space, parse_range,
-                               tower_depths)
-from vacsr.sweep.storage import storage_filesystem, sweep_folder
-
-PROFILE = Path(__file__).with_name("embedded.yaml")
-# What a task's runs always set: classification uses CLIP's pooled features (no GPO, sec. 3.1)
-TASK_SETTINGS: dict[str, dict[str, Any]] = {"classification": {"model.use_gpo": False},
-                                            "retrieval": {}}
-# the paper's defaults where neither the profile nor a flag gives a value
-DEFAULTS = {"trials": 24, "seeds": [1, 2, 3], "shots": 16, "cpus_per_worker": 1.0,
-            "trial_cpus": 1.0, "model": "vacsr-tiny"}
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Bad flags end in one line (`vacsr: error: ...`) and exit 2, like every other bad input."""
-
-    def error(self, message: str):
-        self.exit(2, f"vacsr: error: {self.prog}: {message}\n")
-
-
-def _positive(cast):
-    def check(text: str):
-        try:
-            value = cast(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"expected a value > 0, got {text!r}")
-        return value
-    check.__name__ = cast.__name__
-    return check
-
-
-def _nonempty(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a value, got an empty string")
-    return text
-
-
-def _sweep_name(text: str) -> str:
-    try:
-        return check_sweep_name(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
-    p = OneLineParser(prog=f"sweeps/{kind.name}.py",
-                      description=f"vacsr {kind.name} sweep (Ray Tune + Optuna + MLflow)")
-    env = lambda name: os.environ.get(name) or None  # noqa: E731 (an empty variable is unset)
-    p.add_argument("--datasets", type=_nonempty,
-                   help=f"comma-separated subset of {', '.join(kind.datasets)} (default: all)")
-    p.add_argument("--data-root", type=_nonempty, default=env("VACSR_DATA_ROOT"),
-                   help="folder with the datasets in their real layouts (env VACSR_DATA_ROOT); "
-                        "default: the embedded profile, synthetic data under the sweep folder")
-    p.add_argument("--model", type=_nonempty, help="open_clip model name (default vacsr-tiny)")
-    p.add_argument("--pretrained", type=_nonempty, help="open_clip tag or local weights file")
-    p.add_argument("--trials", type=_positive(int), help="trials per dataset (default 24)")
-    p.add_argument("--epochs", type=_positive(int), help="epochs when not searched")
-    p.add_argument("--shots", type=_positive(int), help="few-shot K (default 16)")
-    p.add_argument("--seeds", type=_nonempty, help="seeds of the final re-runs (default 1,2,3)")
-    p.add_argument("--name", type=_sweep_name, default=kind.name,
-                   help="sweep name: its folder under --storage (letters, digits, . _ -)")
-    p.add_argument("--storage", type=_nonempty, default=env("VACSR_SWEEP_STORAGE") or "sweeps_out",
-                   help="sweep folder; on a multi-node cluster a path every node mounts "
-                        "(env VACSR_SWEEP_STORAGE)")
-    p.add_argument("--ray-storage", type=_nonempty, default=env("VACSR_RAY_STORAGE"),
-                   help="Tune/Train experiments and checkpoints: a shared path or an s3:// gs:// "
-                        "URI (env VACSR_RAY_STORAGE; default: the sweep folder)")
-    p.add_argument("--optuna-storage", type=_nonempty, default=env("VACSR_OPTUNA_STORAGE"),
-                   help="Optuna RDB URL, e.g. postgresql://... (env VACSR_OPTUNA_STORAGE; "
-                        "default: sqlite in the sweep folder)")
-    p.add_argument("--tracking-uri", type=_nonempty, default=env("MLFLOW_TRACKING_URI"),
-                   help="MLflow URI (env MLFLOW_TRACKING_URI; default: sqlite in the sweep folder)")
-    p.add_argument("--ray-address", type=_nonempty, default=env("RAY_ADDRESS"),
-                   help="Ray cluster to join (env RAY_ADDRESS, set by `ray job submit`; "
-                        "default: start a local Ray of its own)")
-    p.add_argument("--workers", type=_positive(int), default=1, help="Ray Train workers per trial")
-    p.add_argument("--gpus-per-worker", type=float, default=0.0)
-    p.add_argument("--cpus-per-worker", type=_positive(float), help="CPUs per Train worker (1)")
-    p.add_argument("--trial-cpus", type=_positive(float),
-                   help="CPUs of a trial's actor where it only drives 2+ Train workers (1); a "
-                        "one-worker trial trains in its actor, on --cpus-per-worker")
-    p.add_argument("--eval-actors", type=_positive(int), default=1,
-                   help="Ray actors scoring each final checkpoint's test splits (EvalPool)")
-    p.add_argument("--parallel-datasets", type=_positive(int),
-                   help="datasets searched at once (default: as many as the cluster holds)")
-    p.add_argument("--concurrent-trials", type=_positive(int), default=1,
-                   help="trials of one dataset run at once (default 1: the same table on every "
-                        "run; more fills a cluster sooner, but ASHA's stops then depend on which "
-                        "trial reports first)")
-    p.add_argument("--range", action="append", default=[], metavar="KEY=KIND:LOW:HIGH",
-                   help="override a search range, e.g. loss.beta=log:0.5:2")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override applied to every run")
-    p.add_argument("--resume", action="store_true", help="continue a sweep whose driver died")
-    p.add_argument("--seed", type=int, default=0, help="Optuna sampler seed")
-    p.add_argument("--verbose", action="store_true",
-                   help="show Ray, Tune and Optuna output on the console (default: log files)")
-    return p
-
-
-def load_profile(kind: SweepKind, path: Path = PROFILE) -> dict[str, Any]:
-    """The embedded profile with the kind's section merged in (`set` merges, `range` replaces)."""
-    profile = cfg.read_yaml_file(path, "the embedded sweep profile")
-    section = (profile.pop("kinds", None) or {}).get(kind.name, {})
-    profile["set"] = {**profile.get("set", {}), **section.get("set", {})}
-    profile["range"] = section.get("range", profile.get("range", {}))
-    return profile
-
-
-def _datasets(kind: SweepKind, text: str | None) -> list[str]:
-    names = [d.strip() for d in text.split(",") if d.strip()] if text else list(kind.datasets)
-    for name in names:
-        if name not in kind.datasets + kind.also_accepts:
-            raise ConfigError(f"--datasets: unknown dataset {name!r} "
-                              f"(known: {', '.join(kind.datasets)})")
-    if not names:
-        raise ConfigError("--datasets: expected at least one dataset name")
-    return list(dict.fromkeys(names))
-
-
-def _seeds(text: str | None, default: list[int]) -> tuple[int, ...]:
-    if text is None:
-        return tuple(default)
-    try:
-        seeds = tuple(int(s) for s in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--seeds: expected comma-separated integers, got {text!r}") from None
-    return tuple(dict.fromkeys(seeds))
-
-
-def _ray_storage(text: str | None) -> str:
-    """A URI pyarrow can open (s3://, gs://, file://...) as given; a path made absolute."""
-    if text is None:
-        return ""
-    if "://" not in text:
-        return str(Path(text).expanduser().resolve())
-    try:
-        storage_filesystem(text)
-    except Exception as exc:  # pyarrow raises ArrowInvalid / ValueError / OSError by scheme
-        raise ConfigError(f"--ray-storage {text!r}: not a storage URI pyarrow can open "
-                          f"({str(exc).splitlines()[0]})") from None
-    return text
-
-
-def _embedded_data(kind: SweepKind, profile: dict, storage: Path, model: str,
-                   pretrained: str | None, datasets: list[str]) -> tuple[Path, str | None]:
-    """No --data-root: synthetic data in the real layouts (and the pretrained tiny CLIP)."""
-    from vacsr.data.generate import generate_all
-
-    root = storage / "data"
-    if not (root / ".generated").is_file():
-        print(f"writing synthetic datasets in their real layouts under {root}", flush=True)
-        names = [d for d in kind.data_needed(datasets) if d not in kind.also_accepts]
-        generate_all(root, datasets=names, per_class=tuple(profile["synthetic_per_class"]))
-        (root / ".generated").write_text("ok\n")
-    weights = storage / "tiny-clip.pt"
-    if pretrained is None and profile.get("pretrain_tiny") and model == profile["model"]:
-        if not weights.is_file():
-            from vacsr.model.pretrain import pretrain_clip
-
-            print(f"pretraining the tiny CLIP on synthetic pairs -> {weights}", flush=True)
-            pretrain_clip(weights, progress=False)
-        pretrained = str(weights)
-    return root, pretrained
-
-
-def _base_values(kind: SweepKind, args, profile: dict, root: Path, model: str,
-                 pretrained: str | None) -> dict[str, Any]:
-    """Config values every run of the sweep shares: plumbing, then the task's settings."""
-    values = {"data.task": kind.task, "data.root": str(root), "model.name": model,
-              "data.subsample_classes": kind.train_classes,
-              "data.shots": _pick(args.shots, profile, "shots"),
-              "train.progress": False, "train.resume": True, "train.workers": args.workers,
-              "train.gpus_per_worker": args.gpus_per_worker,
-              "train.cpus_per_worker": _pick(args.cpus_per_worker, profile, "cpus_per_worker"),
-              # Ray Train restarts a run once after losing a worker; errors of the run itself
-              # (bad data, a diverged loss) end it at once (vacsr/distributed/train.py)
-              "train.max_failures": 1, **TASK_SETTINGS[kind.task]}
-    if pretrained:
-        values["model.pretrained"] = pretrained
-    return values
-
-
-def _pick(flag: Any, profile: dict, key: str) -> Any:
-    return flag if flag is not None else profile.get(key, DEFAULTS[key])
-
-
-def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | None = None
-                   ) -> SweepPlan:
-    """Parse and check everything (names, ranges, configs, MLflow, Optuna) into a SweepPlan;
-    only then call `on_folder(sweep folder)` (the driver takes its lock there) and write the
-    embedded profile's synthetic data."""
-    datasets = _datasets(kind, args.datasets)
-    embedded = args.data_root is None
-    profile = load_profile(kind) if embedded else {}
-    model = _pick(args.model, profile, "model")
-    check_model(model)
-    if args.pretrained:
-        check_pretrained(args.pretrained, model)
-    if args.ray_address:  # a cluster that is not there: one line now, not a wait in ray.init
-        check_ray_address(args.ray_address)
-    user = dict(cfg.parse_override(text) for text in args.set)  # each --set parsed here, once
-    ranges = {key: parse_range(f"{key}={text}")[1]
-              for key, text in profile.get("range", {}).items() if key not in kind.protocol}
-    ranges.update(parse_range(text) for text in args.range)
-    storage = sweep_folder(args.storage, args.name)
-    root = storage / "data" if embedded else Path(args.data_root).expanduser().resolve()
-    if not embedded:
-        check_datasets(root, kind.task, [d for d in kind.data_needed(datasets)
-                                         if d not in kind.also_accepts])
-    tiny = embedded and profile.get("pretrain_tiny") and model == profile["model"]
-    pretrained = args.pretrained or (str(storage / "tiny-clip.pt") if tiny else None)
-    shared = _base_values(kind, args, profile, root, model, pretrained)
-    epochs = {"train.epochs": args.epochs} if args.epochs else {}
-    configs = {d: build_config([shared, {"data.dataset": d}, dict(kind.protocol),
-                                profile.get("set", {}), epochs, user], set(user))
-               for d in datasets}
-    depths = tower_depths(model)
-    spaces = {d: clamp_blocks(dataset_space(kind.space, kind.batch_sizes.get(d, ()), ranges,
-                                            configs[d].train.workers, d), depths)
-              for d in datasets}
-    for d in datasets:  # a value the runs refuse fails here, before Ray starts
-        check_space_values(spaces[d], configs[d], d)
-    # a local instance of the sweep's own (the GPUs torch sees); one the caller started has its own
-    check_devices(configs, local=not args.ray_address and not ray.is_initialized())
-    from vacsr.sweep.driver import check_optuna_storage, prepare_tracking
-
-    plan = SweepPlan(
-        kind=kind, name=args.name, configs=configs, spaces=spaces, storage=storage,
-        tracking_uri=prepare_tracking(args.tracking_uri, storage),
-        trials=_pick(args.trials, profile, "trials"),
-        seeds=_seeds(args.seeds, _pick(None, profile, "seeds")), sampler_seed=args.seed,
-        resume=args.resume, parallel=args.parallel_datasets,
-        concurrent_trials=args.concurrent_trials,
-        trial_cpus=_pick(args.trial_cpus, profile, "trial_cpus"),
-        ray_storage=_ray_storage(args.ray_storage), optuna_url=args.optuna_storage or "",
-        ray_address=args.ray_address, eval_actors=args.eval_actors, verbose=args.verbose)
-    if plan.optuna_url:  # an unreachable study database fails here, not in a trial
-        check_optuna_storage(plan)
-    if on_folder is not None:
-        on_folder(storage)
-    if embedded:
-        _embedded_data(kind, profile, storage, model, args.pretrained, datasets)
-    return plan
+from vacsr.errors import VacsrError
+from vacsr.sweep.plan.command_line import build_parser, plan_from_args
+from vacsr.sweep.plan.ownership import DriverLock
+from vacsr.sweep.spec.kind import SweepKind
 
 
 def main(kind: SweepKind, argv: list[str] | None = None) -> int:
@@ -280,7 +26,7 @@ def main(kind: SweepKind, argv: list[str] | None = None) -> int:
     locks: list[DriverLock] = []
     try:  # one driver per sweep folder, from before its data is written (sweep/ownership.py)
         plan = plan_from_args(kind, args, on_folder=lambda folder: locks.append(DriverLock(folder)))
-        from vacsr.sweep.driver import mlflow_ui_hint, run_sweep
+        from vacsr.sweep.flow.driver import mlflow_ui_hint, run_sweep
 
         outcome = run_sweep(plan)
     except VacsrError as exc:
@@ -290,8 +36,8 @@ def main(kind: SweepKind, argv: list[str] | None = None) -> int:
         print(f"vacsr: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # the MLflow server went away while the driver itself logged
-        from vacsr.sweep.driver import SweepTrackingDown
-        from vacsr.sweep.reserve import tracking_failure
+        from vacsr.sweep.flow.driver import SweepTrackingDown
+        from vacsr.sweep.flow.recovery import tracking_failure
 
         down = tracking_failure(exc)
         if not down:
@@ -303,7 +49,7 @@ def main(kind: SweepKind, argv: list[str] | None = None) -> int:
         for lock in locks:
             lock.release()
     print(f"sweep {plan.name} done in {time.time() - start:.0f} s; results in {plan.storage}")
-    from vacsr.tracking import MlflowTracker
+    from vacsr.records import MlflowTracker
 
     experiment_id = MlflowTracker(plan.tracking_uri).experiment_id(plan.kind.experiment)
     print(f"open the MLflow UI: {mlflow_ui_hint(plan.tracking_uri, experiment_id, plan.name)}")

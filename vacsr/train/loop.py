@@ -262,7 +262,7 @@ class Trainer:
         """The run's MLflow callback, when config.tracking asks for one (mlflow loads only then)."""
         if not self.config.tracking.enabled:
             return None
-        from vacsr.tracking import TrackingCallback
+        from vacsr.records import TrackingCallback
 
         return TrackingCallback.from_config(self.config, resume=hooks.tracking_resume(self),
                                             tags=hooks.tracking_tags())

@@ -3,7 +3,7 @@
 place. `LocalRun` is a run in this process; `vacsr.distributed.worker.RayTrainRun` a Ray Train
 worker's share of a run (a `vacsr train --ray` run, a sweep's final run, or a Tune trial of
 several workers, whose reports its TuneReportCallback passes on to Tune);
-`vacsr.sweep.trial_run.TuneTrialRun` a one-worker Tune trial training in its trial actor.
+`vacsr.sweep.search.trial_run.TuneTrialRun` a one-worker Tune trial training in its trial actor.
 """
 from __future__ import annotations
 

@@ -10,10 +10,10 @@ import yaml
 
 from vacsr.atomic import atomic_write_bytes, require_writable_folder
 from vacsr.errors import ConfigError
-from vacsr.sweep.importance import FOLDER, Sensitivity, importance_table
-from vacsr.sweep.report import readable, table_rows, to_markdown
-from vacsr.tracking import MlflowTracker, check_tracking_uri, redact_uri
-from vacsr.tracking.uri import check_store_exists
+from vacsr.sweep.report.importance import FOLDER, Sensitivity, importance_table
+from vacsr.sweep.report.table import readable, table_rows, to_markdown
+from vacsr.records import MlflowTracker, check_tracking_uri, redact_uri
+from vacsr.records.uri import check_store_exists
 
 
 def find_sweep_run(tracker: MlflowTracker, experiment: str, sweep: str | None):

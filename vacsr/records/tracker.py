@@ -24,7 +24,7 @@ from mlflow.exceptions import MlflowException
 from vacsr.config import Config, public_dict, save_config
 from vacsr.errors import ConfigError
 from vacsr.redact import split_credentials
-from vacsr.tracking.uri import (_absolute, redact_uri, resolve_tracking_uri, sqlite_path,
+from vacsr.records.uri import (_absolute, redact_uri, resolve_tracking_uri, sqlite_path,
                                 store_creation_lock)
 
 log = logging.getLogger(__name__)

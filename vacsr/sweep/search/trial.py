@@ -2,7 +2,7 @@
 
 The trial function runs in a Tune trial actor; it gets the dataset's resolved Config as an object
 (`tune.with_parameters`) and applies the suggested values. A run of one worker trains in the
-actor itself, which holds the worker's resources (vacsr/sweep/trial_run.py); a run of several
+actor itself, which holds the worker's resources (vacsr/sweep/search/trial_run.py); a run of several
 builds a TorchTrainer (workers reserved separately) whose `TuneReportCallback` forwards each
 epoch's report to Tune. Either way every epoch reaches Tune, so ASHA can stop the trial.
 """
@@ -18,7 +18,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from vacsr.config import Config, set_value, validate
 from vacsr.distributed.train import build_torch_trainer, raise_if_run_failed
-from vacsr.sweep.plan import trains_in_trial
+from vacsr.sweep.plan.plan import trains_in_trial
 
 CHECKPOINT_PATH_KEY = "checkpoint_path"  # the key TuneReportCallback gives the checkpoint's path
 
@@ -71,7 +71,7 @@ def run_trial(suggested: dict[str, Any], base: Config, meta: TrialMeta) -> None:
     config.tracking.parent_run_id = meta.parent_run_id
     config.tracking.run_name = f"{meta.dataset}-{trial_id}"
     if trains_in_trial(config.train):
-        from vacsr.sweep.trial_run import fit_in_trial  # the model stack loads here, on demand
+        from vacsr.sweep.search.trial_run import fit_in_trial  # the model stack loads here, on demand
 
         fit_in_trial(config)
         return

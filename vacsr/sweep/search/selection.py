@@ -28,9 +28,9 @@ class DatasetFailed(VacsrError):
 
 def creation_order(storage, study_name: str) -> dict[str, int]:
     """Tune trial id -> the number of the first Optuna trial created for it (the searcher tags
-    each Optuna trial with its Tune trial, vacsr/sweep/searcher.py). A trial resumed after a
+    each Optuna trial with its Tune trial, vacsr/sweep/search/optuna_searcher.py). A trial resumed after a
     stop gets a new Optuna trial with a higher number; it keeps its first one."""
-    from vacsr.sweep.searcher import TUNE_TRIAL_ATTR
+    from vacsr.sweep.search.optuna_searcher import TUNE_TRIAL_ATTR
 
     try:
         study_id = storage.get_study_id_from_name(study_name)

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from vacsr.atomic import atomic_write, atomic_write_json
-from vacsr.sweep.report import readable
-from vacsr.sweep.space import Choice, Domain, Int, LogFloat
+from vacsr.sweep.report.table import readable
+from vacsr.sweep.spec.space import Choice, Domain, Int, LogFloat
 
 TOP_QUANTILE = 0.25  # importance = what it takes to reach the best quarter of the trials
 MIN_TOP_TRIALS = 5  # Optuna's PED-ANOVA docs: at least 5 trials above the target quantile
@@ -185,7 +185,7 @@ def record_sensitivity(plan, dataset: str, tracker, selected: dict[str, Any]) ->
     MLflow run held by `tracker`; returns the summary results.md shows."""
     import optuna
 
-    from vacsr.sweep.search import open_optuna_storage
+    from vacsr.sweep.search.tune import open_optuna_storage
 
     storage = open_optuna_storage(plan)
     try:

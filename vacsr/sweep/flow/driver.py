@@ -23,21 +23,21 @@ from vacsr.atomic import atomic_write_text
 from vacsr.config import flatten, save_config
 from vacsr.distributed.cluster import ensure_ray, quiet_logging
 from vacsr.errors import StorageError, VacsrError
-from vacsr.sweep.events import EventSink, start_event_log
-from vacsr.sweep.final import final_runs
-from vacsr.sweep.importance import importance_section, record_sensitivity
-from vacsr.sweep.ownership import claim_state
-from vacsr.sweep.plan import SweepPlan, plan_parallelism
-from vacsr.sweep.progress import SweepProgress
-from vacsr.sweep.report import table_spec, write_report
-from vacsr.sweep.reserve import SpaceReserve, storage_failure, tracking_failure
-from vacsr.sweep.search import (close_running_children, fail_running_trials, open_optuna_storage,
+from vacsr.sweep.flow.events import EventSink, start_event_log
+from vacsr.sweep.final.seeds import final_runs
+from vacsr.sweep.report.importance import importance_section, record_sensitivity
+from vacsr.sweep.plan.ownership import claim_state
+from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism
+from vacsr.sweep.report.progress import SweepProgress
+from vacsr.sweep.report.table import table_spec, write_report
+from vacsr.sweep.flow.recovery import SpaceReserve, storage_failure, tracking_failure
+from vacsr.sweep.search.tune import (close_running_children, fail_running_trials, open_optuna_storage,
                                 search_dataset)
-from vacsr.sweep.state import SweepState
-from vacsr.sweep.view import publish_table, view_query
-from vacsr.tracking import (MlflowTracker, check_tracking_uri, new_run_key, redact_uri,
+from vacsr.records.sweep_state import SweepState
+from vacsr.records.view import publish_table, view_query
+from vacsr.records import (MlflowTracker, check_tracking_uri, new_run_key, redact_uri,
                             resolve_tracking_uri)
-from vacsr.tracking.inputs import log_dataset_inputs
+from vacsr.records.inputs import log_dataset_inputs
 
 
 class SweepInterrupted(VacsrError):
@@ -323,7 +323,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
 
 def mlflow_ui_hint(uri: str, experiment_id: str | None = None, sweep: str | None = None) -> str:
     """The command that serves the store, and the link to open: the sweep's saved view (its runs
-    with the table's metrics as columns, vacsr/sweep/view.py) when the sweep saved one, else its
+    with the table's metrics as columns, vacsr/records/view.py) when the sweep saved one, else its
     runs filtered and sorted by name. MLflow 3.17's UI opens every experiment on its GenAI
     overview (traces) whatever the experiment's kind tag says, so the link asks for the runs table
     (`workflowType`); sorted by start time the table would fold the dataset runs under the

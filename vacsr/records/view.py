@@ -16,7 +16,7 @@ import json
 import re
 import time
 
-from vacsr.sweep.report import table_spec
+from vacsr.sweep.report.table import table_spec
 
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 VIEW_PARAM = "viewStateShareKey"

@@ -9,7 +9,7 @@ the run computes where a Train worker would. A lost actor (a dead node) is resta
 the last reported checkpoint, up to `train.max_failures` times, as Ray Train restarts a lost
 worker; an error of the run itself (a VacsrError: bad data, a diverged loss) is recorded in
 FAILED_FILE, and Tune's retry of it ends at once with the same error instead of training again.
-Runs of several workers stay on Ray Train (vacsr/sweep/trial.py).
+Runs of several workers stay on Ray Train (vacsr/sweep/search/trial.py).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from ray import tune
 from vacsr.config import Config
 from vacsr.distributed.train import record_run_failure
 from vacsr.errors import RunFailed, VacsrError
-from vacsr.sweep.reserve import outage
+from vacsr.sweep.flow.recovery import outage
 from vacsr.train.files import CHECKPOINT_FILE, FAILED_FILE
 from vacsr.train.run_hooks import RunHooks
 

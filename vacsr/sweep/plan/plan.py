@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from vacsr.config import Config, from_dict, set_value, validate
-from vacsr.sweep.kind import SweepKind
-from vacsr.sweep.space import Domain
-from vacsr.sweep.storage import join_storage
+from vacsr.sweep.spec.kind import SweepKind
+from vacsr.sweep.spec.space import Domain
+from vacsr.sweep.plan.folders import join_storage
 
 PAPER_DECAY_EPOCH, PAPER_EPOCHS = 15, 25  # a step schedule decays at epoch 15 of 25 (C.2)
 
@@ -81,7 +81,7 @@ def build_config(layers: list[dict[str, Any]], user_keys: set[str]) -> Config:
 
 
 def trains_in_trial(train) -> bool:
-    """A run of one worker trains in its Tune trial actor (vacsr/sweep/trial_run.py); a run of
+    """A run of one worker trains in its Tune trial actor (vacsr/sweep/search/trial_run.py); a run of
     several is a Ray Train TorchTrainer whose workers reserve their own resources."""
     return train.workers == 1
 

@@ -16,9 +16,9 @@ from typing import Callable
 
 from vacsr.distributed.eval_actor import PoolScorer
 from vacsr.distributed.train import fit_ray
-from vacsr.sweep.plan import SweepPlan
-from vacsr.sweep.storage import copy_from_storage
-from vacsr.tracking import TrackingCallback
+from vacsr.sweep.plan.plan import SweepPlan
+from vacsr.sweep.plan.folders import copy_from_storage
+from vacsr.records import TrackingCallback
 from vacsr.train.files import CHECKPOINT_FILE
 
 

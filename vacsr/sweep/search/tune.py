@@ -1,34 +1,31 @@
 """One dataset's search: Tune + Optuna over Ray Train trials, then the best trial (paper sec. 4.1,
 appendix C: selection on the validation split only).
 
-Runs inside the dataset's Ray task (vacsr/sweep/driver.py): each dataset's Tuner lives in a process
+Runs inside the dataset's Ray task (vacsr/sweep/flow/driver.py): each dataset's Tuner lives in a process
 of its own, so datasets searched side by side share no Tune or Optuna state.
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 import zlib
-from pathlib import Path
 from typing import Any, Callable
 
 from ray import tune
-from ray.tune.schedulers import ASHAScheduler
 
-from vacsr.atomic import atomic_write_json
 from vacsr.distributed.storage_fs import ray_storage
 from vacsr.errors import ConfigError, VacsrError
-from vacsr.sweep.plan import SweepPlan, trains_in_trial, trial_resources
-from vacsr.sweep.repair import repair_experiment
-from vacsr.sweep.reserve import TRACKING_DOWN_NOTE, tracking_failure
-from vacsr.sweep.searcher import OptunaStudySearch
-from vacsr.sweep.selection import (creation_order, read_selection, select_best,
+from vacsr.sweep.plan.plan import SweepPlan, trains_in_trial, trial_resources
+from vacsr.sweep.flow.recovery import repair_experiment
+from vacsr.sweep.flow.recovery import TRACKING_DOWN_NOTE, tracking_failure
+from vacsr.sweep.search.asha import ASHA_STOPS_FILE, AshaStops, RecordingASHA
+from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
+from vacsr.sweep.search.selection import (creation_order, read_selection, select_best,
                                    write_selection)
-from vacsr.sweep.space import DefineByRun, start_point
-from vacsr.sweep.storage import join_storage
-from vacsr.sweep.trial import CHECKPOINT_PATH_KEY, TrialMeta, run_trial, with_suggestions
-from vacsr.tracking import MlflowTracker, redact_uri
+from vacsr.sweep.spec.space import DefineByRun, start_point
+from vacsr.sweep.plan.folders import join_storage
+from vacsr.sweep.search.trial import CHECKPOINT_PATH_KEY, TrialMeta, run_trial, with_suggestions
+from vacsr.records import MlflowTracker, redact_uri
 from vacsr.train.files import CHECKPOINT_FILE
 
 
@@ -86,61 +83,6 @@ def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str) -> str:
     return name
 
 
-ASHA_STOPS_FILE = "asha_stops.json"  # in trials/<dataset>/ of the sweep folder
-
-
-class AshaStops:
-    """Each trial ASHA stopped: the rung (epoch), its value there and the values it was compared
-    with, kept in the sweep folder for the trial's MLflow run (`record_selection_values`)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-
-    def read(self) -> dict[str, dict]:
-        try:  # informative only: a damaged file loses the note, never a result
-            stops = json.loads(self.path.read_text())
-        except (OSError, ValueError, UnicodeDecodeError):
-            return {}
-        return stops if isinstance(stops, dict) else {}
-
-    def add(self, trial_id: str, entry: dict) -> None:
-        atomic_write_json(self.path, {**self.read(), trial_id: entry})
-
-
-class RecordingASHA(ASHAScheduler):
-    """ASHA (one bracket) that notes why it stops a trial. The rungs and the record per rung
-    mirror ASHA's own bookkeeping (Li et al. 2020, Alg. 2): a trial's value is compared, at the
-    first rung it reaches, with the values trials reported there before it. With several trials
-    of one dataset running at once, which trials reported before depends on timing."""
-
-    def __init__(self, stops: AshaStops, *, time_attr: str, max_t: int, grace_period: int,
-                 reduction_factor: int = 4) -> None:
-        super().__init__(time_attr=time_attr, max_t=max_t, grace_period=grace_period,
-                         reduction_factor=reduction_factor)
-        self.stops, self.time_key = stops, time_attr
-        rungs, milestone = [], grace_period
-        while milestone < max_t:
-            rungs.append(milestone)
-            milestone *= reduction_factor
-        self.rungs: dict[int, dict[str, float]] = {m: {} for m in reversed(rungs)}
-
-    def on_trial_result(self, *args) -> str:  # (controller, trial, result), as Tune calls it
-        decision = super().on_trial_result(*args)
-        trial, result = args[-2], args[-1]
-        now, value = result.get(self.time_key), result.get(self.metric)
-        if not isinstance(now, (int, float)) or not isinstance(value, (int, float)):
-            return decision
-        for milestone, recorded in self.rungs.items():  # highest rung first
-            if now < milestone or trial.trial_id in recorded:
-                continue
-            if decision == ASHAScheduler.STOP:
-                self.stops.add(trial.trial_id, {"rung": milestone, "value": value,
-                                                "compared": sorted(recorded.values())})
-            recorded[trial.trial_id] = value
-            break
-        return decision
-
-
 def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: int,
            callbacks: list, stops: AshaStops) -> tune.Tuner:
     """A new Tuner, or the restored one when --resume finds this dataset's experiment."""
@@ -160,7 +102,7 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
                                points_to_evaluate=[start_point(space, base)])
     max_epochs = max(base.train.epochs, getattr(space.get("train.epochs"), "high", 0))
     # a trial that trains in its actor is restarted by Tune when the actor is lost (Ray Train
-    # restarts the workers of the others); its own errors end at once (vacsr/sweep/trial_run.py)
+    # restarts the workers of the others); its own errors end at once (vacsr/sweep/search/trial_run.py)
     in_actor = trains_in_trial(base.train)
     retries = base.train.max_failures if in_actor else 0
     return tune.Tuner(

@@ -13,8 +13,8 @@ from vacsr.atomic import atomic_write_json
 from vacsr.config import Config
 from vacsr.errors import ConfigError
 from vacsr.plots import plot_training_curves
-from vacsr.tracking.run import RUN_KEY_TAG, MlflowTracker, new_run_key
-from vacsr.tracking.uri import _absolute, check_tracking_uri, redact_uri, resolve_tracking_uri
+from vacsr.records.tracker import RUN_KEY_TAG, MlflowTracker, new_run_key
+from vacsr.records.uri import _absolute, check_tracking_uri, redact_uri, resolve_tracking_uri
 from vacsr.train.files import CONFIG_FILE, METRICS_FILE
 
 RUN_STATE_FILE = "mlflow_run.json"  # in a training output_dir: the run a resumed training continues

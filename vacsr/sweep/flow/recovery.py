@@ -1,11 +1,21 @@
-"""Room kept in the sweep folder so that a full disk can still close the sweep's records.
+"""Recovering from a full disk or a tracking outage: the room kept to close the records, the
+classification of a failure, and the repair of a Tune folder before `--resume`.
 
-A full disk stops every writer at once, the driver's record keeping included: the SQLite files of
+Room kept in the sweep folder so that a full disk can still close the sweep's records. A full disk stops every writer at once, the driver's record keeping included: the SQLite files of
 MLflow and Optuna in the sweep folder need room for their journals to mark runs KILLED and
 trials FAIL, and sweep_state.json is written whole. So while a driver runs it holds
 `<sweep folder>/.space-reserve` (RESERVE_BYTES, allocated, not sparse); when a storage error
 stops the sweep it removes that file first and closes its records in the room it frees. A
 `--resume` allocates it again, and stops with one line while the disk is still full.
+
+What a failed write leaves in a Tune experiment folder is cleared before `--resume` restores
+it. A full disk (or a quota) mid-trial leaves zero-byte files where Tune was writing: its restore
+then stops on them for good (an empty `error.pkl` ends in `EOFError: Ran out of input` when the
+results are read). Empty pickles and JSON files are never valid, so they are removed (Tune falls
+back to `error.txt` for an error); and trials that errored on a storage error are resumed from
+their checkpoints, since freeing space removes their cause (so are trials whose MLflow server
+stopped answering, once it is back); other errors stay final: the same config and seed fail
+again.
 """
 from __future__ import annotations
 
@@ -34,7 +44,7 @@ _ERROR_CLASS = re.compile(r"^[\w.]+(Error|Exception): ")  # "vacsr.errors.Storag
 # a gateway's 5xx): a restarted server cures it, as freeing space cures a full disk
 TRACKING_DOWN = re.compile(r"API request to (?:endpoint )?(\S+?) failed with "
                            r"(?:exception|error code 5\d\d)")
-# ... and what vacsr's own check of the store says then (vacsr/tracking/uri.py)
+# ... and what vacsr's own check of the store says then (vacsr/records/uri.py)
 TRACKING_CHECK_DOWN = re.compile(r"MLflow tracking URI (\S+): (?:server not answering|"
                                  r"server answered HTTP 5\d\d)")
 TRACKING_DOWN_NOTE = "the MLflow server did not answer"  # how vacsr passes such an error on
@@ -125,3 +135,36 @@ class SpaceReserve:
     def release(self) -> None:
         """Give the room back to the disk (the records about to be closed need it)."""
         self.path.unlink(missing_ok=True)
+
+
+def clear_empty_files(folder: Path) -> list[Path]:
+    """Remove the zero-byte .pkl / .json files under `folder`; returns them."""
+    removed = []
+    for path in sorted(folder.rglob("*")):
+        if path.suffix in (".pkl", ".json") and path.is_file() and path.stat().st_size == 0:
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def failed_on_outage(folder: Path) -> bool:
+    """True when a trial of the experiment errored on a storage error or on a tracking server
+    that did not answer (its error.txt says): another try cures both."""
+    for path in folder.rglob("error.txt"):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        if outage(text):
+            return True
+    return False
+
+
+def repair_experiment(folder: str) -> bool:
+    """Clear a local experiment folder for restore; True when its errored trials should resume
+    (they failed on storage or on the tracking server). A URI (s3://...) is left as it is: object stores write whole
+    objects or none."""
+    if "://" in folder or not Path(folder).is_dir():
+        return False
+    clear_empty_files(Path(folder))
+    return failed_on_outage(Path(folder))

@@ -3,7 +3,7 @@ the base-to-novel datasets with their batch sizes, the domain shifts and the pub
 `sweeps/*.py` compose their kinds from these."""
 from __future__ import annotations
 
-from vacsr.sweep.space import Choice, Domain, Int, LogFloat
+from vacsr.sweep.spec.space import Choice, Domain, Int, LogFloat
 
 ADAPTER_SPACE: dict[str, Domain] = {
     "loss.alpha_kl": LogFloat(1e-5, 1e-2),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from vacsr.sweep.space import Domain
+from vacsr.sweep.spec.space import Domain
 
 
 @dataclass(frozen=True)

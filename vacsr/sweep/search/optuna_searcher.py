@@ -8,7 +8,7 @@ to update a finished one).
 
 Each Optuna trial carries the id of the Tune trial it configures (user attribute TUNE_TRIAL_ATTR),
 written when the trial is created: the study's trial numbers are then the order the searcher
-created the Tune trials in, which selection breaks ties by (vacsr/sweep/selection.py).
+created the Tune trials in, which selection breaks ties by (vacsr/sweep/search/selection.py).
 """
 from __future__ import annotations
 

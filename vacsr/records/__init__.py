@@ -10,13 +10,13 @@ opens on its runs; a parent run per sweep, a child run per dataset and a child p
 `mlflow.parentRunId`); params = the flattened config; metrics per epoch with step = epoch number
 (1-based, the "epoch" entry of the history); `best_*` metrics at the end.
 """
-from vacsr.tracking.callback import RUN_STATE_FILE, TrackingCallback, best_entry
-from vacsr.tracking.run import (
+from vacsr.records.callback import RUN_STATE_FILE, TrackingCallback, best_entry
+from vacsr.records.tracker import (
     ARTIFACTS_DIR, EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MAX_KEY_LENGTH, MAX_METRICS_PER_BATCH,
     MAX_PARAM_VALUE_LENGTH, MAX_PARAMS_PER_BATCH, PARAMS_CHANGED_TAG, PARENT_TAG, RUN_KEY_TAG,
     MlflowTracker, metric_name, new_run_key, numeric_metrics, param_value,
 )
-from vacsr.tracking.uri import (
+from vacsr.records.uri import (
     DB_NAME, DB_PORTS, TRACKING_URI_ENV, check_tracking_uri, redact_uri, resolve_tracking_uri,
     sqlite_path,
 )

@@ -51,7 +51,7 @@ class SweepProgress:
         self._refresh()
 
     def event(self, event: dict) -> None:
-        """An event a dataset's task sent (vacsr/sweep/search.py TrialEvents, final.py)."""
+        """An event a dataset's task sent (vacsr/sweep/search/tune.py TrialEvents, final.py)."""
         dataset = event["dataset"]
         if event["event"] == "trial":
             self.trials[dataset] += 1

@@ -20,8 +20,8 @@ from typing import Any
 from vacsr.config import flatten
 from vacsr.errors import ConfigError
 from vacsr.folder_lock import FolderLock
-from vacsr.sweep.plan import SweepPlan
-from vacsr.sweep.state import SweepState
+from vacsr.sweep.plan.plan import SweepPlan
+from vacsr.records.sweep_state import SweepState
 
 LOCK_FILE = "driver.lock"
 # config keys that place or pace a run but do not change its results
@@ -71,7 +71,7 @@ def _show(value: Any) -> str:
 
 
 def _studies_of(plan: SweepPlan) -> list[str]:
-    from vacsr.sweep.search import open_optuna_storage
+    from vacsr.sweep.search.tune import open_optuna_storage
 
     storage = open_optuna_storage(plan)
     try:
@@ -85,7 +85,7 @@ def check_resume_files(plan: SweepPlan, state: SweepState) -> None:
     """What --resume reads for each unfinished dataset, checked before Ray starts: its recorded
     selection, and Tune's experiment state in a local Ray storage (a zero-byte file is what a
     full disk leaves, cleared by sweep/repair.py; anything else unreadable stops here)."""
-    from vacsr.sweep.selection import read_selection
+    from vacsr.sweep.search.selection import read_selection
 
     for dataset in plan.datasets:
         if state.dataset(dataset).get("done"):

@@ -1,0 +1,1 @@
+"""What a sweep reports: its final table, `vacsr best`, the sensitivity analysis, progress."""

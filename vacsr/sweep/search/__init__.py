@@ -1,0 +1,1 @@
+"""One dataset's search: Tune + Optuna over trials, ASHA, and which trial is selected."""
