@@ -9,6 +9,13 @@ to update a finished one).
 Each Optuna trial carries the id of the Tune trial it configures (user attribute TUNE_TRIAL_ATTR),
 written when the trial is created: the study's trial numbers are then the order the searcher
 created the Tune trials in, which selection breaks ties by (vacsr/sweep/search/selection.py).
+
+Why not Ray's `OptunaSearch`, which takes `storage=`, `study_name=` and `points_to_evaluate=`
+too: restored on `--resume`, it reports a continued trial to the Optuna trial the stopped driver
+marked FAIL, which raises, and its final value never reaches the study (so the resumed search
+samples other configs than an uninterrupted one would); nor does it record the Tune trial id
+that selection's creation order needs. tests/test_optuna_searcher.py shows both on the
+installed Ray.
 """
 from __future__ import annotations
 
