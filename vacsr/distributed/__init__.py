@@ -1,7 +1,7 @@
-"""Ray-side code: cluster connection, distributed training, the evaluation actors.
+"""Ray Core and Ray Train: cluster connection, distributed training, the evaluation actors.
 
-Everything Ray lives under this package (the library core, `vacsr.eval` and `vacsr.model`, never
-imports ray). Names are loaded lazily so that importing one submodule does not import the others.
+Ray Tune lives with the sweep that uses it (vacsr/sweep/search/, vacsr/sweep/flow/); the library
+core (`vacsr.model`, `vacsr.train`, `vacsr.eval`, `vacsr.data`) never imports ray. Names are loaded lazily so that importing one submodule does not import the others.
 """
 from __future__ import annotations
 
