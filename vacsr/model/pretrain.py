@@ -74,5 +74,11 @@ def pretrain_clip(out_path: str | Path, *, name: str = "vacsr-tiny", num_images:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
     bar.close()
-    state = model.state_dict()
-    return atomic_write(out_path, lambda tmp: torch.save(state, tmp))
+    return atomic_write(out_path, lambda tmp: _save(model.state_dict(), tmp))
+
+
+def _save(state: dict, path: Path) -> None:
+    """torch.save through a file object: the archive's inner folder is then named "archive",
+    not after the (temporary) file, so one recipe gives the same bytes every time."""
+    with open(path, "wb") as out:
+        torch.save(state, out)
