@@ -189,16 +189,16 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         return _coerce(value, inner[0], key)
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {_shown(value)}")
+            raise ConfigError(f"{key}: expected a list, got {_quoted(value)}")
         return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
     if annotation is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}: expected true or false, got {_shown(value)}")
+        raise ConfigError(f"{key}: expected true or false, got {_quoted(value)}")
     if annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}: expected an integer, got {_shown(value)}")
+        raise ConfigError(f"{key}: expected an integer, got {_quoted(value)}")
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -207,11 +207,11 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key}: expected a number, got {_shown(value)}")
+        raise ConfigError(f"{key}: expected a number, got {_quoted(value)}")
     if annotation is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(f"{key}: expected a string, got {_shown(value)}")
+        raise ConfigError(f"{key}: expected a string, got {_quoted(value)}")
     raise ConfigError(f"{key}: unsupported type {annotation!r}")
 
 
@@ -258,10 +258,21 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_SHOWN_CHARS = 120  # of a value quoted in an error line
 
 
-def _shown(value: Any) -> str:
-    """repr(value), cut to fit an error line."""
+def _quoted(value: Any) -> str:
+    """repr(value), cut to fit an error line: a bad value as it was given."""
     text = repr(value)
     return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS - 3] + "..."
+
+
+def shown(value: Any, *, joined: bool = False) -> str:
+    """A good value as the user writes it: after `key=` in an override (true, false, null,
+    else str()), or with `joined` after a flag that takes a comma-separated list
+    (--seeds 1,2,3)."""
+    if joined and isinstance(value, list):
+        return ",".join(shown(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
 
 
 class YamlRefused(yaml.YAMLError):
@@ -313,12 +324,12 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 def parse_override(text: str) -> tuple[str, Any]:
     """`loss.beta=2.0` -> ("loss.beta", 2.0); the value is parsed as YAML (bounded loader)."""
     if "=" not in text:
-        raise ConfigError(f"override {_shown(text)}: expected key.sub=value")
+        raise ConfigError(f"override {_quoted(text)}: expected key.sub=value")
     key, raw = text.split("=", 1)
     try:
         value = load_yaml_text(raw) if raw != "" else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {_shown(text)}: value {_yaml_problem(exc)}") from None
+        raise ConfigError(f"override {_quoted(text)}: value {_yaml_problem(exc)}") from None
     return key.strip(), value
 
 
@@ -370,9 +381,22 @@ def to_dict(config: Config) -> dict[str, dict[str, Any]]:
     return dataclasses.asdict(config)
 
 
+def flat_dict(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"loss": {"beta": 1}} -> {"loss.beta": 1}: nested mappings (a config's sections, Tune's
+    nesting of dotted keys) joined with dots; keys already dotted pass as they are."""
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flat_dict(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
 def flatten(config: Config) -> dict[str, Any]:
     """{"loss.beta": 1.0, ...}: one entry per config key (used for tracking params)."""
-    return {f"{s}.{k}": v for s, values in to_dict(config).items() for k, v in values.items()}
+    return flat_dict(to_dict(config))
 
 
 def from_dict(mapping: dict[str, Any]) -> Config:
@@ -405,7 +429,7 @@ def save_config(config: Config, path: str | Path) -> None:
 # ---------------------------------------------------------------- validation
 def _check(condition: bool, key: str, expected: str, value: Any) -> None:
     if not condition:
-        raise ConfigError(f"{key}: expected {expected}, got {_shown(value)}")
+        raise ConfigError(f"{key}: expected {expected}, got {_quoted(value)}")
 
 
 def _one_of(key: str, value: Any, choices: tuple[str, ...]) -> None:

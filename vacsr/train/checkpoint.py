@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from vacsr.atomic import atomic_write
-from vacsr.config import to_dict
+from vacsr.config import shown, to_dict
 from vacsr.errors import CheckpointError
+from vacsr.train.files import CHECKPOINT_FILE
 
 # config keys that change the model's parameter names or shapes
 ARCHITECTURE_KEYS = ("model.name", "model.use_gpo", "adapter.kind", "adapter.hidden_dim",
@@ -47,7 +48,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                               f"({exc.__class__.__name__})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a vacsr checkpoint; "
-                              "expected the dict `vacsr train` writes (last.ckpt)")
+                              f"expected the dict `vacsr train` writes ({CHECKPOINT_FILE})")
     check_payload(path, state)
     return state
 
@@ -79,13 +80,6 @@ def check_payload(path: str | Path, state: dict) -> None:
                                   "`vacsr train` writes")
 
 
-def _show(value: Any) -> str:
-    """A value as it is written in a `key=value` override."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "null" if value is None else str(value)
-
-
 def config_differences(stored: dict, current: dict, keys: tuple[str, ...]
                        ) -> list[tuple[str, Any, Any]]:
     """(key, stored value, current value) for each of `keys` the two nested configs disagree on;
@@ -113,10 +107,10 @@ def check_same_architecture(path: str | Path, state: dict, config, *,
         return
     if len(diffs) == 1:
         key, old, new = diffs[0]
-        raise CheckpointError(f"{path}: built with {key}={_show(old)}, this config has "
-                              f"{_show(new)}; {hint}")
-    built = ", ".join(f"{k}={_show(old)}" for k, old, _ in diffs)
-    has = ", ".join(f"{k}={_show(new)}" for k, _, new in diffs)
+        raise CheckpointError(f"{path}: built with {key}={shown(old)}, this config has "
+                              f"{shown(new)}; {hint}")
+    built = ", ".join(f"{k}={shown(old)}" for k, old, _ in diffs)
+    has = ", ".join(f"{k}={shown(new)}" for k, _, new in diffs)
     raise CheckpointError(f"{path}: built with {built}; this config has {has}; "
                           f"{hint.replace('the same value', 'the same values')}")
 

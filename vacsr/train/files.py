@@ -6,3 +6,4 @@ CONFIG_FILE = "config.yaml"  # the resolved config the run trained with
 CHECKPOINT_FILE = "last.ckpt"  # the last epoch's state (model, optimizer, history, config)
 METRICS_FILE = "metrics.json"  # {"final": last epoch's metrics, "history": one dict per epoch}
 FAILED_FILE = "failed.json"  # a Ray run's own error (bad data, a diverged loss), one line
+LOCK_FILE = "train.lock"  # the FolderLock of the process training in the folder

@@ -22,12 +22,11 @@ from typing import Any
 
 import yaml
 
-from vacsr.config import Config, flatten
+from vacsr.config import Config, flat_dict, flatten, shown
 from vacsr.errors import ConfigError
 from vacsr.folder_lock import FolderLock, check_output_folder
+from vacsr.train.files import CHECKPOINT_FILE, CONFIG_FILE, LOCK_FILE
 
-CHECKPOINT_NAME = "last.ckpt"
-CONFIG_NAME = "config.yaml"
 # keys that change only what is evaluated and shown, not what is trained
 EVALUATION_KEYS = ("train.eval_every", "train.eval_test", "train.progress", "data.num_workers")
 # keys that place the run (its folders, runtime, worker count, recovery, MLflow run)
@@ -35,23 +34,22 @@ PLACEMENT_KEYS = ("train.output_dir", "train.resume", "train.ray", "train.worker
                   "train.cpus_per_worker", "train.max_failures", "train.storage_path",
                   "tracking.enabled", "tracking.uri", "tracking.experiment",
                   "tracking.run_name", "tracking.parent_run_id")
-FRESH_START = "use another train.output_dir, or train.resume=false to start afresh"
-LOCK_NAME = "train.lock"
+# what a run that cannot continue the run in its folder may do instead
+FRESH_OPTIONS = "another train.output_dir, or train.resume=false to start afresh"
+FRESH_START = f"use {FRESH_OPTIONS}"
+RESUME_HINT = f"pass the same value, {FRESH_OPTIONS}"  # a resumed checkpoint of another model
 IN_USE = ("{folder}: another vacsr train is running in this folder (pid {pid} on {host}); wait "
           "for it to end, or use another train.output_dir")
 
 
 def _flat(nested: Any) -> dict[str, Any] | None:
-    if not isinstance(nested, dict):
-        return None
-    return {f"{s}.{k}": v for s, values in nested.items() if isinstance(values, dict)
-            for k, v in values.items()}
+    return flat_dict(nested) if isinstance(nested, dict) else None
 
 
 def stored_config(folder: Path) -> tuple[Path, dict[str, Any]] | None:
     """(the file, the flattened config) the run in `folder` was trained with: the checkpoint's
     own config, else config.yaml beside it; None for a folder without a checkpoint."""
-    checkpoint = folder / CHECKPOINT_NAME
+    checkpoint = folder / CHECKPOINT_FILE
     if not checkpoint.is_file():
         return None
     from vacsr.train.checkpoint import load_checkpoint
@@ -59,18 +57,12 @@ def stored_config(folder: Path) -> tuple[Path, dict[str, Any]] | None:
     stored = _flat(load_checkpoint(checkpoint).get("config"))
     if stored is not None:
         return checkpoint, stored
-    path = folder / CONFIG_NAME
+    path = folder / CONFIG_FILE
     try:  # a checkpoint that does not store its config
         stored = _flat(yaml.safe_load(path.read_text()))
     except (OSError, yaml.YAMLError):
         return None
     return (path, stored) if stored is not None else None
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "null" if value is None else str(value)
 
 
 def check_run_folder(config: Config) -> None:
@@ -86,7 +78,7 @@ def check_run_folder(config: Config) -> None:
     current = flatten(config)
     differing = [k for k in current if k in stored and stored[k] != current[k]
                  and k not in PLACEMENT_KEYS]
-    changes = {k: f"{k}={_show(stored[k])} (this config has {_show(current[k])})"
+    changes = {k: f"{k}={shown(stored[k])} (this config has {shown(current[k])})"
                for k in differing}
     trained = [changes[k] for k in differing if k not in EVALUATION_KEYS]
     if trained:
@@ -110,7 +102,7 @@ def check_run_output(config: Config) -> Path:
 def lock_run_folder(config: Config) -> FolderLock:
     """This process's hold on the run folder until release(); one line naming the owner when
     another process trains there."""
-    return FolderLock(run_folder(config), LOCK_NAME, IN_USE)
+    return FolderLock(run_folder(config), LOCK_FILE, IN_USE)
 
 
 @contextmanager

@@ -17,11 +17,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vacsr.config import flatten
+from vacsr.config import flatten, shown
 from vacsr.errors import ConfigError
 from vacsr.folder_lock import FolderLock
 from vacsr.sweep.plan.plan import SweepPlan
-from vacsr.records.sweep_state import SweepState
+from vacsr.records.sweep_state import SweepState, state_path
 
 LOCK_FILE = "driver.lock"
 # config keys that place or pace a run but do not change its results
@@ -52,7 +52,8 @@ def sweep_settings(plan: SweepPlan) -> dict[str, Any]:
 
 def _differences(recorded: dict, current: dict) -> list[str]:
     """`--flag old -> new` for the plain settings, `dataset: key` for configs and spaces."""
-    diffs = [f"--{key} {_show(recorded[key])} -> {_show(current[key])}"
+    diffs = [f"--{key} {shown(recorded[key], joined=True)} -> "
+             f"{shown(current[key], joined=True)}"
              for key in ("datasets", "trials", "seeds", "seed", "concurrent-trials")
              if key in recorded and recorded[key] != current[key]]
     for part, label in (("configs", "config"), ("spaces", "search range")):
@@ -64,10 +65,6 @@ def _differences(recorded: dict, current: dict) -> list[str]:
             diffs.append(f"{dataset} {label} {', '.join(keys[:4])}"
                          + (f" (+{len(keys) - 4} more)" if len(keys) > 4 else ""))
     return diffs
-
-
-def _show(value: Any) -> str:
-    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _studies_of(plan: SweepPlan) -> list[str]:
@@ -108,7 +105,7 @@ def check_resume_files(plan: SweepPlan, state: SweepState) -> None:
 def claim_state(plan: SweepPlan) -> SweepState:
     """The sweep's state: a fresh one for a new sweep in an unused folder, the recorded one for
     `--resume` with the same settings; ConfigError (one line) otherwise."""
-    path = plan.storage / "sweep_state.json"
+    path = state_path(plan.storage)
     settings = sweep_settings(plan)
     if not plan.resume:
         used = path.is_file() or _studies_of(plan)
@@ -125,7 +122,8 @@ def claim_state(plan: SweepPlan) -> SweepState:
                               "resume would open the sweep's MLflow runs a second time: restore "
                               "the file, or start a new sweep with another --name")
         state = SweepState(path, fresh=False)
-        check_resume_files(plan, state)
+        check_resume_files(plan, state)  # a damaged file is named first, then an old format
+        state.check_format()
         recorded = state.data.get("settings")
         diffs = _differences(recorded, settings) if recorded else []
         if diffs:
