@@ -11,7 +11,6 @@ import os
 from dataclasses import dataclass
 from typing import Union
 
-from vacsr.data import build_classification, build_retrieval
 from vacsr.data.base import ClassificationData, RetrievalData
 
 Split = Union[ClassificationData, RetrievalData]
@@ -29,9 +28,9 @@ class SplitFingerprint:
 
 def build_splits(data, seed: int) -> dict[str, Split]:
     """The splits a run with this DataConfig and seed reads (as training builds them)."""
-    if data.task == "retrieval":
-        return build_retrieval(data, seed)
-    return build_classification(data, seed)
+    from vacsr.tasks import task_type  # the model stack: loaded only when splits are read
+
+    return task_type(data.task).build_splits(data, seed)
 
 
 def _paths(split: Split) -> list[str]:

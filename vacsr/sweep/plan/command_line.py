@@ -22,9 +22,6 @@ from vacsr.sweep.spec.space import (check_space_values, clamp_blocks, dataset_sp
 from vacsr.sweep.plan.folders import storage_filesystem, sweep_folder
 
 PROFILE = Path(__file__).with_name("embedded.yaml")
-# What a task's runs always set: classification uses CLIP's pooled features (no GPO, sec. 3.1)
-TASK_SETTINGS: dict[str, dict[str, Any]] = {"classification": {"model.use_gpo": False},
-                                            "retrieval": {}}
 # the paper's defaults where neither the profile nor a flag gives a value
 DEFAULTS = {"trials": 24, "seeds": [1, 2, 3], "shots": 16, "cpus_per_worker": 1.0,
             "trial_cpus": 1.0, "model": "vacsr-tiny"}
@@ -188,6 +185,8 @@ def _embedded_data(kind: SweepKind, profile: dict, storage: Path, model: str,
 def _base_values(kind: SweepKind, args, profile: dict, root: Path, model: str,
                  pretrained: str | None) -> dict[str, Any]:
     """Config values every run of the sweep shares: plumbing, then the task's settings."""
+    from vacsr.tasks import task_type  # the model stack: not loaded for --help or a bad flag
+
     values = {"data.task": kind.task, "data.root": str(root), "model.name": model,
               "data.subsample_classes": kind.train_classes,
               "data.shots": _pick(args.shots, profile, "shots"),
@@ -196,7 +195,7 @@ def _base_values(kind: SweepKind, args, profile: dict, root: Path, model: str,
               "train.cpus_per_worker": _pick(args.cpus_per_worker, profile, "cpus_per_worker"),
               # Ray Train restarts a run once after losing a worker; errors of the run itself
               # (bad data, a diverged loss) end it at once (vacsr/distributed/train.py)
-              "train.max_failures": 1, **TASK_SETTINGS[kind.task]}
+              "train.max_failures": 1, **task_type(kind.task).run_settings}
     if pretrained:
         values["model.pretrained"] = pretrained
     return values
