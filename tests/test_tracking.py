@@ -345,7 +345,7 @@ def test_a_sweep_driver_killed_before_recording_a_run_continues_it_on_resume(
         tracking_uri, tmp_path, dataset):
     """The sweep's run (dataset None) and each dataset's run: sweep_state.json holds the run's key
     before MLflow creates it, so a driver killed before it recorded the id finds the run again."""
-    from vacsr.sweep.flow.driver import start_recorded_run
+    from vacsr.records.sweep_state import start_recorded_run
     from vacsr.records.sweep_state import SweepState
 
     class KilledAfterCreate(SweepState):

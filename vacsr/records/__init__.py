@@ -1,9 +1,19 @@
-"""MLflow tracking: the only library package that imports mlflow (the library core never does).
+"""A run's and a sweep's records: the only vacsr package that imports mlflow (the library core
+never does; vacsr/sweep/cli.py imports it once more, unused, only so that a job's interpreter
+without the driver's dependencies fails at once in the sweep script's import guard).
 
 - `uri`: `resolve_tracking_uri` / `check_tracking_uri` pick the store (SQLite next to the runs by
   default) and fail fast with a one-line ConfigError before any training starts.
-- `run`: `MlflowTracker`, one MLflow run driven through `MlflowClient` and its run id.
-- `callback`: `TrackingCallback`, the picklable per-epoch callback for `Trainer.fit(callbacks=...)`.
+- `tracker`: `MlflowTracker`, one MLflow run driven through `MlflowClient` and its run id;
+  `open_tracker`, the one way vacsr makes a tracker (and so a client); `start_recorded`, the one
+  crash-safe start of a run (key recorded, run created, id recorded) for every run.
+- `callback`: `TrackingCallback`, the picklable per-epoch callback for `Trainer.fit(callbacks=...)`;
+  its training folder's mlflow_run.json records its run.
+- `sweep_records`: `SweepRecords`, what vacsr/sweep does in MLflow (its runs, their children,
+  closing what a stop left, reading a sweep back); `place_child_run` for trials and seed runs.
+- `sweep_state`: sweep_state.json, which records the sweep's runs and results (format 2).
+- `artifacts`: the names of a sweep's artifacts; `view`: the sweep's saved view in the MLflow UI;
+  `inputs`: a run's datasets as MLflow dataset inputs.
 
 Layout in MLflow: one experiment per sweep kind, tagged as a model-training experiment so the UI
 opens on its runs; a parent run per sweep, a child run per dataset and a child per trial (tag
@@ -14,7 +24,8 @@ from vacsr.records.callback import RUN_STATE_FILE, TrackingCallback, best_entry
 from vacsr.records.tracker import (
     ARTIFACTS_DIR, EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MAX_KEY_LENGTH, MAX_METRICS_PER_BATCH,
     MAX_PARAM_VALUE_LENGTH, MAX_PARAMS_PER_BATCH, PARAMS_CHANGED_TAG, PARENT_TAG, RUN_KEY_TAG,
-    MlflowTracker, metric_name, new_run_key, numeric_metrics, param_value,
+    MlflowTracker, RunRecord, metric_name, new_run_key, numeric_metrics, open_tracker,
+    param_value,
 )
 from vacsr.records.uri import (
     DB_NAME, DB_PORTS, TRACKING_URI_ENV, check_tracking_uri, redact_uri, resolve_tracking_uri,
@@ -25,7 +36,7 @@ __all__ = [
     "ARTIFACTS_DIR", "DB_NAME", "DB_PORTS", "EXPERIMENT_KIND", "EXPERIMENT_KIND_TAG",
     "MAX_KEY_LENGTH", "MAX_METRICS_PER_BATCH", "MAX_PARAM_VALUE_LENGTH", "MAX_PARAMS_PER_BATCH",
     "PARAMS_CHANGED_TAG", "PARENT_TAG", "RUN_KEY_TAG", "RUN_STATE_FILE", "TRACKING_URI_ENV",
-    "MlflowTracker", "TrackingCallback", "best_entry", "check_tracking_uri", "metric_name",
-    "new_run_key", "numeric_metrics", "param_value", "redact_uri", "resolve_tracking_uri",
-    "sqlite_path",
+    "MlflowTracker", "RunRecord", "TrackingCallback", "best_entry", "check_tracking_uri",
+    "metric_name", "new_run_key", "numeric_metrics", "open_tracker", "param_value", "redact_uri",
+    "resolve_tracking_uri", "sqlite_path",
 ]

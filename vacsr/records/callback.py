@@ -6,6 +6,7 @@ import json
 import math
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,9 @@ from vacsr.atomic import atomic_write_json
 from vacsr.config import Config
 from vacsr.errors import ConfigError
 from vacsr.plots import plot_training_curves
-from vacsr.records.tracker import RUN_KEY_TAG, MlflowTracker, new_run_key
+from vacsr.records.tracker import RUN_KEY_TAG, MlflowTracker, open_tracker
 from vacsr.records.uri import _absolute, check_tracking_uri, redact_uri, resolve_tracking_uri
-from vacsr.train.files import CONFIG_FILE, METRICS_FILE
+from vacsr.train.files import METRICS_FILE
 
 RUN_STATE_FILE = "mlflow_run.json"  # in a training output_dir: the run a resumed training continues
 
@@ -64,32 +65,19 @@ class TrackingCallback:
               tags: Mapping[str, Any] | None = None, metric: str | None = None,
               mode: str = "max", resume: bool | None = None) -> "TrackingCallback":
         """Check the store, then create the run (or, when resuming — `resume`, default
-        `config.train.resume` — and the output folder names one, continue that run) and log the
-        config. Writes output_dir/mlflow_run.json."""
+        `config.train.resume` — and the output folder names one, continue that run: see
+        MlflowTracker.start_recorded) and log the config. Writes output_dir/mlflow_run.json."""
         uri = resolve_tracking_uri(tracking_uri)
         check_tracking_uri(uri)
         output_dir = _absolute(config.train.output_dir)
-        tracker = MlflowTracker(uri)
         resume = config.train.resume if resume is None else resume
-        state = _stored_run_state(output_dir, uri) if resume else {}
-        stored, key = state.get("run_id"), state.get("run_key")
-        if stored is not None and not tracker.run_exists(stored):
-            stored = None  # the store was reset or the run deleted: start afresh
-        if stored is None and key is not None:  # a start killed before it recorded the id
-            stored = tracker.find_run(experiment, key)
-        if resume and state.get("damaged"):  # the record is lost, the run is not
-            stored, key = _run_of_folder(tracker, experiment, output_dir)
-        place = {"tracking_uri": redact_uri(uri), "experiment": experiment}
-        if key is None:
-            key = new_run_key()
-            if stored is None:  # the key before the run: see RUN_KEY_TAG
-                _write_run_state(output_dir, {"run_key": key, **place})
-        run_id = tracker.start(experiment, run_name or output_dir.name, run_id=stored,
-                               run_key=key, parent_run_id=parent_run_id,
-                               tags={"vacsr.output_dir": str(output_dir), **(tags or {})})
-        # the run's id before its config: a process killed while the config is being logged
-        # leaves a run that its restart continues, not an orphan beside a second one
-        _write_run_state(output_dir, {"run_id": run_id, "run_key": key, **place})
+        tracker = open_tracker(uri)
+        # the run's id is recorded before its config is logged: a process killed while the
+        # config is being logged leaves a run that its restart continues, not an orphan
+        run_id = tracker.start_recorded(
+            FolderRecord(output_dir, uri, experiment, resume), experiment,
+            run_name or output_dir.name, restart_lost=True, parent_run_id=parent_run_id,
+            tags={"vacsr.output_dir": str(output_dir), **(tags or {})})
         tracker.log_config(config)
         callback = cls(uri, run_id, output_dir, metric=metric, mode=mode)
         callback._tracker = tracker
@@ -111,8 +99,7 @@ class TrackingCallback:
         if self._ended:
             raise RuntimeError(f"MLflow run {self.run_id} already ended by this callback")
         if self._tracker is None:
-            self._tracker = MlflowTracker(self.tracking_uri)
-            self._tracker.resume(self.run_id)
+            self._tracker = open_tracker(self.tracking_uri, self.run_id)
         return self._tracker
 
     def __call__(self, epoch: int, metrics: Mapping[str, Any], checkpoint_path: Path) -> None:
@@ -120,9 +107,10 @@ class TrackingCallback:
         self.tracker().log_epoch(int(metrics.get("epoch", epoch + 1)), metrics)
 
     def finish(self, result, output_dir: str | Path | None = None) -> None:
-        """After `fit`: fill any epoch missing from the run, log metrics.json, config.yaml, the
-        training curves and the best epoch's metrics as `best_*`, then end the run FINISHED.
-        `result` is a TrainResult (its `history` and `final_metrics` are used)."""
+        """After `fit`: fill any epoch missing from the run, log metrics.json, the training curves
+        and the best epoch's metrics as `best_*`, then end the run FINISHED (its config.yaml was
+        logged when it started). `result` is a TrainResult (its `history` and `final_metrics`
+        are used)."""
         tracker, folder = self.tracker(), Path(output_dir or self.output_dir)
         history = list(result.history)
         tracker.sync_history(history)
@@ -130,8 +118,6 @@ class TrackingCallback:
             tracker.log_artifact(folder / METRICS_FILE)
         else:
             tracker.log_json(METRICS_FILE, {"final": result.final_metrics, "history": history})
-        if (folder / CONFIG_FILE).is_file():
-            tracker.log_artifact(folder / CONFIG_FILE)
         with tempfile.TemporaryDirectory() as tmp:
             tracker.log_artifact(plot_training_curves(history, Path(tmp) / "training_curves.png"),
                                  "plots")
@@ -145,6 +131,34 @@ class TrackingCallback:
         if not self._ended:
             self.tracker().finish(status)
             self._ended = True
+
+
+@dataclass(frozen=True)
+class FolderRecord:
+    """A training folder's mlflow_run.json as the record of its run (a RunRecord): what a
+    previous start wrote for this store, read only when the training resumes."""
+
+    output_dir: Path
+    tracking_uri: str
+    experiment: str
+    resume: bool
+
+    def recorded(self, tracker: MlflowTracker, experiment: str) -> tuple[str | None, str | None]:
+        if not self.resume:
+            return None, None
+        state = _stored_run_state(self.output_dir, self.tracking_uri)
+        if state.get("damaged"):  # the record is lost, the run is not
+            return _run_of_folder(tracker, experiment, self.output_dir)
+        return state.get("run_id"), state.get("run_key")
+
+    def _place(self) -> dict:
+        return {"tracking_uri": redact_uri(self.tracking_uri), "experiment": self.experiment}
+
+    def note_key(self, key: str) -> None:
+        _write_run_state(self.output_dir, {"run_key": key, **self._place()})
+
+    def note_run(self, run_id: str, key: str) -> None:
+        _write_run_state(self.output_dir, {"run_id": run_id, "run_key": key, **self._place()})
 
 
 def _stored_run_state(output_dir: Path, tracking_uri: str) -> dict:

@@ -3,18 +3,29 @@ and the Optuna study: the MLflow run ids and each finished dataset's per-seed re
 
 Only the driver's main thread changes and writes it (datasets report back to it), so no lock.
 A file of another shape (edited by hand, or not this file at all) stops the resume with one
-line: read as empty, it would make the resume open every MLflow run a second time."""
+line: read as empty, it would make the resume open every MLflow run a second time.
+
+The state carries its record format (`"format": 2`). A sweep folder whose state has none was
+written by an older vacsr, whose Tune and Optuna pickles name modules this one no longer has
+(vacsr.sweep.searcher, vacsr.sweep.trial, ...): `--resume` of it stops with one line
+(`check_format`) instead of failing inside Ray's restore."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vacsr.atomic import atomic_write_json
 from vacsr.errors import ConfigError
 
+if TYPE_CHECKING:
+    from vacsr.records.tracker import MlflowTracker
+
+STATE_FILE = "sweep_state.json"  # in the sweep folder
+FORMAT = 2  # the record format this vacsr writes and resumes
 # the types each recorded field may hold (a field not yet written is absent)
-TOP_FIELDS = {"datasets": dict, "settings": dict, "parent_run_id": str, "parent_run_key": str}
+TOP_FIELDS = {"format": int, "datasets": dict, "settings": dict, "parent_run_id": str,
+              "parent_run_key": str}
 DATASET_FIELDS = {"run_id": str, "run_key": str, "done": bool, "result": dict,
                   "failed": (str, type(None))}
 
@@ -37,10 +48,14 @@ def _shape_error(data: Any) -> str | None:
     return None
 
 
+def state_path(sweep_folder: Path) -> Path:
+    return sweep_folder / STATE_FILE
+
+
 class SweepState:
     def __init__(self, path: Path, fresh: bool) -> None:
         self.path = path
-        self.data: dict[str, Any] = {}
+        self.data: dict[str, Any] = {"format": FORMAT}  # a new state is of this vacsr's format
         if not fresh and path.is_file():
             try:
                 self.data = json.loads(path.read_text())
@@ -53,6 +68,19 @@ class SweepState:
                                   "driver wrote, or start a new sweep with another --name")
         self.data.setdefault("datasets", {})
 
+    def check_format(self) -> None:
+        """ConfigError (one line) when the state is not of the record format this vacsr
+        resumes: the folder's Tune and Optuna records would not restore."""
+        found = self.data.get("format")
+        if found is None:
+            raise ConfigError(f"{self.path}: written by an older vacsr (before record format "
+                              f"{FORMAT}); finish that sweep with the vacsr that started it, or "
+                              "start a new sweep with another --name")
+        if found != FORMAT:
+            raise ConfigError(f"{self.path}: record format {found}, this vacsr resumes format "
+                              f"{FORMAT}; finish that sweep with the vacsr that started it, or "
+                              "start a new sweep with another --name")
+
     def dataset(self, name: str) -> dict:
         return self.data["datasets"].setdefault(name, {})
 
@@ -63,3 +91,34 @@ class SweepState:
 
     def finished(self, datasets: list[str]) -> dict[str, dict]:
         return {d: self.dataset(d)["result"] for d in datasets if self.dataset(d).get("done")}
+
+
+class StateRunRecord:
+    """The run sweep_state.json records for `dataset` (None: the sweep's own run), as the
+    RunRecord of MlflowTracker.start_recorded."""
+
+    def __init__(self, state: SweepState, dataset: str | None) -> None:
+        self.state, self.dataset = state, dataset
+        self.id_field, self.key_field = (("run_id", "run_key") if dataset
+                                         else ("parent_run_id", "parent_run_key"))
+
+    def _entry(self) -> dict:
+        return self.state.dataset(self.dataset) if self.dataset else self.state.data
+
+    def recorded(self, tracker: "MlflowTracker", experiment: str) -> tuple[str | None, str | None]:
+        entry = self._entry()
+        return entry.get(self.id_field) or None, entry.get(self.key_field) or None
+
+    def note_key(self, key: str) -> None:
+        self.state.update(self.dataset, **{self.key_field: key})
+
+    def note_run(self, run_id: str, key: str) -> None:
+        self.state.update(self.dataset, **{self.id_field: run_id, self.key_field: key})
+
+
+def start_recorded_run(tracker: "MlflowTracker", state: SweepState, dataset: str | None,
+                       experiment: str, run_name: str, **start: Any) -> str:
+    """Start or continue on `tracker` the run sweep_state.json records for `dataset` (None: the
+    sweep's own run), crash-safe (MlflowTracker.start_recorded); returns its id. A recorded run
+    the store no longer holds stops the resume in one line."""
+    return tracker.start_recorded(StateRunRecord(state, dataset), experiment, run_name, **start)

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
@@ -26,6 +26,7 @@ from vacsr.errors import ConfigError
 from vacsr.redact import split_credentials
 from vacsr.records.uri import (_absolute, redact_uri, resolve_tracking_uri, sqlite_path,
                                 store_creation_lock)
+from vacsr.train.files import CONFIG_FILE
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,30 @@ def new_run_key() -> str:
     return uuid.uuid4().hex
 
 
+class RunRecord(Protocol):
+    """Where a run's owner records the run (a training folder's mlflow_run.json, the sweep's
+    sweep_state.json): its key before MLflow creates the run, its id after."""
+
+    def recorded(self, tracker: "MlflowTracker", experiment: str) -> tuple[str | None, str | None]:
+        """(run id, run key) as recorded, either None when not recorded."""
+
+    def note_key(self, key: str) -> None:
+        """Record the key of a run about to be created."""
+
+    def note_run(self, run_id: str, key: str) -> None:
+        """Record the run's id (with its key)."""
+
+
+def open_tracker(tracking_uri: str | None = None, run_id: str | None = None) -> "MlflowTracker":
+    """A tracker on the store at `tracking_uri`, the one way vacsr's records open one: holding no
+    run (the store's experiments, and runs addressed by id), or continuing `run_id` (its status
+    back to RUNNING)."""
+    tracker = MlflowTracker(tracking_uri)
+    if run_id is not None:
+        tracker.resume(run_id)
+    return tracker
+
+
 # ---------------------------------------------------------------- one MLflow run
 class MlflowTracker:
     """One MLflow run, addressed by run id through its own MlflowClient.
@@ -155,6 +180,26 @@ class MlflowTracker:
         self.client.update_run(run_id, status="RUNNING")
         if tags:
             self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        return run_id
+
+    def start_recorded(self, record: RunRecord, experiment: str, run_name: str, *,
+                       restart_lost: bool = False, **start: Any) -> str:
+        """Start or continue the run `record` names, crash-safe: the key is recorded before MLflow
+        creates the run and the id after, so an owner killed between the two finds the run by
+        its key when it restarts instead of opening a second one beside it. A recorded id the
+        store no longer holds (a reset store, a deleted run) starts afresh with `restart_lost`;
+        otherwise continuing it fails in one line. `start`: `start`'s keywords."""
+        run_id, key = record.recorded(self, experiment)
+        if run_id is not None and restart_lost and not self.run_exists(run_id):
+            run_id = None
+        if run_id is None and key is not None:  # a start killed before it recorded the id
+            run_id = self.find_run(experiment, key)
+        if key is None:
+            key = new_run_key()
+            if run_id is None:  # the key before the run: see RUN_KEY_TAG
+                record.note_key(key)
+        run_id = self.start(experiment, run_name, run_id=run_id, run_key=key, **start)
+        record.note_run(run_id, key)
         return run_id
 
     def _attach(self, run_id: str, *, read_store: bool) -> None:
@@ -218,6 +263,9 @@ class MlflowTracker:
             raise RuntimeError("no MLflow run: call start() first")
         return self.run_id
 
+    def set_tag(self, key: str, value: Any) -> None:
+        self.client.set_tag(self._require_run(), key, str(value))
+
     # ------------------------------------------------------------ params
     def log_params(self, params: Mapping[str, Any]) -> list[str]:
         """Log the params not yet in the run. MLflow refuses to change a param, so an equal value
@@ -242,13 +290,13 @@ class MlflowTracker:
     def log_config(self, config: Config) -> None:
         """Params = the flattened config, a password in tracking.uri as `***` (see log_params:
         a resumed run keeps its first values); also the resolved config as artifact
-        `config.yaml`."""
+        `config.yaml`, the run's only copy of it."""
         self.log_params({f"{section}.{key}": value
                          for section, values in public_dict(config).items()
                          for key, value in values.items()})
         with tempfile.TemporaryDirectory() as tmp:
-            save_config(config, Path(tmp) / "config.yaml")
-            self.client.log_artifact(self._require_run(), str(Path(tmp) / "config.yaml"))
+            save_config(config, Path(tmp) / CONFIG_FILE)
+            self.client.log_artifact(self._require_run(), str(Path(tmp) / CONFIG_FILE))
 
     # ------------------------------------------------------------ metrics
     def _logged_steps(self, key: str) -> set[int]:

@@ -9,18 +9,39 @@ The sweep saves such a view at its end, in the form the UI writes (a JSON envelo
 times and the state as a JSON string): filtered on the sweep, every run shown, columns Dataset,
 the table's metrics (`table/<column>`) and the selection metric, those first. The link carries
 only the view key: the UI ignores a saved view when the URL also sets a search facet.
+
+That tag is the UI's own format, not an API: the view is saved only on the MLflow releases whose
+UI was checked to read it (VIEW_FORMAT_MLFLOW; tests/test_mlflow_ui.py renders it). On another
+release the sweep says so in one line, and its link opens the sweep's runs filtered and sorted.
 """
 from __future__ import annotations
 
 import json
 import re
+import sys
 import time
+from urllib.parse import quote, urlencode
 
+from vacsr.records.tracker import open_tracker
 from vacsr.sweep.report.table import table_spec
 
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 VIEW_PARAM = "viewStateShareKey"
 TABLE_PREFIX = "table/"
+# the MLflow releases (major.minor) whose UI reads the view as view_state writes it: add one
+# once tests/test_mlflow_ui.py passes on it
+VIEW_FORMAT_MLFLOW = ("3.17",)
+
+
+def mlflow_release() -> str:
+    """The installed MLflow's major.minor ("3.17")."""
+    import mlflow
+
+    return ".".join(mlflow.__version__.split(".")[:2])
+
+
+def view_format_known() -> bool:
+    return mlflow_release() in VIEW_FORMAT_MLFLOW
 
 
 def view_key(sweep: str) -> str:
@@ -84,6 +105,11 @@ def publish_table(tracker, plan, rows: list[dict], run_ids: dict[str, str]) -> s
             _log_once(tracker.client, run_id, table_metrics(row, titles))
     if "'" in plan.name:  # it would end the view's filter string early
         return None
+    if not view_format_known():
+        print(f"vacsr: note: MLflow {mlflow_release()} is not a release whose saved-view format "
+              f"vacsr knows ({', '.join(VIEW_FORMAT_MLFLOW)}): the sweep's view is not saved, "
+              "its link opens the sweep's runs filtered", file=sys.stderr, flush=True)
+        return None
     columns = [f"{TABLE_PREFIX}{t}" for t in titles] + [f"best_{plan.kind.metric}"]
     return save_view(tracker.client, tracker.experiment_id(plan.kind.experiment), plan.name,
                      columns)
@@ -100,7 +126,27 @@ def _log_once(client, run_id: str, values: dict[str, float]) -> None:
 
 
 def view_query(client, experiment_id: str, sweep: str) -> dict[str, str] | None:
-    """The link's query for the sweep's saved view, None when the sweep saved none."""
+    """The link's query for the sweep's saved view; None when the sweep saved none, or the
+    installed MLflow's UI may not read it."""
+    if not view_format_known():
+        return None
     key = view_key(sweep)
     tags = client.get_experiment(experiment_id).tags
     return {VIEW_PARAM: key} if VIEW_TAG_PREFIX + key in tags else None
+
+
+def runs_link(uri: str, experiment_id: str, sweep: str | None) -> str:
+    """The UI route (after the server's address) of the experiment's runs table: the sweep's
+    saved view when it has one, else its runs filtered and sorted by name (sorted by start time
+    the table would fold the dataset runs under the sweep's run). MLflow 3.17's UI opens every
+    experiment on its GenAI overview (traces) whatever the experiment's kind tag says, so the
+    link asks for the runs table (`workflowType`)."""
+    query = {"workflowType": "machine_learning"}
+    view = view_query(open_tracker(uri).client, experiment_id, sweep) if sweep else None
+    if view:
+        query.update(view)  # alone: a search facet in the URL would override the view
+    elif sweep and "'" not in sweep:  # a quote would end the filter's string early
+        query.update(searchFilter=f"tags.`vacsr.sweep` = '{sweep}'",
+                     orderByKey="tags.`mlflow.runName`", orderByAsc="true")
+    # the /runs route: `#/experiments/<id>` redirects there and drops the filter on the way
+    return f"/#/experiments/{experiment_id}/runs?{urlencode(query, quote_via=quote)}"

@@ -49,9 +49,9 @@ def main(kind: SweepKind, argv: list[str] | None = None) -> int:
         for lock in locks:
             lock.release()
     print(f"sweep {plan.name} done in {time.time() - start:.0f} s; results in {plan.storage}")
-    from vacsr.records import MlflowTracker
+    from vacsr.records.sweep_records import SweepRecords
 
-    experiment_id = MlflowTracker(plan.tracking_uri).experiment_id(plan.kind.experiment)
+    experiment_id = SweepRecords(plan.tracking_uri, plan.kind.experiment).experiment_id()
     print(f"open the MLflow UI: {mlflow_ui_hint(plan.tracking_uri, experiment_id, plan.name)}")
     if outcome.failed:
         print(f"vacsr: {len(outcome.failed)} dataset(s) failed: " + "; ".join(

@@ -19,6 +19,7 @@ from vacsr.distributed.train import fit_ray
 from vacsr.sweep.plan.plan import SweepPlan
 from vacsr.sweep.plan.folders import copy_from_storage
 from vacsr.records import TrackingCallback
+from vacsr.records.sweep_records import place_child_run
 from vacsr.train.files import CHECKPOINT_FILE
 
 
@@ -28,11 +29,8 @@ def final_config(best, plan: SweepPlan, dataset: str, seed: int, parent_run_id: 
     config.train.output_dir = str(plan.storage / "final" / dataset / f"seed{seed}")
     config.train.storage_path = plan.ray_path("final")
     config.train.eval_test = False  # test is scored once, by the evaluation actors
-    config.tracking.enabled = True
-    config.tracking.uri = plan.tracking_uri
-    config.tracking.experiment = plan.kind.experiment
-    config.tracking.parent_run_id = parent_run_id
-    config.tracking.run_name = f"{dataset}-final-seed{seed}"
+    place_child_run(config, tracking_uri=plan.tracking_uri, experiment=plan.kind.experiment,
+                    parent_run_id=parent_run_id, run_name=f"{dataset}-final-seed{seed}")
     return config
 
 

@@ -31,13 +31,13 @@ from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism
 from vacsr.sweep.report.progress import SweepProgress
 from vacsr.sweep.report.table import table_spec, write_report
 from vacsr.sweep.flow.recovery import SpaceReserve, storage_failure, tracking_failure
-from vacsr.sweep.search.tune import (close_running_children, fail_running_trials, open_optuna_storage,
-                                search_dataset)
-from vacsr.records.sweep_state import SweepState
-from vacsr.records.view import publish_table, view_query
-from vacsr.records import (MlflowTracker, check_tracking_uri, new_run_key, redact_uri,
-                            resolve_tracking_uri)
+from vacsr.sweep.search.tune import fail_running_trials, open_optuna_storage, search_dataset
+from vacsr.records import MlflowTracker, check_tracking_uri, redact_uri, resolve_tracking_uri
+from vacsr.records.artifacts import BEST_CONFIG, FINAL_RUNS, SWEEP_INFO
 from vacsr.records.inputs import log_dataset_inputs
+from vacsr.records.sweep_records import SweepRecords
+from vacsr.records.sweep_state import SweepState
+from vacsr.records.view import publish_table, runs_link
 
 
 class SweepInterrupted(VacsrError):
@@ -90,7 +90,7 @@ def check_optuna_storage(plan: SweepPlan) -> None:
 def write_best_config(config, folder: Path) -> Path:
     """The best config as YAML that `vacsr train --config` accepts unchanged."""
     config.train.ray = False
-    path = folder / "best_config.yaml"
+    path = folder / BEST_CONFIG
     save_config(config, path)
     return path
 
@@ -100,8 +100,7 @@ def run_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurre
     """One dataset, start to end (a Ray task): search, final seed runs, its MLflow run."""
     quiet_logging(plan.verbose)
     best = search_dataset(plan, dataset, dataset_run_id, max_concurrent, report)
-    run = MlflowTracker(plan.tracking_uri)
-    run.resume(dataset_run_id)
+    run = SweepRecords(plan.tracking_uri, plan.kind.experiment).continue_run(dataset_run_id)
     run.log_artifact(write_best_config(best["config"], plan.storage / "best" / dataset))
     values = flatten(best["config"])
     selected = {key: values[key] for key in plan.spaces[dataset]}
@@ -116,7 +115,7 @@ def run_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurre
     run.log_best({plan.kind.metric: best["val"], "num_trials": best["num_trials"],
                   "failed_trials": best["failed_trials"],
                   **{f"test_{k}": mean(r[k] for r in per_seed) for k in keys}})
-    run.log_json("final_runs.json", finals)
+    run.log_json(FINAL_RUNS, finals)
     run.finish()
     return {"val": best["val"], "per_seed": per_seed, "num_trials": best["num_trials"],
             "importance": importance}
@@ -187,27 +186,9 @@ def _run_datasets(plan: SweepPlan, state: SweepState, parent_id: str,
 
 
 def _dataset_run(plan: SweepPlan, state: SweepState, dataset: str, parent_id: str) -> str:
-    return start_recorded_run(MlflowTracker(plan.tracking_uri), state, dataset,
-                              plan.kind.experiment, dataset, parent_run_id=parent_id,
-                              tags={"vacsr.dataset": dataset, "vacsr.sweep": plan.name})
-
-
-def start_recorded_run(tracker: MlflowTracker, state: SweepState, dataset: str | None,
-                       experiment: str, run_name: str, **start) -> str:
-    """Start or continue the run sweep_state.json records for `dataset` (None: the sweep's own
-    run). Its key is recorded before MLflow creates it, its id after: a driver killed between
-    the two finds the run by its key on --resume instead of opening a second one."""
-    entry = state.dataset(dataset) if dataset else state.data
-    id_field, key_field = ("run_id", "run_key") if dataset else ("parent_run_id", "parent_run_key")
-    run_id, key = entry.get(id_field), entry.get(key_field)
-    if not key:  # a new key names no run yet: nothing to look up
-        key = new_run_key()
-        state.update(dataset, **{key_field: key})
-    elif not run_id:
-        run_id = tracker.find_run(experiment, key)
-    run_id = tracker.start(experiment, run_name, run_id=run_id, run_key=key, **start)
-    state.update(dataset, **{id_field: run_id})
-    return run_id
+    """The dataset's run, started crash-safely (vacsr/records/sweep_state.py) before its task."""
+    return SweepRecords(plan.tracking_uri, plan.kind.experiment).start_dataset_run(
+        state, dataset, plan.name, parent_id)
 
 
 def _finish_dataset(plan: SweepPlan, state: SweepState, dataset: str, ref) -> str | None:
@@ -228,30 +209,27 @@ def _finish_dataset(plan: SweepPlan, state: SweepState, dataset: str, ref) -> st
             path = atomic_write_text(plan.storage / "errors" / f"{dataset}.txt", str(exc))
             why = f"{type(cause).__name__}: {why} (traceback: {path})"
         state.update(dataset, failed=why)
-        run_id = state.dataset(dataset)["run_id"]
-        close_running_children(plan.tracking_uri, plan.kind.experiment, run_id)
-        storage = open_optuna_storage(plan)  # nothing left RUNNING for the resume to trip on
-        fail_running_trials(storage, f"{plan.name}-{dataset}")
-        storage.engine.dispose()
-        MlflowTracker(plan.tracking_uri).client.set_terminated(run_id, status="FAILED")
+        close_left_open(plan, state, [dataset], "FAILED")  # nothing RUNNING for a resume
         return why
     state.update(dataset, done=True, result=result, failed=None)
     return None
 
 
-def _close_after_interrupt(plan: SweepPlan, state: SweepState) -> None:
-    """Runs of unfinished datasets KILLED (with their trial and seed runs), their Optuna trials
-    FAILED: a later --resume starts from clean records."""
-    client = MlflowTracker(plan.tracking_uri).client
+def close_left_open(plan: SweepPlan, state: SweepState, datasets: list[str],
+                    status: str) -> None:
+    """What a stop (or a dataset's failure) left open, the one place it is closed: each
+    unfinished dataset's run `status` (KILLED, FAILED) with its trial and seed runs KILLED, and
+    its Optuna trials FAIL, so that a later --resume starts from clean records."""
+    records = SweepRecords(plan.tracking_uri, plan.kind.experiment)
     storage = open_optuna_storage(plan)
-    for dataset in plan.datasets:
-        entry = state.dataset(dataset)
-        if entry.get("run_id") and not entry.get("done"):
-            close_running_children(plan.tracking_uri, plan.kind.experiment, entry["run_id"])
-            if client.get_run(entry["run_id"]).info.status == "RUNNING":
-                client.set_terminated(entry["run_id"], status="KILLED")
-        fail_running_trials(storage, f"{plan.name}-{dataset}")
-    storage.engine.dispose()
+    try:
+        for dataset in datasets:
+            entry = state.dataset(dataset)
+            if entry.get("run_id") and not entry.get("done"):
+                records.close_dataset_run(entry["run_id"], status)
+            fail_running_trials(storage, f"{plan.name}-{dataset}")
+    finally:
+        storage.engine.dispose()
 
 
 def _close_records(plan: SweepPlan, state: SweepState, parent: MlflowTracker, status: str,
@@ -259,7 +237,7 @@ def _close_records(plan: SweepPlan, state: SweepState, parent: MlflowTracker, st
     """Close the unfinished datasets' records and the sweep's run; with `tolerate` (the disk is
     full) a failure to do so is reported by the caller's line, not raised: a resume closes them."""
     try:
-        _close_after_interrupt(plan, state)
+        close_left_open(plan, state, plan.datasets, "KILLED")
         parent.finish(status)
     except Exception:
         if not tolerate:
@@ -275,11 +253,11 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     quiet_logging(plan.verbose)
     ensure_ray(address=plan.ray_address, log_to_driver=plan.verbose)
     check_optuna_storage(plan)  # the schema is created here once, not by racing dataset tasks
-    parent = MlflowTracker(plan.tracking_uri)
-    parent_id = start_recorded_run(parent, state, None, plan.kind.experiment, plan.name,
-                                   tags={"vacsr.sweep": plan.name, "vacsr.kind": plan.kind.name})
-    parent.log_json("sweep.json", {"kind": plan.kind.name, "metric": plan.kind.metric,
-                                   "table": table_spec(plan.kind.table)})
+    parent = SweepRecords(plan.tracking_uri, plan.kind.experiment).start_sweep_run(
+        state, plan.name, plan.kind.name)
+    parent_id = parent.run_id
+    parent.log_json(SWEEP_INFO, {"kind": plan.kind.name, "metric": plan.kind.metric,
+                                 "table": table_spec(plan.kind.table)})
     done = [d for d in plan.datasets if state.dataset(d).get("done")]
     progress = SweepProgress(plan.name, plan.datasets, plan.trials, done, plan.kind.metric)
     stop = StopRequest()
@@ -323,24 +301,8 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
 
 def mlflow_ui_hint(uri: str, experiment_id: str | None = None, sweep: str | None = None) -> str:
     """The command that serves the store, and the link to open: the sweep's saved view (its runs
-    with the table's metrics as columns, vacsr/records/view.py) when the sweep saved one, else its
-    runs filtered and sorted by name. MLflow 3.17's UI opens every experiment on its GenAI
-    overview (traces) whatever the experiment's kind tag says, so the link asks for the runs table
-    (`workflowType`); sorted by start time the table would fold the dataset runs under the
-    sweep's run."""
-    from urllib.parse import quote, urlencode
-
+    with the table's metrics as columns), else its runs filtered (vacsr/records/view.py)."""
     # shown without its password; the store is read with it (a server behind auth answers 401
     # to the redacted form)
     hint = f"mlflow ui --backend-store-uri {redact_uri(uri)}   # then open http://127.0.0.1:5000"
-    if experiment_id is None:
-        return hint
-    query = {"workflowType": "machine_learning"}
-    view = view_query(MlflowTracker(uri).client, experiment_id, sweep) if sweep else None
-    if view:
-        query.update(view)  # alone: a search facet in the URL would override the view
-    elif sweep and "'" not in sweep:  # a quote would end the filter's string early
-        query.update(searchFilter=f"tags.`vacsr.sweep` = '{sweep}'",
-                     orderByKey="tags.`mlflow.runName`", orderByAsc="true")
-    # the /runs route: `#/experiments/<id>` redirects there and drops the filter on the way
-    return f"{hint}/#/experiments/{experiment_id}/runs?{urlencode(query, quote_via=quote)}"
+    return hint if experiment_id is None else hint + runs_link(uri, experiment_id, sweep)

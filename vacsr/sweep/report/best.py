@@ -1,42 +1,21 @@
 """`vacsr best`: the selected config and metrics per dataset of a sweep, and its table, read back
-from the MLflow store alone (the parent run's sweep.json and each dataset run's final_runs.json)."""
+from the MLflow store alone (the artifacts of vacsr/records/artifacts.py: the sweep run's table
+spec, each dataset run's best config, final runs and importance analysis)."""
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import yaml
 
 from vacsr.atomic import atomic_write_bytes, require_writable_folder
 from vacsr.errors import ConfigError
-from vacsr.sweep.report.importance import FOLDER, Sensitivity, importance_table
-from vacsr.sweep.report.table import readable, table_rows, to_markdown
-from vacsr.records import MlflowTracker, check_tracking_uri, redact_uri
+from vacsr.records import check_tracking_uri
+from vacsr.records.artifacts import (BEST_CONFIG, FINAL_RUNS, IMPORTANCE_DIR, IMPORTANCE_FILE,
+                                     SWEEP_INFO)
+from vacsr.records.sweep_records import DATASET_TAG, SweepRecords
 from vacsr.records.uri import check_store_exists
-
-
-def find_sweep_run(tracker: MlflowTracker, experiment: str, sweep: str | None):
-    """The sweep's parent run (the newest one when `sweep` is None)."""
-    found = tracker.client.get_experiment_by_name(experiment)
-    if found is None:
-        raise ConfigError(f"MLflow experiment {experiment!r} not found in "
-                          f"{redact_uri(tracker.tracking_uri)}")
-    query = "tags.`vacsr.kind` != ''" + (f" and tags.`vacsr.sweep` = '{sweep}'" if sweep else "")
-    runs = tracker.client.search_runs([found.experiment_id], filter_string=query,
-                                      order_by=["attributes.start_time DESC"], max_results=1)
-    if not runs:
-        raise ConfigError(" ".join(f"no sweep {sweep or ''} in experiment {experiment!r}".split()))
-    return runs[0]
-
-
-def dataset_runs(tracker: MlflowTracker, parent) -> list:
-    return tracker.client.search_runs(
-        [parent.info.experiment_id],
-        filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}' "
-                      "and tags.`vacsr.dataset` != ''",
-        order_by=["attributes.start_time ASC"])
-
+from vacsr.sweep.report.importance import Sensitivity, importance_table
+from vacsr.sweep.report.table import readable, table_rows, to_markdown
 
 # what `vacsr best` reads: never a store it would create (MLflow makes an empty one, and its
 # folder, at any path it is given)
@@ -44,18 +23,10 @@ EXISTING_STORE = ("the MLflow store a sweep recorded into (--tracking-uri, else 
                   "$MLFLOW_TRACKING_URI, else ./mlflow.db)")
 
 
-def _tracker(tracking_uri: str | None) -> MlflowTracker:
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per file
+def _records(tracking_uri: str | None, experiment: str) -> SweepRecords:
     uri = check_store_exists(tracking_uri, EXISTING_STORE)
     check_tracking_uri(uri)
-    return MlflowTracker(uri)
-
-
-def _artifact_json(tracker: MlflowTracker, run_id: str, name: str) -> dict | None:
-    try:
-        return json.loads(Path(tracker.client.download_artifacts(run_id, name)).read_text())
-    except Exception:  # absent: the dataset did not finish
-        return None
+    return SweepRecords(uri, experiment)
 
 
 def best_configs(tracking_uri: str | None, experiment: str, sweep: str | None,
@@ -64,22 +35,21 @@ def best_configs(tracking_uri: str | None, experiment: str, sweep: str | None,
     (optionally exported as YAML files `vacsr train --config` accepts)."""
     if export is not None:  # a read-only folder fails before any file is written
         require_writable_folder(export, "the exported best configs")
-    tracker = _tracker(tracking_uri)
-    parent = find_sweep_run(tracker, experiment, sweep)
+    records = _records(tracking_uri, experiment)
     rows = []
-    for run in dataset_runs(tracker, parent):
-        dataset = run.data.tags["vacsr.dataset"]
+    for run in records.dataset_runs(records.sweep_run(sweep)):
+        dataset = run.data.tags[DATASET_TAG]
         if run.info.status != "FINISHED":
             rows.append({"dataset": dataset, "status": run.info.status, "metrics": {},
                          "params": {}, "config": None, "run_id": run.info.run_id})
             continue
-        local = tracker.client.download_artifacts(run.info.run_id, "best_config.yaml")
+        local = records.artifact(run.info.run_id, BEST_CONFIG)
         if export is not None:
-            atomic_write_bytes(export / f"{dataset}.yaml", Path(local).read_bytes())
+            atomic_write_bytes(export / f"{dataset}.yaml", local.read_bytes())
         metrics = {k[len("best_"):]: v for k, v in run.data.metrics.items() if k.startswith("best_")}
         rows.append({"dataset": dataset, "run_id": run.info.run_id, "status": run.info.status,
                      "metrics": metrics, "params": dict(run.data.params),
-                     "config": yaml.safe_load(Path(local).read_text())})
+                     "config": yaml.safe_load(local.read_text())})
     return rows
 
 
@@ -96,16 +66,16 @@ def format_rows(rows: list[dict]) -> str:
 
 def sweep_table(tracking_uri: str | None, experiment: str, sweep: str | None) -> str:
     """The sweep's final table (mean ± std over seeds), rebuilt from MLflow."""
-    tracker = _tracker(tracking_uri)
-    parent = find_sweep_run(tracker, experiment, sweep)
-    info = _artifact_json(tracker, parent.info.run_id, "sweep.json")
+    records = _records(tracking_uri, experiment)
+    parent = records.sweep_run(sweep)
+    info = records.artifact_json(parent.info.run_id, SWEEP_INFO)
     if info is None:
-        raise ConfigError(f"sweep run {parent.info.run_id}: no sweep.json artifact (a sweep "
+        raise ConfigError(f"sweep run {parent.info.run_id}: no {SWEEP_INFO} artifact (a sweep "
                           "recorded before tables were stored)")
     results, failed = {}, {}
-    for run in dataset_runs(tracker, parent):
-        dataset = run.data.tags["vacsr.dataset"]
-        finals = _artifact_json(tracker, run.info.run_id, "final_runs.json")
+    for run in records.dataset_runs(parent):
+        dataset = run.data.tags[DATASET_TAG]
+        finals = records.artifact_json(run.info.run_id, FINAL_RUNS)
         if finals is None:
             failed[dataset] = f"run {run.info.status}"
             continue
@@ -117,11 +87,10 @@ def sweep_table(tracking_uri: str | None, experiment: str, sweep: str | None) ->
 def sweep_importance(tracking_uri: str | None, experiment: str, sweep: str | None) -> str:
     """The per-dataset importance table (searched keys x datasets), from the importance.json each
     dataset run holds in MLflow."""
-    tracker = _tracker(tracking_uri)
-    parent = find_sweep_run(tracker, experiment, sweep)
+    records = _records(tracking_uri, experiment)
     analyses = []
-    for run in dataset_runs(tracker, parent):
-        payload = _artifact_json(tracker, run.info.run_id, f"{FOLDER}/importance.json")
+    for run in records.dataset_runs(records.sweep_run(sweep)):
+        payload = records.artifact_json(run.info.run_id, f"{IMPORTANCE_DIR}/{IMPORTANCE_FILE}")
         if payload is not None:
             analyses.append(Sensitivity.from_json(payload))
     return importance_table(analyses)

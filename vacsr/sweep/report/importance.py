@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vacsr.atomic import atomic_write, atomic_write_json
+from vacsr.records.artifacts import IMPORTANCE_DIR, IMPORTANCE_FILE, IMPORTANCE_PLOT
 from vacsr.sweep.report.table import readable
 from vacsr.sweep.spec.space import Choice, Domain, Int, LogFloat
 
@@ -27,7 +28,7 @@ TOP_QUANTILE = 0.25  # importance = what it takes to reach the best quarter of t
 MIN_TOP_TRIALS = 5  # Optuna's PED-ANOVA docs: at least 5 trials above the target quantile
 MIN_FINISHED_TRIALS = math.ceil(MIN_TOP_TRIALS / TOP_QUANTILE)  # 20
 METHOD = f"PED-ANOVA (optuna.importance), top {TOP_QUANTILE:.0%} of the finished trials"
-FOLDER = "importance"  # under the report folder and the dataset run's artifacts
+FOLDER = IMPORTANCE_DIR  # under the report folder and the dataset run's artifacts
 METRIC_PREFIX = "importance/"
 
 
@@ -197,13 +198,13 @@ def record_sensitivity(plan, dataset: str, tracker, selected: dict[str, Any]) ->
     finally:
         storage.engine.dispose()
     folder = plan.storage / "report" / FOLDER / dataset
-    json_path = atomic_write_json(folder / "importance.json", asdict(sensitivity))
-    png_path = plot_sensitivity(sensitivity, folder / "importance.png")
+    json_path = atomic_write_json(folder / IMPORTANCE_FILE, asdict(sensitivity))
+    png_path = plot_sensitivity(sensitivity, folder / IMPORTANCE_PLOT)
     tracker.log_artifact(json_path, FOLDER)
     tracker.log_artifact(png_path, FOLDER)
     if sensitivity.importance:
         tracker.log_values({f"{METRIC_PREFIX}{k}": v for k, v in sensitivity.importance.items()})
-    tracker.client.set_tag(tracker.run_id, "vacsr.top_keys", top_keys_text(sensitivity.summary()))
+    tracker.set_tag("vacsr.top_keys", top_keys_text(sensitivity.summary()))
     return sensitivity.summary()
 
 

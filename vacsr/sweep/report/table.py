@@ -39,7 +39,8 @@ def readable(value: Any, digits: int = 4) -> str:
 
 
 def table_spec(table) -> dict[str, Any]:
-    """A kind's Table as plain data (logged as the parent run's sweep.json)."""
+    """A kind's Table as plain data (logged on the sweep's run: vacsr/records/artifacts.py
+    SWEEP_INFO)."""
     return {"columns": [list(c) for c in table.columns],
             "harmonic": list(table.harmonic) if table.harmonic else None,
             "published": {k: list(v) for k, v in table.published.items()}}

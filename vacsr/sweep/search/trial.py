@@ -65,11 +65,10 @@ def run_trial(suggested: dict[str, Any], base: Config, meta: TrialMeta) -> None:
     config.train.output_dir = str(Path(meta.trial_root) / trial_id)
     config.train.storage_path = meta.ray_storage
     config.train.eval_test = False  # trials are selected on val; test is for the final runs only
-    config.tracking.enabled = True
-    config.tracking.uri = meta.tracking_uri
-    config.tracking.experiment = meta.experiment
-    config.tracking.parent_run_id = meta.parent_run_id
-    config.tracking.run_name = f"{meta.dataset}-{trial_id}"
+    from vacsr.records.sweep_records import place_child_run  # mlflow: not at this module's import
+
+    place_child_run(config, tracking_uri=meta.tracking_uri, experiment=meta.experiment,
+                    parent_run_id=meta.parent_run_id, run_name=f"{meta.dataset}-{trial_id}")
     if trains_in_trial(config.train):
         from vacsr.sweep.search.trial_run import fit_in_trial  # the model stack loads here, on demand
 

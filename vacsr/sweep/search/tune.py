@@ -7,7 +7,6 @@ of its own, so datasets searched side by side share no Tune or Optuna state.
 from __future__ import annotations
 
 import math
-import time
 import zlib
 from typing import Any, Callable
 
@@ -25,7 +24,8 @@ from vacsr.sweep.search.selection import (creation_order, read_selection, select
 from vacsr.sweep.spec.space import DefineByRun, start_point
 from vacsr.sweep.plan.folders import join_storage
 from vacsr.sweep.search.trial import CHECKPOINT_PATH_KEY, TrialMeta, run_trial, with_suggestions
-from vacsr.records import MlflowTracker, redact_uri
+from vacsr.records import redact_uri
+from vacsr.records.sweep_records import SweepRecords
 from vacsr.train.files import CHECKPOINT_FILE
 
 
@@ -196,7 +196,7 @@ def _search(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: 
                "error": _error_line(r.error), "trial_id": (r.metrics or {}).get("trial_id"),
                "order": order.get((r.metrics or {}).get("trial_id"), math.inf)}
               for r in results]
-    close_running_children(plan.tracking_uri, plan.kind.experiment, dataset_run_id)
+    SweepRecords(plan.tracking_uri, plan.kind.experiment).close_children(dataset_run_id)
     record_selection_values(plan.tracking_uri, plan.kind.experiment, dataset_run_id, dataset,
                             trials, plan.kind.metric, stops.read())
     best = select_best(trials, plan.kind.metric, plan.kind.mode)
@@ -209,23 +209,6 @@ def _search(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: 
             # the trial ran every epoch (ASHA did not stop it): its last checkpoint is final
             "checkpoint": f"{metrics[CHECKPOINT_PATH_KEY]}/{CHECKPOINT_FILE}" if finished
             else None}
-
-
-def close_running_children(uri: str, experiment: str, parent_run_id: str) -> int:
-    """Trials stopped early by ASHA (or lost with a killed driver) leave MLflow runs RUNNING;
-    mark them KILLED. Returns how many were closed."""
-    tracker = MlflowTracker(uri)
-    runs = _child_runs(tracker, experiment, parent_run_id, "and attributes.status = 'RUNNING'")
-    for run in runs:
-        tracker.client.set_terminated(run.info.run_id, status="KILLED")
-    return len(runs)
-
-
-def _child_runs(tracker: MlflowTracker, experiment: str, parent_run_id: str, also: str = ""):
-    """The MLflow runs under `parent_run_id` (a dataset run's trials and seed runs)."""
-    return tracker.client.search_runs(
-        [tracker.experiment_id(experiment)],
-        filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' {also}".strip())
 
 
 SELECTION_EPOCH_TAG = "vacsr.selection_epoch"
@@ -245,24 +228,19 @@ def record_selection_values(uri: str, experiment: str, parent_run_id: str, datas
     epoch, and for a trial ASHA stopped, the rung and the values it was compared with. A stopped
     trial may log an epoch or two more before its workers stop; without this its latest MLflow
     `val/...` is a value selection never saw. Returns how many runs were marked."""
-    from mlflow.entities import Metric, RunTag
-
-    tracker = MlflowTracker(uri)
-    runs = {r.info.run_name: r.info.run_id
-            for r in _child_runs(tracker, experiment, parent_run_id)}
+    records = SweepRecords(uri, experiment)
+    runs = records.child_run_ids(parent_run_id)
     marked = 0
     for trial in trials:
         value, run_id = trial["metrics"].get(metric), runs.get(f"{dataset}-{trial['trial_id']}")
         if run_id is None or not isinstance(value, (int, float)) or not math.isfinite(value):
             continue
         epoch = trial["metrics"].get("epoch")
-        tags = [RunTag(SELECTION_EPOCH_TAG, str(epoch))]
+        tags = {SELECTION_EPOCH_TAG: epoch}
         stop = (stops or {}).get(str(trial["trial_id"]))
         if stop:
-            tags += [RunTag(ASHA_RUNG_TAG, str(stop["rung"])),
-                     RunTag(ASHA_COMPARED_TAG, ", ".join(f"{v:g}" for v in stop["compared"]))]
-        tracker.client.log_batch(  # one request per run
-            run_id, metrics=[Metric(selection_metric_name(metric), float(value),
-                                    int(time.time() * 1000), int(epoch or 0))], tags=tags)
+            tags.update({ASHA_RUNG_TAG: stop["rung"],
+                         ASHA_COMPARED_TAG: ", ".join(f"{v:g}" for v in stop["compared"])})
+        records.mark_run(run_id, {selection_metric_name(metric): value}, int(epoch or 0), tags)
         marked += 1
     return marked

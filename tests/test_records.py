@@ -1,0 +1,131 @@
+"""vacsr/records owns a sweep's records: MLflow is opened there alone, sweep_state.json carries
+its record format (a folder of an older vacsr is refused in one line), and the saved view is
+written only on MLflow releases whose UI format it knows."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import make_dataset_folders, one_line
+
+from sweeps.base2novel import SWEEP as BASE2NOVEL
+
+PACKAGE = Path(__file__).resolve().parents[1] / "vacsr"
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def _source_hits(pattern: str) -> list[str]:
+    return [f"{path.relative_to(PACKAGE.parent)}:{number}"
+            for path in sorted(PACKAGE.rglob("*.py"))
+            for number, line in enumerate(path.read_text().splitlines(), 1)
+            if re.search(pattern, line)]
+
+
+def test_only_records_opens_mlflow():
+    """Trackers and clients are made in one module; the sweep reaches MLflow through records
+    (its cli.py's import is the interpreter check of the sweep scripts)."""
+    made = {hit.split(":")[0] for hit in _source_hits(r"MlflowTracker\(|MlflowClient\(")}
+    assert made == {"vacsr/records/tracker.py"}
+    imports = [hit for hit in _source_hits(r"^\s*(import mlflow|from mlflow)")
+               if not hit.startswith("vacsr/records/")]
+    assert imports == ["vacsr/sweep/cli.py:10"]
+    assert [hit for hit in _source_hits(r"\.client\b")
+            if not hit.startswith("vacsr/records/")] == []  # nor its raw client
+
+
+def test_the_state_carries_its_record_format(tmp_path):
+    from vacsr.errors import ConfigError
+    from vacsr.records.sweep_state import FORMAT, SweepState
+
+    path = tmp_path / "sweep_state.json"
+    SweepState(path, fresh=True).update(settings={})
+    assert json.loads(path.read_text())["format"] == FORMAT
+    SweepState(path, fresh=False).check_format()
+    path.write_text('{"datasets": {}}')
+    with pytest.raises(ConfigError, match="written by an older vacsr"):
+        SweepState(path, fresh=False).check_format()
+
+
+@pytest.mark.parametrize("recorded,fragment", [
+    (None, "written by an older vacsr (before record format 2)"),
+    (3, "record format 3, this vacsr resumes format 2"),
+])
+def test_a_resume_of_a_sweep_of_another_record_format_is_refused_in_one_line(
+        tmp_path, capsys, recorded, fragment):
+    """The sweep folder of an older vacsr: its Tune and Optuna pickles name modules this vacsr
+    does not have (vacsr.sweep.searcher, ...). --resume stops before Ray starts, in one line,
+    and leaves every file of the folder as it was."""
+    import ray
+
+    from vacsr.sweep import cli
+
+    data = make_dataset_folders(tmp_path / "data")
+    root = tmp_path / "store" / "base2novel"
+    (root / "tune" / "eurosat").mkdir(parents=True)
+    state = {"datasets": {"eurosat": {"run_id": "0" * 32, "run_key": "a" * 32}},
+             "parent_run_id": "1" * 32, "parent_run_key": "b" * 32, "settings": {}}
+    if recorded is not None:
+        state["format"] = recorded
+    (root / "sweep_state.json").write_text(json.dumps(state))
+    (root / "tune" / "eurosat" / "searcher-state-2026-01-01.pkl").write_bytes(
+        b"\x80\x04\x95\x00cvacsr.sweep.searcher\nOptunaStudySearch\n")
+    before = _files(tmp_path)
+    line = one_line(["--datasets", "eurosat", "--data-root", data, "--storage",
+                     tmp_path / "store", "--resume"], capsys,
+                    entry=lambda argv: cli.main(BASE2NOVEL, argv))
+    assert line == (f"vacsr: error: {root / 'sweep_state.json'}: {fragment}; finish that sweep "
+                    "with the vacsr that started it, or start a new sweep with another --name")
+    assert _files(tmp_path) == before
+    assert not ray.is_initialized()
+
+
+def _published(tmp_path: Path, capsys):
+    """A sweep's run and one dataset run; publish_table as the sweep ends, what it printed on
+    stderr. Returns (tracker of the sweep's run, dataset run id, store URI, stderr lines)."""
+    from vacsr.records import MlflowTracker
+    from vacsr.records.view import publish_table
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    plan = SimpleNamespace(kind=BASE2NOVEL, name="s1")
+    parent = MlflowTracker(uri)
+    parent.start(BASE2NOVEL.experiment, "s1", tags={"vacsr.sweep": "s1"})
+    child = MlflowTracker(uri)
+    run_id = child.start(BASE2NOVEL.experiment, "eurosat", parent_run_id=parent.run_id)
+    child.finish()
+    capsys.readouterr()  # MLflow's own lines as it creates the store
+    rows = [{"dataset": "eurosat", "base": 70.0, "base_std": 0.5, "novel": 60.0,
+             "novel_std": 0.25, "H": 64.6, "H_std": 0.0}]
+    publish_table(parent, plan, rows, {"eurosat": run_id})
+    return parent, run_id, uri, capsys.readouterr().err.splitlines()
+
+
+def test_the_view_is_skipped_on_an_mlflow_whose_view_format_is_unknown(tmp_path, capsys,
+                                                                       monkeypatch):
+    import mlflow
+
+    from vacsr.records.view import VIEW_TAG_PREFIX
+    from vacsr.sweep.flow.driver import mlflow_ui_hint
+
+    monkeypatch.setattr(mlflow, "__version__", "3.99.1")
+    parent, run_id, uri, err = _published(tmp_path, capsys)
+    assert len(err) == 1 and err[0].startswith("vacsr: note: MLflow 3.99 is not a release"), err
+    experiment_id = parent.experiment_id(BASE2NOVEL.experiment)
+    tags = parent.client.get_experiment(experiment_id).tags
+    assert not [t for t in tags if t.startswith(VIEW_TAG_PREFIX)]
+    assert parent.client.get_run(run_id).data.metrics["table/H"] == 64.6  # metrics still there
+    link = mlflow_ui_hint(uri, experiment_id, "s1")
+    assert "searchFilter=" in link and "viewStateShareKey" not in link
+
+    monkeypatch.undo()  # the installed MLflow: the view is saved, and the link opens it
+    parent, run_id, uri, err = _published(tmp_path, capsys)
+    assert err == []
+    tags = parent.client.get_experiment(experiment_id).tags
+    assert [t for t in tags if t.startswith(VIEW_TAG_PREFIX)] == [f"{VIEW_TAG_PREFIX}vacsr-s1"]
+    assert "viewStateShareKey=vacsr-s1" in mlflow_ui_hint(uri, experiment_id, "s1")
