@@ -1,12 +1,21 @@
-"""The library core imports no ray, mlflow or optuna."""
+"""The library core imports no ray, mlflow or optuna, and the training package none of the layers
+that drive it (records, sweep, distributed): checked by importing the core, and in the source of
+every module, where an import inside a function counts as much as one at the top."""
+from __future__ import annotations
+
+import ast
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import vacsr
 
 FORBIDDEN = ("ray", "mlflow", "optuna")
 OUTSIDE_CORE = ("vacsr.distributed", "vacsr.records", "vacsr.sweep")
+# package -> the vacsr packages none of its modules may import (the trainer is handed its logger)
+NOT_IMPORTED = {"vacsr.train": ("vacsr.records", "vacsr.sweep", "vacsr.distributed")}
+PACKAGE = Path(__file__).resolve().parents[1] / "vacsr"
 
 
 def test_core_modules_import_no_cluster_packages():
@@ -19,3 +28,64 @@ def test_core_modules_import_no_cluster_packages():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "", f"core imported: {out.stdout.strip()}"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_in(source: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, imported module) for every import anywhere in `source` (functions, classes and
+    TYPE_CHECKING blocks too); `from a import b` yields a and a.b, relative imports resolved."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".")[:None if is_package else -1]
+                package = package[:len(package) - (node.level - 1)]
+                base = ".".join(package + ([base] if base else []))
+            found.append((node.lineno, base))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _within(name: str, packages: tuple[str, ...] | list[str]) -> bool:
+    return any(name == package or name.startswith(package + ".") for package in packages)
+
+
+def forbidden_imports() -> tuple[list[str], int]:
+    """Each import a module makes that its layer must not, as 'file:line: module imports X',
+    and how many modules were read."""
+    found, paths = [], sorted(PACKAGE.rglob("*.py"))
+    for path in paths:
+        name = _module_name(path)
+        banned = [] if _within(name, OUTSIDE_CORE) else list(FORBIDDEN)
+        for package, packages in NOT_IMPORTED.items():
+            banned += packages if _within(name, (package,)) else ()
+        for line, target in imports_in(path.read_text(), name, path.name == "__init__.py"):
+            if _within(target, banned):
+                where = path.relative_to(PACKAGE.parent)
+                found.append(f"{where}:{line}: {name} imports {target}")
+    return sorted(set(found)), len(paths)
+
+
+def test_the_scan_sees_imports_inside_functions():
+    source = ("import os\n"
+              "def f():\n"
+              "    from vacsr.records import TrackingCallback\n"
+              "    import ray.train\n"
+              "    from . import sibling\n")
+    assert imports_in(source, "vacsr.train.loop") == [
+        (1, "os"), (3, "vacsr.records"), (3, "vacsr.records.TrackingCallback"),
+        (4, "ray.train"), (5, "vacsr.train"), (5, "vacsr.train.sibling")]
+    assert _within("ray.train", FORBIDDEN) and not _within("raylib", FORBIDDEN)
+
+
+def test_no_module_imports_what_its_layer_must_not_even_inside_a_function():
+    found, read = forbidden_imports()
+    assert read > 50 and (PACKAGE / "train" / "loop.py").is_file()
+    assert found == [], "\n".join(found)

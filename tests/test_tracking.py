@@ -5,6 +5,7 @@ import json
 import logging
 import pickle
 import shutil
+from functools import partial
 
 import pytest
 
@@ -90,16 +91,17 @@ def test_training_run_logs_params_epochs_and_artifacts(tracking_uri, tmp_path):
 
 
 def test_the_run_lifecycle_opens_its_mlflow_run_from_the_config(tracking_uri, tmp_path):
-    """Trainer.fit itself tracks a run whose config asks for it (local runs, Ray Train workers and
-    the sweeps' final runs share that lifecycle); a restart resumes the same MLflow run."""
+    """Trainer.fit opens the MLflow run its caller hands it the opener of (local runs, Ray Train
+    workers and the sweeps' runs share that lifecycle); a restart resumes the same MLflow run."""
     from vacsr.train.loop import Trainer
 
     overrides = [f"train.output_dir={tmp_path / 'run'}", "train.epochs=1", "train.batch_size=16",
                  "train.progress=false", "data.num_train=16", "data.num_test=8",
                  "adapter.hidden_dim=16", "tracking.enabled=true", "tracking.experiment=lifecycle",
                  "tracking.run_name=r1"]
-    Trainer(load_config(overrides=overrides)).fit()
-    Trainer(load_config(overrides=overrides + ["train.epochs=2", "train.resume=true"])).fit()
+    for config in (load_config(overrides=overrides),
+                   load_config(overrides=overrides + ["train.epochs=2", "train.resume=true"])):
+        Trainer(config).fit(open_logger=partial(TrackingCallback.from_config, config))
     runs = mlflow.search_runs(experiment_names=["lifecycle"])
     assert list(runs["status"]) == ["FINISHED"] and list(runs["tags.mlflow.runName"]) == ["r1"]
     steps = _steps(MlflowClient(), runs.run_id[0], "train/loss")
@@ -124,8 +126,10 @@ def test_a_run_ended_by_system_exit_is_killed_and_one_that_raised_failed(trackin
                      "train.batch_size=16", "train.progress=false", "data.num_train=16",
                      "data.num_test=8", "adapter.hidden_dim=16", "tracking.enabled=true",
                      "tracking.experiment=ends", f"tracking.run_name={name}"]
+        config = load_config(overrides=overrides)
         with pytest.raises(type(error)):
-            Trainer(load_config(overrides=overrides)).fit(EndsAfterFirstEpoch(error))
+            Trainer(config).fit(EndsAfterFirstEpoch(error),
+                                open_logger=partial(TrackingCallback.from_config, config))
     runs = mlflow.search_runs(experiment_names=["ends"])
     status = dict(zip(runs["tags.mlflow.runName"], runs["status"]))
     assert status == {"stopped": "KILLED", "broken": "FAILED"}

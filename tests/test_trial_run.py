@@ -60,7 +60,7 @@ def test_a_damaged_reported_checkpoint_trains_the_run_again(tmp_path, capsys):
     from types import SimpleNamespace
 
     from vacsr.train.checkpoint import save_checkpoint
-    from vacsr.train.run_hooks import restore_reported
+    from vacsr.distributed.ray_hooks import restore_reported
 
     class Reported:  # the part of ray.train.Checkpoint / tune.Checkpoint that is used
         def __init__(self, folder):

@@ -66,10 +66,14 @@ def cmd_train(args) -> int:
         overrides.append(f"train.workers={args.workers}")
     config = load_config(args.config, overrides)
     check_run_output(config)  # a file, /dev/null or a read-only place: before any work
+    open_logger = None  # the MLflow run of a local run: opened by its trainer once restored
     if config.tracking.enabled:  # a wrong store, before the run folder is created
-        from vacsr.records import check_tracking_uri
+        from functools import partial
+
+        from vacsr.records import TrackingCallback, check_tracking_uri
 
         check_tracking_uri(config.tracking.uri)
+        open_logger = partial(TrackingCallback.from_config, config)
     # held for the whole run (its Ray workers write it for this process); a finished or stopped
     # run continues only with its own settings
     with claim_run_folder(config):
@@ -81,7 +85,7 @@ def cmd_train(args) -> int:
             from vacsr.train.loop import train  # torch: after the checks, which need none
 
             with stop_on_signals():  # SIGTERM / Ctrl-C: the MLflow run closes as KILLED
-                result = train(config)
+                result = train(config, open_logger=open_logger)
     print(format_metrics(result.final_metrics))
     print(f"checkpoint: {result.checkpoint}")
     return 0

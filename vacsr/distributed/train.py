@@ -115,9 +115,7 @@ def result_from_checkpoint(checkpoint, output_dir: Path) -> TrainResult:
     with checkpoint.as_directory() as folder:
         state = load_checkpoint(Path(folder) / CHECKPOINT_FILE)
     save_checkpoint(output_dir / CHECKPOINT_FILE, state)
-    history = list(state["history"])
-    return TrainResult(history=history, final_metrics=history[-1] if history else {},
-                       checkpoint=output_dir / CHECKPOINT_FILE)
+    return TrainResult.of_history(list(state["history"]), output_dir / CHECKPOINT_FILE)
 
 
 def fit_ray(config: Config, name: str | None = None) -> TrainResult:

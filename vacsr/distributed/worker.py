@@ -12,7 +12,6 @@ it loads the model stack, which the Tune trial actor and the Train controller ne
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 import warnings
 from dataclasses import replace
@@ -28,12 +27,10 @@ from torch import nn
 
 from vacsr.config import Config
 from vacsr.device import ray_worker_device
-from vacsr.distributed.devices import placement_tags, record_workers
+from vacsr.distributed.devices import record_workers
+from vacsr.distributed.ray_hooks import RayRun, mlflow_logger
 from vacsr.tasks import PairBatch
-from vacsr.train.checkpoint import save_checkpoint
-from vacsr.train.files import CHECKPOINT_FILE
 from vacsr.train.loop import Trainer
-from vacsr.train.run_hooks import RunHooks, restore_reported
 
 
 def gather_pairs(pairs: PairBatch) -> PairBatch:
@@ -91,20 +88,21 @@ def _maybe_inject_failure(spec: str | None, epoch: int, rank: int, world: int) -
         os._exit(1)  # an abrupt worker death, not a Python exception
 
 
-class RayTrainRun(RunHooks):
-    """A Ray Train worker's share of a run: it resumes from Ray Train's checkpoint, and every
-    rank reports each epoch (rank 0 with the checkpoint, Ray Train V2's protocol); DDP over the
-    gathered global batch."""
-
-    marks_resume = True  # a worker restarted from a checkpoint says so in the history
+class RayTrainRun(RayRun):
+    """A Ray Train worker's share of a run: every rank reports each epoch to Ray Train (rank 0
+    with the checkpoint, Ray Train V2's protocol); DDP over the gathered global batch."""
 
     def __init__(self, fail_once: str | None = None) -> None:
         context = ray.train.get_context()
         self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self.fail_once = fail_once
 
-    def restore(self, trainer: Trainer) -> None:
-        restore_reported(trainer, ray.train.get_checkpoint())
+    def reported_checkpoint(self):
+        return ray.train.get_checkpoint()
+
+    def send(self, metrics: dict, folder: str | None) -> None:
+        checkpoint = None if folder is None else ray.train.Checkpoint.from_directory(folder)
+        ray.train.report(metrics, checkpoint=checkpoint)
 
     def loss_fn(self, trainer: Trainer):
         return ray.train.torch.prepare_model(GlobalLoss(trainer), move_to_device=False)
@@ -113,29 +111,14 @@ class RayTrainRun(RunHooks):
         _maybe_inject_failure(self.fail_once, epoch, self.rank, self.world_size)
 
     def after_epoch(self, trainer: Trainer, epoch: int, metrics: dict) -> None:
-        with tempfile.TemporaryDirectory() as folder:
-            checkpoint = None
-            if self.rank == 0:
-                save_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.state(epoch))
-                checkpoint = ray.train.Checkpoint.from_directory(folder)
-            ray.train.report(metrics, checkpoint=checkpoint)
-
-    def after_restored_finished_run(self, trainer: Trainer) -> None:
-        # restarted after its last epoch (a Tune trial resumed by a new driver): report the final
-        # result again, or the Tune trial ends without its metric
-        self.after_epoch(trainer, trainer.start_epoch - 1, dict(trainer.history[-1]))
-
-    def tracking_resume(self, trainer: Trainer) -> bool:
-        return trainer.start_epoch > 0 or trainer.config.train.resume  # a restarted worker
-
-    def tracking_tags(self) -> dict:
-        return placement_tags()
+        self.report(trainer, epoch, metrics)
 
 
 def train_worker(config: Config, fail_once: str | None = None) -> None:
-    """This worker's share of the run: the one training lifecycle with Ray Train's hooks."""
+    """This worker's share of the run: the one training lifecycle with Ray Train's hooks, logged
+    to the run's MLflow run where config.tracking asks for one."""
     trainer = Trainer(config, device=ray_worker_device(config.train.device,
                                                        ray.train.torch.get_device()))
     hooks = RayTrainRun(fail_once)
     record_workers(trainer.output_dir, hooks.rank, hooks.world_size, trainer.device)
-    trainer.fit(hooks)
+    trainer.fit(hooks, open_logger=mlflow_logger(config))

@@ -1,5 +1,6 @@
 """VACSR training: one run's lifecycle (`Trainer.fit`), in this process (CPU or one GPU) or as a
-Ray Train worker's share of a run (the hooks of vacsr/train/run_hooks.py say which).
+Ray Train worker's share of a run (the hooks of vacsr/train/run_hooks.py say which). The run's
+metrics logger (MLflow) is its caller's to open: this package imports no tracking code.
 
 Every epoch reseeds from (seed, epoch), evaluates, and writes the checkpoint atomically, so a run
 that is stopped and started again with the same output_dir continues and ends with the same result.
@@ -30,12 +31,10 @@ from vacsr.train.evaluate import evaluate_split
 from vacsr.train.files import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE
 from vacsr.train.optim import build_optimizer, lr_factor, set_learning_rates
 from vacsr.train.run_folder import lock_run_folder
-from vacsr.train.run_hooks import RunHooks
+from vacsr.train.run_hooks import OpenLogger, RunHooks
 from vacsr.train.precision import STATE_KEY, check_resume_precision, run_precision
 
 EpochCallback = Callable[[int, dict, Path], None]
-
-
 
 
 @dataclass
@@ -43,6 +42,12 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)  # one metrics dict per epoch
     final_metrics: dict = field(default_factory=dict)
     checkpoint: Path | None = None
+
+    @classmethod
+    def of_history(cls, history: list[dict], checkpoint: Path | None) -> TrainResult:
+        """A run's result from its history: the final metrics are its last epoch's."""
+        return cls(history=history, final_metrics=history[-1] if history else {},
+                   checkpoint=checkpoint)
 
 
 class Trainer:
@@ -202,37 +207,37 @@ class Trainer:
         return names
 
     # ---------------------------------------------------------------- run
-    def fit(self, hooks: RunHooks | None = None,
-            callbacks: tuple[EpochCallback, ...] = ()) -> TrainResult:
+    def fit(self, hooks: RunHooks | None = None, callbacks: tuple[EpochCallback, ...] = (),
+            open_logger: OpenLogger | None = None) -> TrainResult:
         """The run's whole lifecycle: restore, save the config, train the remaining epochs
-        (evaluating, keeping the history, checkpointing each), write metrics.json; MLflow-tracked
-        where config.tracking.enabled. `hooks` say where the run runs (default: this process)."""
+        (evaluating, keeping the history, checkpointing each), write metrics.json. `hooks` say
+        where the run runs (default: this process); `open_logger` opens the run's logger (the
+        caller's MLflow run; None: none), which the rank that writes the run's files keeps."""
         hooks = hooks or RunHooks()
         hooks.restore(self)  # first: a mismatched checkpoint must not get this config beside it
         chief = hooks.rank == 0
-        tracker = None
+        logger = None
         if chief:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             # before any file: a store that is not MLflow (or not writable) leaves nothing behind
-            tracker = self._start_tracking(hooks)
+            logger = hooks.open_logger(self, open_logger)
         try:
             if chief:
                 save_config(self.config, self.output_dir / CONFIG_FILE)
-            self._epochs(hooks, (*callbacks, tracker) if tracker else callbacks)
+            self._epochs(hooks, (*callbacks, logger) if logger else callbacks)
         except BaseException as exc:  # the MLflow run is not left RUNNING; Ctrl-C, SIGTERM
             # (vacsr.stop.Stopped) and SystemExit (Tune ends a trial ASHA stopped with it, inside
             # tune.report) close it as KILLED: stopped, not failed
-            if tracker is not None:
+            if logger is not None:
                 stopped = isinstance(exc, (KeyboardInterrupt, SystemExit))
-                tracker.fail("KILLED" if stopped else "FAILED")
+                logger.fail("KILLED" if stopped else "FAILED")
             raise
-        final = self.history[-1] if self.history else {}
-        result = TrainResult(history=self.history, final_metrics=final,
-                             checkpoint=self.checkpoint_path)
+        result = TrainResult.of_history(self.history, self.checkpoint_path)
         if chief:
-            write_json(self.output_dir / METRICS_FILE, {"final": final, "history": self.history})
-            if tracker is not None:
-                tracker.finish(result, self.output_dir)
+            write_json(self.output_dir / METRICS_FILE,
+                       {"final": result.final_metrics, "history": self.history})
+            if logger is not None:
+                logger.finish(result, self.output_dir)
         return result
 
     def _epochs(self, hooks: RunHooks, callbacks: tuple[EpochCallback, ...]) -> None:
@@ -257,15 +262,6 @@ class Trainer:
             hooks.after_logging(self, epoch, metrics)
         if resumed_from >= self.config.train.epochs and self.history:
             hooks.after_restored_finished_run(self)
-
-    def _start_tracking(self, hooks: RunHooks):
-        """The run's MLflow callback, when config.tracking asks for one (mlflow loads only then)."""
-        if not self.config.tracking.enabled:
-            return None
-        from vacsr.records import TrackingCallback
-
-        return TrackingCallback.from_config(self.config, resume=hooks.tracking_resume(self),
-                                            tags=hooks.tracking_tags())
 
 
 LOSS_TERMS = ("kl", "recon", "sigma_pos", "sigma_neg", "sigmoid")  # the parts a loss sums
@@ -303,8 +299,10 @@ def write_json(path: Path, payload: dict) -> None:
     atomic_write_json(path, payload)
 
 
-def train(config: Config, callbacks: tuple[EpochCallback, ...] = ()) -> TrainResult:
-    """Build a Trainer from `config` and run it to the last epoch (MLflow-tracked if enabled),
-    holding its output folder (a second process training there is refused; run_folder.py)."""
+def train(config: Config, callbacks: tuple[EpochCallback, ...] = (),
+          open_logger: OpenLogger | None = None) -> TrainResult:
+    """Build a Trainer from `config` and run it to the last epoch (logged where `open_logger`
+    opens a logger), holding its output folder (a second process training there is refused;
+    run_folder.py)."""
     with lock_run_folder(config):
-        return Trainer(config).fit(callbacks=callbacks)
+        return Trainer(config).fit(callbacks=callbacks, open_logger=open_logger)

@@ -1,42 +1,44 @@
 """What differs between the places one training run runs in: `Trainer.fit` is the lifecycle
-(config saved, epochs, evaluation, history, checkpoint, metrics.json, MLflow), a RunHooks the
-place. `LocalRun` is a run in this process; `vacsr.distributed.worker.RayTrainRun` a Ray Train
-worker's share of a run (a `vacsr train --ray` run, a sweep's final run, or a Tune trial of
-several workers, whose reports its TuneReportCallback passes on to Tune);
-`vacsr.sweep.search.trial_run.TuneTrialRun` a one-worker Tune trial training in its trial actor.
+(config saved, epochs, evaluation, history, checkpoint, metrics.json, the run's logger), a
+RunHooks the place. `LocalRun` is a run in this process; `vacsr.distributed.worker.RayTrainRun` a
+Ray Train worker's share of a run (a `vacsr train --ray` run, a sweep's final run, or a Tune trial
+of several workers, whose reports its TuneReportCallback passes on to Tune);
+`vacsr.sweep.search.trial_run.TuneTrialRun` a one-worker Tune trial training in its trial actor
+(both on the Ray base of vacsr/distributed/ray_hooks.py).
+
+The run's metrics logger (MLflow: `vacsr.records.TrackingCallback`) is handed to `Trainer.fit` by
+its caller as an `OpenLogger`; this package never imports the tracking code.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
-from vacsr.errors import CheckpointError
-from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
-from vacsr.train.files import CHECKPOINT_FILE
+from vacsr.train.checkpoint import save_checkpoint
 
 
-def restore_reported(trainer: Trainer, checkpoint) -> bool:
-    """Load a checkpoint Ray reported (a Ray Train or Tune `Checkpoint`; None: nothing to do)
-    into `trainer`; True when it loaded. A damaged one (zero bytes, not a checkpoint, as a full
-    disk or a hand edit leaves it) is named in one line and the run trains again from its first
-    epoch: runs are seeded, so that repeats what the lost epochs computed."""
-    if checkpoint is None:
-        return False
-    with checkpoint.as_directory() as folder:
-        try:
-            state = load_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.device)
-        except CheckpointError as exc:
-            print(f"vacsr: {exc}; training the run again from its first epoch", file=sys.stderr,
-                  flush=True)
-            return False
-    trainer.load_state(state)
-    return True
+class RunLogger(Protocol):
+    """A run's metrics logger: called after every logged epoch, then finished or failed once."""
+
+    def __call__(self, epoch: int, metrics: dict, checkpoint: Path | None) -> None: ...
+
+    def finish(self, result: TrainResult, output_dir: str | Path | None = None) -> None: ...
+
+    def fail(self, status: str = "FAILED") -> None: ...
+
+
+class OpenLogger(Protocol):
+    """Opens the run's logger once the run's state is restored: `resume` says whether the run
+    continues one (None: config.train.resume), `tags` where it runs. `functools.partial(
+    TrackingCallback.from_config, config)` is one."""
+
+    def __call__(self, *, resume: bool | None, tags: dict[str, Any]) -> RunLogger: ...
 
 
 class RunHooks:
     """A run in one process, by default: it resumes from and checkpoints to output_dir. (The
-    `Trainer` of the annotations is vacsr.train.loop's, which imports this module.)"""
+    `Trainer` and `TrainResult` of the annotations are vacsr.train.loop's, which imports this
+    module.)"""
 
     rank = 0  # the rank that evaluates, keeps the history and writes the run's files
     world_size = 1
@@ -63,6 +65,13 @@ class RunHooks:
 
     def after_restored_finished_run(self, trainer: Trainer) -> None:
         """Called when the restored state had trained every epoch already."""
+
+    def open_logger(self, trainer: Trainer, opener: OpenLogger | None) -> RunLogger | None:
+        """The run's logger from the caller's `opener` (None: the run logs nothing), opened
+        after `restore`: a restarted worker continues the run it logged to."""
+        if opener is None:
+            return None
+        return opener(resume=self.tracking_resume(trainer), tags=self.tracking_tags())
 
     def tracking_resume(self, trainer: Trainer) -> bool | None:
         """Whether MLflow continues the output folder's run (None: config.train.resume)."""

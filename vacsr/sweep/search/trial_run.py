@@ -1,5 +1,7 @@
-"""A one-worker trial trained in its Tune trial actor: Tune's function-trainable protocol
-(`tune.report` with a `tune.Checkpoint` each epoch, `tune.get_checkpoint` on a restart).
+"""The training inside a one-worker trial's Tune trial actor: Tune's function-trainable protocol
+(`tune.report` with a `tune.Checkpoint` each epoch, `tune.get_checkpoint` on a restart). The
+trainable itself, which turns Tune's suggested values into the trial's config and picks where it
+trains, is vacsr/sweep/search/trial.py; this module is what runs once it trains in the actor.
 
 A run of one worker has nothing to distribute, and a TorchTrainer would start four more
 processes for it (Ray Train's controller, its worker and two helper actors): on small runs that
@@ -14,18 +16,17 @@ Runs of several workers stay on Ray Train (vacsr/sweep/search/trial.py).
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import ray
 from ray import tune
 
 from vacsr.config import Config
+from vacsr.distributed.ray_hooks import RayRun, mlflow_logger
 from vacsr.distributed.train import record_run_failure
 from vacsr.errors import RunFailed, VacsrError
 from vacsr.sweep.flow.recovery import outage
-from vacsr.train.files import CHECKPOINT_FILE, FAILED_FILE
-from vacsr.train.run_hooks import RunHooks
+from vacsr.train.files import FAILED_FILE
 
 
 def recorded_failure(output_dir: Path) -> str | None:
@@ -44,40 +45,23 @@ def recorded_failure(output_dir: Path) -> str | None:
     return error
 
 
-class TuneTrialRun(RunHooks):
-    """The run in the trial actor: it resumes from the trial's last Tune checkpoint and reports
-    every epoch (metrics and checkpoint) to Tune, which persists the checkpoint and lets ASHA
-    stop the trial."""
+class TuneTrialRun(RayRun):
+    """The run in the trial actor (rank 0 of one): it resumes from the trial's last Tune
+    checkpoint and reports every epoch (metrics and checkpoint) to Tune, which persists the
+    checkpoint and lets ASHA stop the trial."""
 
-    marks_resume = True
+    def reported_checkpoint(self):
+        return tune.get_checkpoint()
 
-    def restore(self, trainer) -> None:
-        from vacsr.train.run_hooks import restore_reported
-
-        restore_reported(trainer, tune.get_checkpoint())
+    def send(self, metrics: dict, folder: str | None) -> None:
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
 
     def after_epoch(self, trainer, epoch: int, metrics: dict) -> None:
         return None  # the checkpoint goes to Tune with the report, after the epoch is logged
 
     def after_logging(self, trainer, epoch: int, metrics: dict) -> None:
         # last: when ASHA stops the trial on this report, the actor ends inside tune.report
-        from vacsr.train.checkpoint import save_checkpoint
-
-        with tempfile.TemporaryDirectory() as folder:
-            save_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.state(epoch))
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
-
-    def after_restored_finished_run(self, trainer) -> None:
-        # restored after its last epoch (a driver resumed): report the final result again
-        self.after_logging(trainer, trainer.start_epoch - 1, dict(trainer.history[-1]))
-
-    def tracking_resume(self, trainer) -> bool:
-        return trainer.start_epoch > 0 or trainer.config.train.resume
-
-    def tracking_tags(self) -> dict:
-        from vacsr.distributed.devices import placement_tags
-
-        return placement_tags()
+        self.report(trainer, epoch, metrics)
 
 
 def assigned_device() -> str:
@@ -102,7 +86,7 @@ def fit_in_trial(config: Config) -> None:
         device = ray_worker_device(config.train.device, torch.device(assigned_device()))
         trainer = Trainer(config, device=device)
         record_workers(trainer.output_dir, 0, 1, device, ray_device=assigned_device())
-        trainer.fit(TuneTrialRun())
+        trainer.fit(TuneTrialRun(), open_logger=mlflow_logger(config))
     except VacsrError as exc:
         record_run_failure(output_dir, exc)
         raise

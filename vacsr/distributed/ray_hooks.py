@@ -1,0 +1,87 @@
+"""What the two places a run trains under Ray share: `RayRun`, the base of the Ray Train worker's
+hooks (`vacsr.distributed.worker.RayTrainRun`) and of the one-worker Tune trial's
+(`vacsr.sweep.search.trial_run.TuneTrialRun`). Either restores from the checkpoint Ray reported
+last, reports every epoch with its checkpoint (written to a temporary folder Ray copies into its
+storage), reports a restored finished run's result again, and continues its MLflow run when
+restarted. What differs is Ray's API (`ray.train` or `tune`), when the report goes out, and ranks.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vacsr.config import Config
+from vacsr.distributed.devices import placement_tags
+from vacsr.errors import CheckpointError
+from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
+from vacsr.train.files import CHECKPOINT_FILE
+from vacsr.train.run_hooks import OpenLogger, RunHooks
+
+if TYPE_CHECKING:
+    from vacsr.train.loop import Trainer
+
+
+def mlflow_logger(config: Config) -> OpenLogger | None:
+    """The opener of the run's MLflow run where config.tracking asks for one (mlflow loads only
+    then), for `Trainer.fit(open_logger=...)`."""
+    if not config.tracking.enabled:
+        return None
+    from vacsr.records import TrackingCallback
+
+    return partial(TrackingCallback.from_config, config)
+
+
+def restore_reported(trainer: Trainer, checkpoint) -> bool:
+    """Load a checkpoint Ray reported (a Ray Train or Tune `Checkpoint`; None: nothing to do)
+    into `trainer`; True when it loaded. A damaged one (zero bytes, not a checkpoint, as a full
+    disk or a hand edit leaves it) is named in one line and the run trains again from its first
+    epoch: runs are seeded, so that repeats what the lost epochs computed."""
+    if checkpoint is None:
+        return False
+    with checkpoint.as_directory() as folder:
+        try:
+            state = load_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.device)
+        except CheckpointError as exc:
+            print(f"vacsr: {exc}; training the run again from its first epoch", file=sys.stderr,
+                  flush=True)
+            return False
+    trainer.load_state(state)
+    return True
+
+
+class RayRun(RunHooks):
+    """A run Ray restarts from its reported checkpoints; subclasses name Ray's API for it."""
+
+    marks_resume = True  # a run restarted from a checkpoint says so in the history
+
+    def reported_checkpoint(self):
+        """The checkpoint Ray restores this run from (None on a first start)."""
+        raise NotImplementedError
+
+    def send(self, metrics: dict, folder: str | None) -> None:
+        """Report `metrics` to Ray, with the checkpoint in `folder` (None: this rank has none)."""
+        raise NotImplementedError
+
+    def restore(self, trainer: Trainer) -> None:
+        restore_reported(trainer, self.reported_checkpoint())
+
+    def report(self, trainer: Trainer, epoch: int, metrics: dict) -> None:
+        """Report the epoch; rank 0 writes its checkpoint for Ray to copy into its storage."""
+        with tempfile.TemporaryDirectory() as folder:
+            if self.rank == 0:
+                save_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.state(epoch))
+            self.send(metrics, folder if self.rank == 0 else None)
+
+    def after_restored_finished_run(self, trainer: Trainer) -> None:
+        # restarted after its last epoch (a Tune trial resumed by a new driver): report the final
+        # result again, or the Tune trial ends without its metric
+        self.report(trainer, trainer.start_epoch - 1, dict(trainer.history[-1]))
+
+    def tracking_resume(self, trainer: Trainer) -> bool:
+        return trainer.start_epoch > 0 or trainer.config.train.resume  # a restarted run
+
+    def tracking_tags(self) -> dict[str, Any]:
+        return placement_tags()
