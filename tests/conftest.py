@@ -122,7 +122,6 @@ def read_only():
     """Make a folder read-only for real: a read-only bind mount for root (who ignores file
     modes), else chmod. Skips where neither holds."""
     import subprocess
-    from pathlib import Path
 
     mounted, chmodded = [], []
 
@@ -271,3 +270,163 @@ def answering(status: int, content_type: str, body: bytes):
             pass
 
     return Handler
+
+
+_PORTS_GIVEN: set[int] = set()
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago, never one this process was given before:
+    ports asked for in a row before anything listens on them (a Ray node's) stay distinct."""
+    import socket
+
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
+
+
+class Servers:
+    """The server processes of one test (`servers` fixture), each in a session of its own: at
+    the end of the test each session is sent SIGTERM, and SIGKILL if it is still there a minute
+    later."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.started: list = []
+
+    def start(self, command: list[str], port: int, *, log: Path, env: dict | None = None,
+              cwd: Path | None = None, timeout: float = 200):
+        """`command` (a server on 127.0.0.1:`port`) started in `cwd` (the test's folder unless
+        given), its output appended to `log`; returns its process once its /health answers 200.
+        Fails the test with the log's tail when it ends first or `timeout` seconds pass."""
+        import subprocess
+        import time
+        import urllib.request
+
+        with open(log, "a") as out:  # the server keeps its own copy of the descriptor
+            process = subprocess.Popen(command, cwd=cwd or self.folder, env=env, stdout=out,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        self.started.append(process)
+        deadline = time.time() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health",
+                                            timeout=5) as reply:
+                    if reply.status == 200:
+                        return process
+            except OSError:
+                pass
+            if process.poll() is not None or time.time() > deadline:
+                pytest.fail(f"{command[0]} did not come up:\n" + log.read_text()[-2000:])
+            time.sleep(1)
+
+    def mlflow(self, backend_store_uri: str, port: int | None = None, *,
+               cwd: Path | None = None, log: Path | None = None, timeout: float = 200):
+        """`mlflow server` over `backend_store_uri` on loopback (on a free port unless given),
+        one worker and no job runner (it starts four more Python processes no test uses), its
+        output in `log` (mlflow-server.log in the test's folder unless given); returns (its URL,
+        its process) once it answers."""
+        import sys
+
+        port = port or free_port()
+        command = [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+                   backend_store_uri, "--host", "127.0.0.1", "--port", str(port),
+                   "--workers", "1"]
+        process = self.start(command, port, log=log or self.folder / "mlflow-server.log",
+                             env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
+                             cwd=cwd, timeout=timeout)
+        return f"http://127.0.0.1:{port}", process
+
+    @staticmethod
+    def stop(process, timeout: float = 60) -> None:
+        """SIGTERM to the session `process` leads, then SIGKILL to whatever is left in it after
+        `timeout` seconds."""
+        import signal
+        import subprocess
+
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:  # the whole session has ended already
+            pass
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=30)
+
+
+@pytest.fixture
+def servers(tmp_path):
+    """A Servers for the test; every server it started is stopped at the end of the test."""
+    started = Servers(tmp_path)
+    yield started
+    for process in reversed(started.started):
+        Servers.stop(process)
+
+
+@pytest.fixture(scope="module")
+def ray_local(request):
+    """A local Ray instance of the test module's own, shut down after the module; yields the
+    `ray` module. 2 CPUs, and what the module's RAY_LOCAL dict adds (ensure_ray's num_gpus,
+    include_dashboard, log_to_driver); never a cluster that RAY_ADDRESS names, nor an instance
+    an earlier test left running (that one is shut down first)."""
+    import ray
+
+    from vacsr.distributed.cluster import ensure_ray
+
+    settings = {"num_cpus": 2, **getattr(request.module, "RAY_LOCAL", {})}
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    if ray.is_initialized():
+        ray.shutdown()
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            env.delenv("RAY_ADDRESS", raising=False)
+            ensure_ray(**settings)
+        assert ray.cluster_resources().get("CPU") == settings["num_cpus"]
+        if settings.get("num_gpus"):
+            assert ray.cluster_resources().get("GPU") == settings["num_gpus"]
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def small_adapter(seed: int | None = None, *, embed_dim: int = 16, hidden_dim: int = 32,
+                  latent_dim: int = 4, num_components: int = 2, decoder_hidden_dim: int = 8,
+                  **settings):
+    """A small VariationalSimilarityAdapter (`settings`: its other arguments). With `seed`: a
+    random init drawn from that seed with every weight times 3 (well-spread logits, so rankings
+    are tolerance-safe), in eval mode, for the scoring tests."""
+    from vacsr.model.adapter import VariationalSimilarityAdapter
+
+    shape = dict(embed_dim=embed_dim, hidden_dim=hidden_dim, latent_dim=latent_dim,
+                 num_components=num_components, decoder_hidden_dim=decoder_hidden_dim)
+    if seed is None:
+        return VariationalSimilarityAdapter(**shape, **settings)
+    torch.manual_seed(seed)
+    head = VariationalSimilarityAdapter(**shape, **settings, init="random").eval()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.mul_(3.0)
+    return head
+
+
+def sweep_plan(kind, storage: Path, argv=(), *, data: Path | None = None, monkeypatch=None):
+    """A sweep's plan as its command line makes it from `argv` and --storage `storage`. `data`:
+    an empty folder for every dataset made there (make_dataset_folders), passed as --data-root.
+    Without it, the embedded profile: with `monkeypatch`, without writing its data or
+    pretraining the tiny CLIP."""
+    from vacsr.sweep.plan import command_line as cli
+
+    if data is None and monkeypatch is not None:
+        monkeypatch.setattr(cli, "_embedded_data", lambda *a: None)
+    root = [] if data is None else ["--data-root", str(make_dataset_folders(data))]
+    args = cli.build_parser(kind).parse_args([*root, "--storage", str(storage), *argv])
+    return cli.plan_from_args(kind, args)

@@ -1,40 +1,22 @@
 """Ray evaluation pool: sharded scoring on actors equals local scoring, weights update in place."""
 from __future__ import annotations
 
-import os
-
 import pytest
+from conftest import small_adapter
 import torch
 import torch.nn.functional as F
 
 from vacsr.eval.evaluate import evaluate_retrieval
 from vacsr.eval.scorer import ChunkedScorer
 from vacsr.eval.two_stage import two_stage_score
-from vacsr.model.adapter import VariationalSimilarityAdapter
 
 ray = pytest.importorskip("ray")
 
-
-@pytest.fixture(scope="module")
-def ray_local():
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+RAY_LOCAL = {"include_dashboard": False, "log_to_driver": False}  # for conftest's ray_local
 
 
 def _features(n, dim, seed):
     return F.normalize(torch.randn(n, dim, generator=torch.Generator().manual_seed(seed)), dim=1)
-
-
-def _adapter(seed):
-    torch.manual_seed(seed)
-    head = VariationalSimilarityAdapter(embed_dim=16, hidden_dim=24, latent_dim=4,
-                                        decoder_hidden_dim=8, init="random").eval()
-    with torch.no_grad():
-        for p in head.parameters():
-            p.mul_(3.0)
-    return head
 
 
 def _assert_same(a, b):
@@ -52,7 +34,7 @@ def test_pool_equals_local_scorer_and_follows_weight_updates(ray_local):
     captions = F.normalize(images.repeat_interleave(5, 0) + 0.4 * _features(150, 16, 1), dim=1)
     caption_to_image = torch.arange(30).repeat_interleave(5)
     groups = dict(query_groups=torch.arange(30) // 6, item_groups=caption_to_image // 6)
-    head = _adapter(0)
+    head = small_adapter(0, hidden_dim=24)
     pool = EvalPool(head, captions, num_actors=2, num_cpus_per_actor=1)
     try:
         assert [d["num_items"] for d in pool.describe()] == [150, 150]
@@ -62,7 +44,7 @@ def test_pool_equals_local_scorer_and_follows_weight_updates(ray_local):
             _assert_same(getattr(remote, name), getattr(local, name))
         assert remote.stats["actors"] == 2
 
-        new_head = _adapter(1)  # a later epoch: only the weights travel
+        new_head = small_adapter(1, hidden_dim=24)  # a later epoch: only the weights travel
         pool.update_head(new_head)
         kwargs = dict(num_folds=5, device="cpu")
         remote_metrics = evaluate_retrieval(images, captions, new_head, caption_to_image,

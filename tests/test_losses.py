@@ -1,6 +1,7 @@
 import math
 
 import pytest
+from conftest import small_adapter
 import torch
 from torch.distributions import Independent, Normal, kl_divergence
 
@@ -130,13 +131,6 @@ def test_negative_sigma_target_switch():
 
 
 # ---------------------------------------------------------------- boundedness (sec. 3.2 L_sigma)
-def _adapter(**kwargs):
-    from vacsr.model.adapter import VariationalSimilarityAdapter
-
-    return VariationalSimilarityAdapter(embed_dim=16, hidden_dim=32, latent_dim=4,
-                                        num_components=2, decoder_hidden_dim=8, **kwargs)
-
-
 def _loss_floor(adapter, labels, reduction, gamma=1.0, beta=1.0):
     """The lowest value the total loss can take: L_recon, L_KL >= 0 and each L_sigma term
     >= its weight times the smallest log sigma_hat the logvar bound allows."""
@@ -154,7 +148,7 @@ def test_total_loss_cannot_be_driven_below_its_floor(reduction, target):
     """Minimise the loss itself at a high learning rate: with logvar unbounded it runs off to
     minus infinity (sigma_hat -> 0 on pairs it fits); bounded, it stays above the floor."""
     torch.manual_seed(0)
-    adapter = _adapter(logvar_bound=4.0)
+    adapter = small_adapter(logvar_bound=4.0)
     v = torch.nn.functional.normalize(torch.randn(12, 16), dim=-1)
     t = torch.nn.functional.normalize(torch.randn(12, 16), dim=-1)
     labels = (torch.rand(12, 12) < 0.15).float()
@@ -181,8 +175,8 @@ def test_unbounded_logvar_runs_below_that_floor(target):
     t = torch.nn.functional.normalize(torch.randn(12, 16), dim=-1)
     labels = (torch.rand(12, 12) < 0.15).float()
     labels[torch.arange(12), torch.arange(12)] = 1
-    floor = _loss_floor(_adapter(logvar_bound=4.0), labels, "pair_mean")
-    unbounded = _adapter(logvar_bound=1e6)
+    floor = _loss_floor(small_adapter(logvar_bound=4.0), labels, "pair_mean")
+    unbounded = small_adapter(logvar_bound=1e6)
     optim = torch.optim.Adam(unbounded.parameters(), lr=0.05)
     values = []
     for _ in range(300):
@@ -197,7 +191,7 @@ def test_unbounded_logvar_runs_below_that_floor(target):
 
 
 def test_logvar_bound_keeps_sigma_hat_in_range():
-    adapter = _adapter(logvar_bound=3.0)
+    adapter = small_adapter(logvar_bound=3.0)
     with torch.no_grad():
         adapter.fc2.bias.fill_(1e4)  # pre-activations far past the bound
     out = adapter(torch.eye(16)[:3], torch.eye(16)[:4])
@@ -205,7 +199,7 @@ def test_logvar_bound_keeps_sigma_hat_in_range():
     assert torch.isfinite(out.logits).all()
     assert math.log(out.sigma_hat.min().item()) >= adapter.min_log_sigma() - 1e-6
     with pytest.raises(ValueError, match="logvar_bound"):
-        _adapter(logvar_bound=0.0)
+        small_adapter(logvar_bound=0.0)
 
 
 @pytest.mark.parametrize("reduction", ["pair_mean", "per_query", "balanced"])
@@ -253,7 +247,7 @@ def test_two_thousand_steps_at_a_high_learning_rate_stay_finite(target, bounded)
     """Long training far above any sane learning rate: every loss part stays finite (with
     logvar unbounded the `positive` reading went non-finite within a few hundred steps)."""
     torch.manual_seed(1)
-    adapter = _adapter(bounded_sigma=bounded)
+    adapter = small_adapter(bounded_sigma=bounded)
     towers = torch.nn.Linear(16, 16)
     params = [*adapter.parameters(), *towers.parameters()]
     optim = torch.optim.Adam(params, lr=0.1)

@@ -10,15 +10,10 @@ from __future__ import annotations
 
 import copy
 import html
-import os
 import queue
 import re
 import shutil
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,19 +21,12 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 CHROMIUM = shutil.which("chromium")
-BIN = Path(sys.executable).parent
 DATASETS = {"eurosat": {"loss.gamma": 0.37, "adapter.num_components": 3},
             "dtd": {"loss.gamma": 2.5, "adapter.num_components": 5}}
 
 if CHROMIUM is None:
     pytest.skip("chromium is not on PATH (Debian: apt-get install -y chromium; .ci/run installs "
                 "it)", allow_module_level=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _sweep_records(tmp_path: Path, monkeypatch) -> tuple[object, str, dict[str, str]]:
@@ -111,45 +99,6 @@ def _sweep_records(tmp_path: Path, monkeypatch) -> tuple[object, str, dict[str, 
     return plan, parent_id, runs
 
 
-@pytest.fixture
-def mlflow_ui(tmp_path):
-    """Start `mlflow server` on a free loopback port for a store; yields its base URL."""
-    servers = []
-
-    def serve(tracking_uri: str) -> str:
-        port = _free_port()
-        log = open(tmp_path / "mlflow-server.log", "w")
-        servers.append(subprocess.Popen(
-            [str(BIN / "mlflow"), "server", "--backend-store-uri", tracking_uri,
-             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            # no job runner: it starts four more Python processes the UI pages never use
-            env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")))
-        url, deadline = f"http://127.0.0.1:{port}", time.time() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=5) as reply:
-                    if reply.status == 200:
-                        return url
-            except OSError:
-                pass
-            if servers[-1].poll() is not None or time.time() > deadline:
-                pytest.fail("mlflow server did not come up:\n"
-                            + (tmp_path / "mlflow-server.log").read_text()[-2000:])
-            time.sleep(1)
-
-    try:
-        yield serve
-    finally:
-        for server in servers:
-            os.killpg(server.pid, 15)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, 9)
-                server.wait(timeout=30)
-
-
 def _render(url: str, profile: Path) -> str:
     """The DOM after the page's scripts ran. A fresh profile: no workflow type remembered in
     localStorage, as for someone opening the UI for the first time."""
@@ -178,12 +127,12 @@ def _title(dom: str) -> str:
     return html.unescape(match.group(1)) if match else ""
 
 
-def test_ui_opens_on_runs_and_shows_selected_params(tmp_path, monkeypatch, mlflow_ui):
+def test_ui_opens_on_runs_and_shows_selected_params(tmp_path, monkeypatch, servers):
     from vacsr.sweep.flow.driver import mlflow_ui_hint
     from vacsr.records import MlflowTracker
 
     plan, parent_id, runs = _sweep_records(tmp_path, monkeypatch)
-    base = mlflow_ui(plan.tracking_uri)
+    base, _ = servers.mlflow(plan.tracking_uri, timeout=120)
     experiment_id = MlflowTracker(plan.tracking_uri).experiment_id(plan.kind.experiment)
 
     # (a) the link the sweep prints, on this server's port

@@ -25,16 +25,7 @@ BASE = ["train.batch_size=16", "train.progress=false", "data.num_train=8", "data
         "adapter.hidden_dim=16", "data.augment=false", "train.resume=false"]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    from vacsr.distributed.cluster import ensure_ray
-
-    ensure_ray(num_cpus=2, num_gpus=2)
-    assert ray.cluster_resources().get("GPU") == 2
-    yield ray
-    ray.shutdown()
+RAY_LOCAL = {"num_gpus": 2}  # conftest's ray_local: 2 logical GPUs beside its 2 CPUs
 
 
 def _weights(path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import small_adapter
 import torch
 import torch.nn.functional as F
 
@@ -19,15 +20,8 @@ def _features(n: int, dim: int, seed: int) -> torch.Tensor:
     return F.normalize(torch.randn(n, dim, generator=torch.Generator().manual_seed(seed)), dim=1)
 
 
-def _adapter(dim=32, hidden=48, latent=8, components=2, decoder=16, bounded=True, seed=0):
-    torch.manual_seed(seed)
-    head = VariationalSimilarityAdapter(embed_dim=dim, hidden_dim=hidden, latent_dim=latent,
-                                        num_components=components, decoder_hidden_dim=decoder,
-                                        bounded_sigma=bounded, init="random").eval()
-    with torch.no_grad():  # larger weights: well-spread logits, so rankings are tolerance-safe
-        for p in head.parameters():
-            p.mul_(3.0)
-    return head
+# the scored head of these tests: small_adapter(seed, **HEAD), 2 components
+HEAD = dict(embed_dim=32, hidden_dim=48, latent_dim=8, decoder_hidden_dim=16, bounded_sigma=True)
 
 
 def _per_pair_reference(head, queries, items):
@@ -56,7 +50,7 @@ def _assert_topk_matches(topk: TopK, scores: torch.Tensor, tol: float):
 
 @pytest.mark.parametrize("query_chunk,item_chunk", [(1, 1), (4, 7), (5, 41), (23, 16), (6, 40)])
 def test_chunked_scorer_equals_per_pair_brute_force(query_chunk, item_chunk):
-    head = _adapter()
+    head = small_adapter(0, **HEAD)
     queries, items = _features(23, 32, 1), _features(41, 32, 2)
     ref_logits, ref_sigma = _per_pair_reference(head, queries, items)
     scorer = ChunkedScorer(head, device="cpu", query_chunk=query_chunk, item_chunk=item_chunk)
@@ -69,10 +63,11 @@ def test_chunked_scorer_equals_per_pair_brute_force(query_chunk, item_chunk):
     torch.testing.assert_close(result.query_topk.sigma, ref_sigma[rows, result.query_topk.indices])
 
 
-@pytest.mark.parametrize("kwargs", [dict(decoder=0), dict(components=1), dict(bounded=False),
-                                    dict(components=3, decoder=5)])
+@pytest.mark.parametrize("kwargs", [dict(decoder_hidden_dim=0), dict(num_components=1),
+                                    dict(bounded_sigma=False),
+                                    dict(num_components=3, decoder_hidden_dim=5)])
 def test_kernel_variants_equal_score_block(kwargs):
-    head = _adapter(**kwargs)
+    head = small_adapter(0, **{**HEAD, **kwargs})
     queries, items = _features(9, 32, 3), _features(30, 32, 4)
     ref_logits, ref_sigma = head.score_block(queries, items)
     result = ChunkedScorer(head, device="cpu", query_chunk=4, item_chunk=7).score(
@@ -86,7 +81,7 @@ def test_kernel_variants_equal_score_block(kwargs):
 
 
 def test_naive_scorer_equals_score_block():
-    head = _adapter()
+    head = small_adapter(0, **HEAD)
     queries, items = _features(7, 32, 5), _features(11, 32, 6)
     logits, sigma = naive_score(head, queries, items, query_chunk=3)
     ref_logits, ref_sigma = head.score_block(queries, items)
@@ -149,7 +144,7 @@ def test_baseline_head_scores_without_sigma():
 
 
 def test_bf16_precision_close_to_fp32():
-    head = _adapter()
+    head = small_adapter(0, **HEAD)
     queries, items = _features(10, 32, 12), _features(25, 32, 13)
     fp32 = ChunkedScorer(head, device="cpu", precision="fp32").score(queries, items, return_full=True)
     bf16 = ChunkedScorer(head, device="cpu", precision="bf16").score(queries, items, return_full=True)
@@ -161,7 +156,7 @@ def test_bf16_precision_close_to_fp32():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_bf16_matches_cpu():
-    head = _adapter()
+    head = small_adapter(0, **HEAD)
     queries, items = _features(64, 32, 14), _features(300, 32, 15)
     cpu = ChunkedScorer(head, device="cpu").score(queries, items, k=5, return_full=True)
     gpu = ChunkedScorer(head, device="cuda").score(queries, items, k=5, return_full=True)
@@ -172,7 +167,7 @@ def test_cuda_bf16_matches_cpu():
 
 # ---------------------------------------------------------------- two-stage
 def test_two_stage_with_all_candidates_equals_exact():
-    head = _adapter()
+    head = small_adapter(0, **HEAD)
     queries, items = _features(15, 32, 16), _features(40, 32, 17)
     groups = dict(query_groups=torch.arange(15) % 2, item_groups=torch.arange(40) % 2)
     scorer = ChunkedScorer(head, device="cpu", query_chunk=4, item_chunk=9)
@@ -218,7 +213,7 @@ def test_binned_recall_and_pearson():
 
 
 def test_evaluate_retrieval_matches_dense_metrics(tmp_path):
-    head = _adapter()
+    head = small_adapter(0, **HEAD)
     images = _features(20, 32, 20)
     captions = F.normalize(images.repeat_interleave(5, 0) + 0.3 * _features(100, 32, 21), dim=1)
     caption_to_image = torch.arange(20).repeat_interleave(5)
@@ -240,7 +235,7 @@ def _reference_accuracy(scores: torch.Tensor, labels: torch.Tensor) -> float:
 
 
 def test_evaluate_classification_matches_accuracy():
-    head = _adapter()
+    head = small_adapter(0, **HEAD)
     images, classes = _features(40, 32, 22), _features(6, 32, 23)
     labels = torch.randint(0, 6, (40,), generator=torch.Generator().manual_seed(0))
     scores, _ = head.score_block(images, classes)

@@ -6,11 +6,9 @@ import base64
 import http.server
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -22,12 +20,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 PASSWORD = "s3cr3t-pw"
 USER = "vacsr"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _auth_proxy(upstream: str) -> tuple[http.server.ThreadingHTTPServer, int]:
@@ -72,32 +64,17 @@ def _auth_proxy(upstream: str) -> tuple[http.server.ThreadingHTTPServer, int]:
 
 
 @pytest.fixture
-def mlflow_server(tmp_path):
-    port = _free_port()
+def mlflow_server(tmp_path, servers):
+    """`mlflow server` over a SQLite store behind the auth proxy: (the store's folder, the
+    proxy's port)."""
     store = tmp_path / "server"
     store.mkdir()
-    log = open(tmp_path / "mlflow-server.log", "w")
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
-         f"sqlite:///{store / 'mlflow.db'}", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"], cwd=store, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True, env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
-    url, deadline = f"http://127.0.0.1:{port}", time.time() + 200
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5):
-                break
-        except OSError:
-            assert server.poll() is None and time.time() < deadline, \
-                (tmp_path / "mlflow-server.log").read_text()[-2000:]
-            time.sleep(1)
+    url, _ = servers.mlflow(f"sqlite:///{store / 'mlflow.db'}", cwd=store)
     proxy, proxy_port = _auth_proxy(url)
     try:
         yield store, proxy_port
     finally:
-        proxy.shutdown()
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)
+        proxy.shutdown()  # before `servers` stops the server
 
 
 def test_a_password_in_the_uri_reaches_mlflow_and_nothing_else(tmp_path, mlflow_server,

@@ -3,7 +3,7 @@ is parsed once, and the embedded profile is one file."""
 from __future__ import annotations
 
 import pytest
-from conftest import make_dataset_folders
+from conftest import sweep_plan
 
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.retrieval import SWEEP as RETRIEVAL
@@ -12,32 +12,31 @@ from vacsr.sweep.plan import command_line as cli
 from vacsr.sweep.spec.space import Int
 
 
-def _plan(argv, tmp_path, kind=BASE2NOVEL):
-    make_dataset_folders(tmp_path)
-    args = cli.build_parser(kind).parse_args(argv + ["--storage", str(tmp_path)])
-    return cli.plan_from_args(kind, args)
-
-
 def test_bad_input_fails_before_any_trial(tmp_path):
     with pytest.raises(ConfigError, match="unknown dataset 'mnist'"):
-        _plan(["--datasets", "eurosat,mnist"], tmp_path)
+        sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat,mnist"])
     with pytest.raises(ConfigError, match="inverted"):
-        _plan(["--datasets", "eurosat", "--range", "loss.gamma=log:5:1"], tmp_path)
+        sweep_plan(BASE2NOVEL, tmp_path,
+                   ["--datasets", "eurosat", "--range", "loss.gamma=log:5:1"])
     with pytest.raises(ConfigError, match="127.0.0.1:9"):
-        _plan(["--datasets", "eurosat", "--tracking-uri", "http://127.0.0.1:9"], tmp_path)
+        sweep_plan(BASE2NOVEL, tmp_path,
+                   ["--datasets", "eurosat", "--tracking-uri", "http://127.0.0.1:9"])
     with pytest.raises(ConfigError, match="loss.gamma"):
-        _plan(["--datasets", "eurosat", "--data-root", str(tmp_path), "--set", "loss.gamma=-1"],
-              tmp_path)
+        sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat", "--set", "loss.gamma=-1"],
+                   data=tmp_path)
     assert not (tmp_path / "base2novel" / "tune").exists()  # nothing started
     assert not (tmp_path / "base2novel" / "data").exists()  # nor any data written
 
 
 def test_bad_cluster_settings_fail_before_any_trial(tmp_path):
-    base = ["--datasets", "eurosat", "--data-root", str(tmp_path)]
+    base = ["--datasets", "eurosat"]
     with pytest.raises(ConfigError, match="--ray-storage 'nosuch://bucket'"):
-        _plan(base + ["--ray-storage", "nosuch://bucket"], tmp_path)
+        sweep_plan(BASE2NOVEL, tmp_path, base + ["--ray-storage", "nosuch://bucket"],
+                   data=tmp_path)
     with pytest.raises(ConfigError, match="--optuna-storage"):
-        _plan(base + ["--optuna-storage", "postgresql://u:secret@127.0.0.1:9/db"], tmp_path)
+        sweep_plan(BASE2NOVEL, tmp_path,
+                   base + ["--optuna-storage", "postgresql://u:secret@127.0.0.1:9/db"],
+                   data=tmp_path)
     assert not (tmp_path / "base2novel" / "tune").exists()
 
 
@@ -60,8 +59,8 @@ def test_empty_or_zero_flags_are_errors_not_defaults(argv, fragment, capsys):
 
 def test_seeds_must_be_integers(tmp_path):
     with pytest.raises(ConfigError, match="--seeds: expected comma-separated integers"):
-        _plan(["--datasets", "eurosat", "--data-root", str(tmp_path), "--seeds", "1,x"],
-              tmp_path)
+        sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat", "--seeds", "1,x"],
+                   data=tmp_path)
 
 
 def test_cluster_settings_come_from_the_environment(tmp_path, monkeypatch):
@@ -74,9 +73,9 @@ def test_cluster_settings_come_from_the_environment(tmp_path, monkeypatch):
     assert (args.tracking_uri, args.ray_address) == ("http://mlflow:5000", "http://head:8265")
     monkeypatch.setenv("RAY_ADDRESS", "")  # an empty variable is unset, not an address
     assert cli.build_parser(BASE2NOVEL).parse_args([]).ray_address is None
-    plan = _plan(["--datasets", "eurosat", "--data-root", str(tmp_path),
-                  "--ray-storage", f"file://{tmp_path}/ray", "--tracking-uri",
-                  f"sqlite:///{tmp_path}/m.db"], tmp_path)
+    plan = sweep_plan(BASE2NOVEL, tmp_path,
+                      ["--datasets", "eurosat", "--ray-storage", f"file://{tmp_path}/ray",
+                       "--tracking-uri", f"sqlite:///{tmp_path}/m.db"], data=tmp_path)
     assert plan.ray_path("tune", "eurosat") == f"file://{tmp_path}/ray/tune/eurosat"
     assert plan.storage == tmp_path / "base2novel"
 
@@ -92,8 +91,9 @@ def test_every_value_is_parsed_once_and_configs_are_resolved_in_the_driver(tmp_p
     monkeypatch.setattr(cfg, "parse_override", lambda text: calls.append(text) or real(text))
     monkeypatch.setattr(cfg, "load_config", lambda *a, **k: pytest.fail("string re-parse"))
     sets = ["loss.beta=2.5", "adapter.hidden_dim=48"]
-    plan = _plan(["--datasets", "eurosat,dtd,caltech101", "--data-root", str(tmp_path),
-                  *sum((["--set", s] for s in sets), [])], tmp_path)
+    plan = sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat,dtd,caltech101",
+                                             *sum((["--set", s] for s in sets), [])],
+                      data=tmp_path)
     assert calls == sets
     for dataset, config in plan.configs.items():
         assert (config.loss.beta, config.adapter.hidden_dim) == (2.5, 48)
@@ -104,7 +104,7 @@ def test_every_value_is_parsed_once_and_configs_are_resolved_in_the_driver(tmp_p
 def test_the_embedded_profile_is_one_file_merged_per_kind(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "_embedded_data", lambda *a: None)  # no data, no pretraining
     profile = cli.load_profile(BASE2NOVEL)
-    plan = _plan(["--datasets", "eurosat"], tmp_path)
+    plan = sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat"])
     config = plan.configs["eurosat"]
     assert plan.trials == profile["trials"] and plan.seeds == tuple(profile["seeds"])
     assert config.data.shots == profile["shots"]
@@ -112,12 +112,12 @@ def test_the_embedded_profile_is_one_file_merged_per_kind(tmp_path, monkeypatch)
     assert config.model.pretrained == str(tmp_path / "base2novel" / "tiny-clip.pt")
     assert plan.spaces["eurosat"]["train.epochs"] == Int(4, 8)
     # the retrieval section: one epoch and no profile ranges (the paper's protocol lr)
-    retrieval = _plan([], tmp_path, kind=RETRIEVAL)
+    retrieval = sweep_plan(RETRIEVAL, tmp_path)
     assert retrieval.configs["coco"].train.epochs == 1
     assert retrieval.spaces["coco"]["optim.lr"] == RETRIEVAL.space["optim.lr"]
     # the user's flags win over the profile
-    plan = _plan(["--datasets", "eurosat", "--trials", "5", "--shots", "1",
-                  "--set", "adapter.hidden_dim=32"], tmp_path)
+    plan = sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat", "--trials", "5",
+                                             "--shots", "1", "--set", "adapter.hidden_dim=32"])
     assert (plan.trials, plan.configs["eurosat"].data.shots) == (5, 1)
     assert plan.configs["eurosat"].adapter.hidden_dim == 32
 

@@ -12,7 +12,6 @@ import os
 import secrets
 import select
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,17 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 AUTH_TOKEN = secrets.token_hex(32)
@@ -89,7 +83,7 @@ def ray_cluster(tmp_path):
 
     Every port the nodes listen on that has a fixed default is chosen free, and each node has a
     temp dir of its own, so the cluster runs beside other tests' local Ray instances."""
-    dashboard, gcs, client = _free_port(), _free_port(), _free_port()
+    dashboard, gcs, client = free_port(), free_port(), free_port()
     # each node gets its own temp dir, as on separate machines: nodes sharing one would
     # garbage-collect each other's copies of the job's working dir (Unix socket paths stay short)
     temps = [tempfile.mkdtemp(prefix=p, dir="/tmp") for p in ("vh", "vw")]
@@ -99,13 +93,13 @@ def ray_cluster(tmp_path):
         nodes.append(_start_node(
             ["--head", "--num-cpus=1", f"--port={gcs}", f"--ray-client-server-port={client}",
              "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-             "--include-dashboard=true", f"--dashboard-agent-listen-port={_free_port()}",
+             "--include-dashboard=true", f"--dashboard-agent-listen-port={free_port()}",
              f"--temp-dir={temps[0]}"], head_log))
         _wait_started(nodes[0], head_log)
         worker_log = tmp_path / "ray-worker.log"
         nodes.append(_start_node(
             [f"--address=127.0.0.1:{gcs}", "--num-cpus=1",
-             f"--dashboard-agent-listen-port={_free_port()}", f"--temp-dir={temps[1]}"],
+             f"--dashboard-agent-listen-port={free_port()}", f"--temp-dir={temps[1]}"],
             worker_log))
         _wait_started(nodes[1], worker_log)
         yield f"http://127.0.0.1:{dashboard}"
@@ -117,34 +111,16 @@ def ray_cluster(tmp_path):
 
 
 @pytest.fixture
-def mlflow_server(tmp_path):
-    """cluster/mlflow-server.sh on loopback with a SQLite backend and a local artifact store."""
-    import urllib.request
-
-    port, artifacts = _free_port(), tmp_path / "mlflow-artifacts"
+def mlflow_server(tmp_path, servers):
+    """cluster/mlflow-server.sh on loopback with a SQLite backend and a local artifact store:
+    (its URL, the artifact store); `servers` stops it at the end of the test."""
+    port, artifacts = free_port(), tmp_path / "mlflow-artifacts"
     env = dict(_env(), MLFLOW_BACKEND_STORE_URI=f"sqlite:///{tmp_path / 'server.db'}",
                MLFLOW_ARTIFACTS_DESTINATION=str(artifacts), MLFLOW_PORT=str(port),
                MLFLOW_BIN=str(BIN / "mlflow"), MLFLOW_WORKERS="1")
-    server = subprocess.Popen([str(REPO / "cluster" / "mlflow-server.sh")], env=env,
-                              stdout=subprocess.DEVNULL, stderr=open(tmp_path / "mlflow.log", "w"),
-                              start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=5) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            assert server.poll() is None and time.time() < deadline, \
-                (tmp_path / "mlflow.log").read_text()[-2000:]
-            time.sleep(1)
-        yield uri, artifacts
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=60)
+    servers.start([str(REPO / "cluster" / "mlflow-server.sh")], port,
+                  log=tmp_path / "mlflow.log", env=env, timeout=120)
+    return f"http://127.0.0.1:{port}", artifacts
 
 
 def _submit(address: str, args: list[str], job_id: str) -> str:

@@ -12,17 +12,6 @@ from vacsr.distributed.devices import WORKERS_FILE, read_workers
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    from vacsr.distributed.cluster import ensure_ray
-
-    ensure_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
-
-
 def _runs(uri: str, experiment: str):
     import mlflow
 

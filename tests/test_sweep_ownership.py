@@ -9,20 +9,14 @@ import sys
 import time
 
 import pytest
-from conftest import make_dataset_folders
+from conftest import sweep_plan
 
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from vacsr.errors import ConfigError
-from vacsr.sweep.plan import command_line as cli
 from vacsr.sweep.plan.ownership import LOCK_FILE, DriverLock, claim_state
 
 
-def _plan(tmp_path, *argv):
-    make_dataset_folders(tmp_path / "data")
-    args = cli.build_parser(BASE2NOVEL).parse_args(
-        ["--datasets", "eurosat,dtd", "--data-root", str(tmp_path / "data"), "--trials", "2",
-         "--storage", str(tmp_path), *argv])
-    return cli.plan_from_args(BASE2NOVEL, args)
+TWO = ["--datasets", "eurosat,dtd", "--trials", "2"]  # the sweep of these tests
 
 
 def test_a_second_driver_is_refused_until_the_first_dies(tmp_path):
@@ -49,22 +43,30 @@ def test_a_second_driver_is_refused_until_the_first_dies(tmp_path):
 
 
 def test_a_used_folder_takes_only_resume_with_its_own_settings(tmp_path):
-    plan = _plan(tmp_path)
+    data = tmp_path / "data"
+    plan = sweep_plan(BASE2NOVEL, tmp_path, TWO, data=data)
     state = claim_state(plan)
     state.update(parent_run_id="abc")
     with pytest.raises(ConfigError, match=r"holds the sweep 'base2novel' already .*--resume"):
-        claim_state(_plan(tmp_path))
-    assert claim_state(_plan(tmp_path, "--resume")).data["parent_run_id"] == "abc"
+        claim_state(sweep_plan(BASE2NOVEL, tmp_path, TWO, data=data))
+    resumed = claim_state(sweep_plan(BASE2NOVEL, tmp_path, [*TWO, "--resume"], data=data))
+    assert resumed.data["parent_run_id"] == "abc"
     with pytest.raises(ConfigError, match=r"--resume: .* \(--trials 2 -> 3\)"):
-        claim_state(_plan(tmp_path, "--resume", "--trials", "3"))
+        claim_state(sweep_plan(BASE2NOVEL, tmp_path, [*TWO, "--resume", "--trials", "3"],
+                               data=data))
     with pytest.raises(ConfigError, match=r"--datasets eurosat,dtd -> eurosat"):
-        claim_state(_plan(tmp_path, "--resume", "--datasets", "eurosat"))
+        claim_state(sweep_plan(BASE2NOVEL, tmp_path, [*TWO, "--resume", "--datasets", "eurosat"],
+                               data=data))
     with pytest.raises(ConfigError, match=r"dtd config loss.gamma; eurosat config loss.gamma|"
                                           r"eurosat config loss.gamma; dtd config loss.gamma"):
-        claim_state(_plan(tmp_path, "--resume", "--set", "loss.gamma=2"))
+        claim_state(sweep_plan(BASE2NOVEL, tmp_path, [*TWO, "--resume", "--set", "loss.gamma=2"],
+                               data=data))
     with pytest.raises(ConfigError, match=r"search range loss.beta"):
-        claim_state(_plan(tmp_path, "--resume", "--range", "loss.beta=log:0.5:2"))
+        claim_state(sweep_plan(BASE2NOVEL, tmp_path,
+                               [*TWO, "--resume", "--range", "loss.beta=log:0.5:2"], data=data))
     # resources do not change results: a resume may place the runs differently
-    claim_state(_plan(tmp_path, "--resume", "--cpus-per-worker", "2"))
+    claim_state(sweep_plan(BASE2NOVEL, tmp_path, [*TWO, "--resume", "--cpus-per-worker", "2"],
+                           data=data))
     # a new sweep under another name has a folder of its own
-    assert claim_state(_plan(tmp_path, "--name", "second")).data.get("parent_run_id") is None
+    second = claim_state(sweep_plan(BASE2NOVEL, tmp_path, [*TWO, "--name", "second"], data=data))
+    assert second.data.get("parent_run_id") is None

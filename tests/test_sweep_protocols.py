@@ -1,7 +1,7 @@
 """The sweeps follow the paper's training protocols (appendix C.2) and search the loss reading
 of appendix E.1; retrieval test evaluation reports the COCO 1K recalls."""
 import pytest
-from conftest import make_dataset_folders
+from conftest import sweep_plan
 
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.domain_generalization import SWEEP as DG
@@ -14,16 +14,6 @@ from vacsr.train.optim import lr_factor
 KINDS = {k.name: k for k in (BASE2NOVEL, DG, RETRIEVAL)}
 
 
-def _plan(kind, tmp_path, monkeypatch, argv=(), embedded=False):
-    from vacsr.sweep.plan import command_line as cli
-
-    if embedded:  # the embedded profile without writing data or pretraining the tiny CLIP
-        monkeypatch.setattr(cli, "_embedded_data", lambda *a: None)
-    root = [] if embedded else ["--data-root", str(make_dataset_folders(tmp_path / "data"))]
-    args = cli.build_parser(kind).parse_args([*root, "--storage", str(tmp_path), *argv])
-    return cli.plan_from_args(kind, args)
-
-
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_every_space_searches_the_negative_sigma_target(name):
     assert KINDS[name].space["loss.neg_sigma_target"] == Choice(("label", "positive"))
@@ -32,7 +22,9 @@ def test_every_space_searches_the_negative_sigma_target(name):
 @pytest.mark.parametrize("embedded", [False, True])
 def test_domain_generalization_fixes_the_paper_protocol(tmp_path, monkeypatch, embedded):
     fixed = {"model.trainable_image_blocks", "model.trainable_text_blocks", "train.epochs"}
-    plan = _plan(DG, tmp_path, monkeypatch, embedded=embedded)
+    # embedded: the profile without writing data or pretraining the tiny CLIP
+    plan = sweep_plan(DG, tmp_path, data=None if embedded else tmp_path / "data",
+                      monkeypatch=monkeypatch)
     assert not fixed & set(plan.spaces["imagenet"])  # not searched, even by the profile
     config = plan.configs["imagenet"]
     assert (config.model.trainable_image_blocks, config.model.trainable_text_blocks) == (2, 3)
@@ -42,10 +34,10 @@ def test_domain_generalization_fixes_the_paper_protocol(tmp_path, monkeypatch, e
                                                   "imagenet_a", "imagenet_r"]
 
 
-def test_set_and_range_still_override_the_protocol(tmp_path, monkeypatch):
-    plan = _plan(DG, tmp_path, monkeypatch,
-                 ["--set", "train.epochs=7", "--set", "model.trainable_image_blocks=1",
-                  "--range", "model.trainable_text_blocks=int:0:2"])
+def test_set_and_range_still_override_the_protocol(tmp_path):
+    plan = sweep_plan(DG, tmp_path,
+                      ["--set", "train.epochs=7", "--set", "model.trainable_image_blocks=1",
+                       "--range", "model.trainable_text_blocks=int:0:2"], data=tmp_path / "data")
     config = plan.configs["imagenet"]
     assert (config.train.epochs, config.model.trainable_image_blocks) == (7, 1)
     assert "model.trainable_text_blocks" in plan.spaces["imagenet"]
@@ -59,7 +51,9 @@ def test_set_and_range_still_override_the_protocol(tmp_path, monkeypatch):
     (["--set", "optim.decay_epochs=[2]", "--epochs", "4"], False, 4, 2),  # --set wins
 ])
 def test_retrieval_uses_the_step_schedule(tmp_path, monkeypatch, argv, embedded, epochs, decay):
-    config = _plan(RETRIEVAL, tmp_path, monkeypatch, argv, embedded).configs["coco"]
+    plan = sweep_plan(RETRIEVAL, tmp_path, argv, data=None if embedded else tmp_path / "data",
+                      monkeypatch=monkeypatch)
+    config = plan.configs["coco"]
     assert (config.optim.schedule, config.train.epochs) == ("step", epochs)
     assert config.optim.decay_epochs == [decay] and config.optim.lr == 5e-4
     factor = lr_factor(decay, epochs=epochs, schedule=config.optim.schedule,
@@ -67,21 +61,22 @@ def test_retrieval_uses_the_step_schedule(tmp_path, monkeypatch, argv, embedded,
     assert factor == pytest.approx(0.1)  # to 10% at the decay epoch
 
 
-def test_base_to_novel_keeps_cosine_and_trains_on_base_classes(tmp_path, monkeypatch):
-    config = _plan(BASE2NOVEL, tmp_path, monkeypatch, ["--datasets", "eurosat"]).configs["eurosat"]
+def test_base_to_novel_keeps_cosine_and_trains_on_base_classes(tmp_path):
+    plan = sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat"], data=tmp_path / "data")
+    config = plan.configs["eurosat"]
     assert config.optim.schedule == "cosine" and config.data.subsample_classes == "base"
     assert config.model.use_gpo is False  # classification: pooled CLIP features
 
 
-def test_eurosat_batch_sizes_include_five(tmp_path, monkeypatch):
+def test_eurosat_batch_sizes_include_five(tmp_path):
     assert 5 in BASE_TO_NOVEL_BATCH_SIZES["eurosat"]
     space = dataset_space(BASE2NOVEL.space, BASE_TO_NOVEL_BATCH_SIZES["eurosat"])
     assert 5 in space["train.batch_size"].options
     # sizes that do not split over the Ray Train workers are left out
     space = dataset_space(BASE2NOVEL.space, BASE_TO_NOVEL_BATCH_SIZES["eurosat"], workers=2)
     assert space["train.batch_size"].options == (4, 6)
-    plan = _plan(BASE2NOVEL, tmp_path, monkeypatch,
-                 ["--datasets", "eurosat", "--set", "train.batch_size=5"])
+    plan = sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat", "--set",
+                                             "train.batch_size=5"], data=tmp_path / "data")
     assert plan.configs["eurosat"].train.batch_size == 5  # validates with one worker
 
 

@@ -5,41 +5,17 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _serve(store: Path, port: int, log: Path) -> subprocess.Popen:
-    """`mlflow server` on loopback over the SQLite store in `store`, once it answers."""
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
-         f"sqlite:///{store / 'mlflow.db'}", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"], cwd=store, stdout=open(log, "a"), stderr=subprocess.STDOUT,
-        start_new_session=True, env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
-    deadline = time.time() + 200
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                return server
-        except OSError:
-            assert server.poll() is None and time.time() < deadline, log.read_text()[-2000:]
-            time.sleep(1)
 
 
 def _sweep(tmp_path: Path, weights, uri: str, *extra) -> tuple[subprocess.Popen, Path]:
@@ -58,45 +34,41 @@ def _sweep(tmp_path: Path, weights, uri: str, *extra) -> tuple[subprocess.Popen,
 
 
 def test_a_dead_tracking_server_stops_the_sweep_in_one_line_and_resume_completes(tmp_path,
-                                                                                 weights):
+                                                                                 weights,
+                                                                                 servers):
     from mlflow import MlflowClient
 
-    store, port = tmp_path / "server", _free_port()
+    store, port = tmp_path / "server", free_port()
     store.mkdir()
-    uri = f"http://127.0.0.1:{port}"
-    server = _serve(store, port, tmp_path / "server.log")
-    try:
-        driver, log = _sweep(tmp_path, weights, uri)
-        trials = tmp_path / "base2novel" / "trials" / "eurosat"
-        deadline = time.time() + 300
-        while not (trials.is_dir() and any(p.is_dir() for p in trials.iterdir())):
-            assert driver.poll() is None and time.time() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        time.sleep(2)  # a trial trains, logging to the server
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait(timeout=30)
-        assert driver.wait(timeout=900) == 2, log.read_text()[-3000:]
-        output = log.read_text()
-        assert "Traceback" not in output, output[-3000:]
-        [line] = [t for t in output.splitlines() if t.startswith("vacsr:")]
-        assert line.startswith(f"vacsr: error: --tracking-uri {uri}: the MLflow server stopped "
-                               "answering (no answer"), line
-        assert line.endswith("restart the server, then continue with --resume"), line
+    backend = f"sqlite:///{store / 'mlflow.db'}"
+    uri, server = servers.mlflow(backend, port, cwd=store, log=tmp_path / "server.log")
+    driver, log = _sweep(tmp_path, weights, uri)
+    trials = tmp_path / "base2novel" / "trials" / "eurosat"
+    deadline = time.time() + 300
+    while not (trials.is_dir() and any(p.is_dir() for p in trials.iterdir())):
+        assert driver.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    time.sleep(2)  # a trial trains, logging to the server
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait(timeout=30)
+    assert driver.wait(timeout=900) == 2, log.read_text()[-3000:]
+    output = log.read_text()
+    assert "Traceback" not in output, output[-3000:]
+    [line] = [t for t in output.splitlines() if t.startswith("vacsr:")]
+    assert line.startswith(f"vacsr: error: --tracking-uri {uri}: the MLflow server stopped "
+                           "answering (no answer"), line
+    assert line.endswith("restart the server, then continue with --resume"), line
 
-        server = _serve(store, port, tmp_path / "server.log")
-        resumed, log = _sweep(tmp_path, weights, uri, "--resume")
-        assert resumed.wait(timeout=900) == 0, log.read_text()[-3000:]
-        client = MlflowClient(uri)
-        experiment = client.get_experiment_by_name("vacsr-base2novel").experiment_id
-        runs = client.search_runs([experiment])
-        assert {r.info.status for r in runs} == {"FINISHED"}, \
-            [(r.info.run_name, r.info.status) for r in runs]
-        names = sorted(r.info.run_name for r in runs)
-        trial_runs = [n for n in names if n.startswith("eurosat-") and "final" not in n]
-        assert len(trial_runs) == len(set(trial_runs)) == 2, names  # each trial run once
-        assert names.count("eurosat") == names.count("base2novel") == 1, names
-        assert "| eurosat |" in log.read_text()
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=30)
+    servers.mlflow(backend, port, cwd=store, log=tmp_path / "server.log")
+    resumed, log = _sweep(tmp_path, weights, uri, "--resume")
+    assert resumed.wait(timeout=900) == 0, log.read_text()[-3000:]
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("vacsr-base2novel").experiment_id
+    runs = client.search_runs([experiment])
+    assert {r.info.status for r in runs} == {"FINISHED"}, \
+        [(r.info.run_name, r.info.status) for r in runs]
+    names = sorted(r.info.run_name for r in runs)
+    trial_runs = [n for n in names if n.startswith("eurosat-") and "final" not in n]
+    assert len(trial_runs) == len(set(trial_runs)) == 2, names  # each trial run once
+    assert names.count("eurosat") == names.count("base2novel") == 1, names
+    assert "| eurosat |" in log.read_text()
