@@ -12,6 +12,7 @@ from pathlib import Path
 
 from vacsr.errors import UsageError, VacsrError
 from vacsr.metrics_table import format_metrics
+from vacsr.train.files import CHECKPOINT_FILE
 
 
 class _Parser(argparse.ArgumentParser):
@@ -68,12 +69,11 @@ def cmd_train(args) -> int:
     check_run_output(config)  # a file, /dev/null or a read-only place: before any work
     open_logger = None  # the MLflow run of a local run: opened by its trainer once restored
     if config.tracking.enabled:  # a wrong store, before the run folder is created
-        from functools import partial
-
-        from vacsr.records import TrackingCallback, check_tracking_uri
+        from vacsr.records.logger import mlflow_logger
+        from vacsr.records.uri import check_tracking_uri
 
         check_tracking_uri(config.tracking.uri)
-        open_logger = partial(TrackingCallback.from_config, config)
+        open_logger = mlflow_logger(config)
     # held for the whole run (its Ray workers write it for this process); a finished or stopped
     # run continues only with its own settings
     with claim_run_folder(config):
@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint on a dataset split")
     ev.add_argument("--checkpoint", required=True, type=_nonempty,
-                    help="a vacsr checkpoint (last.ckpt)")
+                    help=f"a vacsr checkpoint ({CHECKPOINT_FILE})")
     _add_config_args(ev)
     ev.add_argument("--split", default="test", choices=("test", "val", "train"),
                     help="test (default), val or train")

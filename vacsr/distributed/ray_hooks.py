@@ -9,29 +9,17 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vacsr.config import Config
 from vacsr.distributed.devices import placement_tags
 from vacsr.errors import CheckpointError
 from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
 from vacsr.train.files import CHECKPOINT_FILE
-from vacsr.train.run_hooks import OpenLogger, RunHooks
+from vacsr.train.run_hooks import RunHooks
 
 if TYPE_CHECKING:
     from vacsr.train.loop import Trainer
-
-
-def mlflow_logger(config: Config) -> OpenLogger | None:
-    """The opener of the run's MLflow run where config.tracking asks for one (mlflow loads only
-    then), for `Trainer.fit(open_logger=...)`."""
-    if not config.tracking.enabled:
-        return None
-    from vacsr.records import TrackingCallback
-
-    return partial(TrackingCallback.from_config, config)
 
 
 def restore_reported(trainer: Trainer, checkpoint) -> bool:

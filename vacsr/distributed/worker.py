@@ -28,7 +28,8 @@ from torch import nn
 from vacsr.config import Config
 from vacsr.device import ray_worker_device
 from vacsr.distributed.devices import record_workers
-from vacsr.distributed.ray_hooks import RayRun, mlflow_logger
+from vacsr.distributed.ray_hooks import RayRun
+from vacsr.records.logger import mlflow_logger
 from vacsr.tasks import PairBatch
 from vacsr.train.loop import Trainer
 

@@ -7,6 +7,7 @@ without the driver's dependencies fails at once in the sweep script's import gua
 - `tracker`: `MlflowTracker`, one MLflow run driven through `MlflowClient` and its run id;
   `open_tracker`, the one way vacsr makes a tracker (and so a client); `start_recorded`, the one
   crash-safe start of a run (key recorded, run created, id recorded) for every run.
+- `logger`: `mlflow_logger(config)`, the opener of a run's MLflow run that a trainer is handed.
 - `callback`: `TrackingCallback`, the picklable per-epoch callback for `Trainer.fit(callbacks=...)`;
   its training folder's mlflow_run.json records its run.
 - `sweep_records`: `SweepRecords`, what vacsr/sweep does in MLflow (its runs, their children,
@@ -19,24 +20,31 @@ Layout in MLflow: one experiment per sweep kind, tagged as a model-training expe
 opens on its runs; a parent run per sweep, a child run per dataset and a child per trial (tag
 `mlflow.parentRunId`); params = the flattened config; metrics per epoch with step = epoch number
 (1-based, the "epoch" entry of the history); `best_*` metrics at the end.
-"""
-from vacsr.records.callback import RUN_STATE_FILE, TrackingCallback, best_entry
-from vacsr.records.tracker import (
-    ARTIFACTS_DIR, EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MAX_KEY_LENGTH, MAX_METRICS_PER_BATCH,
-    MAX_PARAM_VALUE_LENGTH, MAX_PARAMS_PER_BATCH, PARAMS_CHANGED_TAG, PARENT_TAG, RUN_KEY_TAG,
-    MlflowTracker, RunRecord, metric_name, new_run_key, numeric_metrics, open_tracker,
-    param_value,
-)
-from vacsr.records.uri import (
-    DB_NAME, DB_PORTS, TRACKING_URI_ENV, check_tracking_uri, redact_uri, resolve_tracking_uri,
-    sqlite_path,
-)
 
-__all__ = [
-    "ARTIFACTS_DIR", "DB_NAME", "DB_PORTS", "EXPERIMENT_KIND", "EXPERIMENT_KIND_TAG",
-    "MAX_KEY_LENGTH", "MAX_METRICS_PER_BATCH", "MAX_PARAM_VALUE_LENGTH", "MAX_PARAMS_PER_BATCH",
-    "PARAMS_CHANGED_TAG", "PARENT_TAG", "RUN_KEY_TAG", "RUN_STATE_FILE", "TRACKING_URI_ENV",
-    "MlflowTracker", "RunRecord", "TrackingCallback", "best_entry", "check_tracking_uri",
-    "metric_name", "new_run_key", "numeric_metrics", "open_tracker", "param_value", "redact_uri",
-    "resolve_tracking_uri", "sqlite_path",
-]
+Names are loaded on first use: importing a submodule that needs no MLflow (sweep_state,
+artifacts, logger, uri) does not import mlflow.
+"""
+from __future__ import annotations
+
+import importlib
+
+_MODULES = {
+    "vacsr.records.callback": ("RUN_STATE_FILE", "TrackingCallback", "best_entry"),
+    "vacsr.records.tracker": (
+        "ARTIFACTS_DIR", "EXPERIMENT_KIND", "EXPERIMENT_KIND_TAG", "MAX_KEY_LENGTH",
+        "MAX_METRICS_PER_BATCH", "MAX_PARAM_VALUE_LENGTH", "MAX_PARAMS_PER_BATCH",
+        "PARAMS_CHANGED_TAG", "PARENT_TAG", "RUN_KEY_TAG", "MlflowTracker", "RunRecord",
+        "metric_name", "new_run_key", "numeric_metrics", "open_tracker", "param_value"),
+    "vacsr.records.uri": ("DB_NAME", "DB_PORTS", "TRACKING_URI_ENV", "check_tracking_uri",
+                          "redact_uri", "resolve_tracking_uri", "sqlite_path"),
+    "vacsr.records.logger": ("mlflow_logger",),
+}
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'vacsr.records' has no attribute {name!r}")

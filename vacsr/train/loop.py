@@ -30,7 +30,7 @@ from vacsr.train.checkpoint import (ARCHITECTURE_KEYS, TRAINABLE_KEYS, load_chec
 from vacsr.train.evaluate import evaluate_split
 from vacsr.train.files import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE
 from vacsr.train.optim import build_optimizer, lr_factor, set_learning_rates
-from vacsr.train.run_folder import lock_run_folder
+from vacsr.train.run_folder import FRESH_START, RESUME_HINT, lock_run_folder
 from vacsr.train.run_hooks import OpenLogger, RunHooks
 from vacsr.train.precision import STATE_KEY, check_resume_precision, run_precision
 
@@ -111,7 +111,7 @@ class Trainer:
         missing = [key for key in ("model", "optimizer", "epoch", "history") if key not in state]
         if missing:
             raise CheckpointError(f"{source}: not a vacsr training checkpoint (no "
-                                  f"{', '.join(missing)}); use {FRESH_START}")
+                                  f"{', '.join(missing)}); {FRESH_START}")
         load_model_state(self.model, state, source, self.config,
                          keys=ARCHITECTURE_KEYS + TRAINABLE_KEYS, hint=RESUME_HINT)
         check_resume_precision(state, self.precision, source)
@@ -119,7 +119,7 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
         except (KeyError, ValueError) as exc:
             raise CheckpointError(f"{source}: its optimizer state does not fit this config's "
-                                  f"trainable parameters ({exc.__class__.__name__}); use "
+                                  f"trainable parameters ({exc.__class__.__name__}); "
                                   f"{FRESH_START}") from None
         self.history = list(state["history"])
         self.start_epoch = int(state["epoch"]) + 1
@@ -265,8 +265,6 @@ class Trainer:
 
 
 LOSS_TERMS = ("kl", "recon", "sigma_pos", "sigma_neg", "sigmoid")  # the parts a loss sums
-FRESH_START = "another train.output_dir, or train.resume=false to start afresh"
-RESUME_HINT = f"pass the same value, {FRESH_START}"
 
 
 def divergence_message(epoch: int, step: int, steps: int, loss: float, parts: dict,

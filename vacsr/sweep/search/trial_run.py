@@ -22,7 +22,8 @@ import ray
 from ray import tune
 
 from vacsr.config import Config
-from vacsr.distributed.ray_hooks import RayRun, mlflow_logger
+from vacsr.distributed.ray_hooks import RayRun
+from vacsr.records.logger import mlflow_logger
 from vacsr.distributed.train import record_run_failure
 from vacsr.errors import RunFailed, VacsrError
 from vacsr.sweep.flow.recovery import outage
