@@ -16,7 +16,7 @@ from typing import Any
 from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from vacsr.config import Config, set_value, validate
+from vacsr.config import Config, flat_dict, set_value, validate
 from vacsr.distributed.train import build_torch_trainer, raise_if_run_failed
 from vacsr.sweep.plan.plan import trains_in_trial
 
@@ -35,22 +35,10 @@ class TrialMeta:
     parent_run_id: str
 
 
-def flatten_nested(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"loss": {"beta": 1}} -> {"loss.beta": 1} (Tune nests dotted keys); dotted keys pass."""
-    flat = {}
-    for key, value in mapping.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten_nested(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
-
-
 def with_suggestions(base: Config, suggested: dict[str, Any]) -> Config:
     """A copy of `base` with the suggested values (Tune's trial config), validated."""
     config = copy.deepcopy(base)
-    for key, value in flatten_nested(suggested).items():
+    for key, value in flat_dict(suggested).items():
         set_value(config, key, value)
     return validate(config)
 
