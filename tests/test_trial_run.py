@@ -52,32 +52,37 @@ def test_a_trial_that_trained_in_its_actor_gets_its_tune_checkpoint_path():
     assert _with_checkpoint_path(failed) == {}
 
 
-def test_a_damaged_reported_checkpoint_trains_the_run_again(tmp_path, capsys):
+@pytest.mark.parametrize("atomic_storage", [True, False])
+def test_a_damaged_reported_checkpoint_trains_the_run_again(tmp_path, capsys, atomic_storage):
     """A zero-byte or garbage checkpoint where Ray restores a trial or a final seed run from:
-    one line naming it, and the run starts from its first epoch (seeded: the same result)
-    instead of failing the dataset."""
-    from contextlib import contextmanager
-    from types import SimpleNamespace
+    one line naming it on Ray's storage, and the run starts from its first epoch (seeded: the
+    same result) instead of failing the dataset. It is read from a copy of the process's own,
+    never through `as_directory`'s temporary folder that a node's Train ranks share (a rank
+    reading it while another downloads it again got a torn file, and the ranks, resuming from
+    different epochs, waited for each other in DDP)."""
+    import pyarrow.fs as pafs
+    from ray.train import Checkpoint
 
-    from vacsr.train.checkpoint import save_checkpoint
     from vacsr.distributed.ray_hooks import restore_reported
+    from vacsr.distributed.storage_fs import ray_storage
+    from vacsr.train.checkpoint import save_checkpoint
 
-    class Reported:  # the part of ray.train.Checkpoint / tune.Checkpoint that is used
-        def __init__(self, folder):
-            self.folder = folder
-
-        @contextmanager
+    class Reported(Checkpoint):
         def as_directory(self):
-            yield str(self.folder)
+            raise AssertionError("read through the node's shared temporary download")
 
+    path, filesystem = ray_storage(str(tmp_path))
+    filesystem = filesystem if atomic_storage else pafs.LocalFileSystem()
+    reported = Reported(path=path, filesystem=filesystem)
     loaded = []
     trainer = SimpleNamespace(device="cpu", load_state=loaded.append)
     assert restore_reported(trainer, None) is False
-    for content in (b"", b"not a checkpoint"):
-        (tmp_path / "last.ckpt").write_bytes(content)
-        assert restore_reported(trainer, Reported(tmp_path)) is False
+    for content in (None, b"", b"not a checkpoint"):
+        if content is not None:
+            (tmp_path / "last.ckpt").write_bytes(content)
+        assert restore_reported(trainer, reported) is False
         [line] = capsys.readouterr().err.strip().splitlines()
-        assert str(tmp_path / "last.ckpt") in line and "from its first epoch" in line
+        assert f"{tmp_path / 'last.ckpt'}:" in line and "from its first epoch" in line
     assert loaded == []
     save_checkpoint(tmp_path / "last.ckpt", {"epoch": 2})
-    assert restore_reported(trainer, Reported(tmp_path)) is True and loaded == [{"epoch": 2}]
+    assert restore_reported(trainer, reported) is True and loaded == [{"epoch": 2}]

@@ -7,6 +7,7 @@ restarted. What differs is Ray's API (`ray.train` or `tune`), when the report go
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -22,20 +23,44 @@ if TYPE_CHECKING:
     from vacsr.train.loop import Trainer
 
 
+def read_reported(checkpoint, device="cpu") -> dict:
+    """The vacsr checkpoint in a checkpoint Ray reported (a Ray Train or Tune `Checkpoint`),
+    read from a copy of this process's own. `Checkpoint.as_directory` shares one temporary
+    download among the processes of a node, and a Train rank that reads it while another rank
+    downloads it again sees a torn file: the two ranks would then resume from different epochs
+    and wait for each other in DDP forever. CheckpointError names the file on Ray's storage."""
+    import pyarrow.fs as pafs
+
+    source = f"{checkpoint.path.rstrip('/')}/{CHECKPOINT_FILE}"
+    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        return load_checkpoint(source, device)
+    with tempfile.TemporaryDirectory() as folder:
+        local = Path(folder) / CHECKPOINT_FILE
+        try:
+            with checkpoint.filesystem.open_input_stream(source) as stream, \
+                    open(local, "wb") as out:
+                shutil.copyfileobj(stream, out)
+        except (OSError, ValueError) as exc:  # pyarrow: FileNotFoundError, ArrowInvalid...
+            raise CheckpointError(f"{source}: cannot be read ({type(exc).__name__})") from None
+        try:
+            return load_checkpoint(local, device)
+        except CheckpointError as exc:
+            raise CheckpointError(str(exc).replace(str(local), source)) from None
+
+
 def restore_reported(trainer: Trainer, checkpoint) -> bool:
-    """Load a checkpoint Ray reported (a Ray Train or Tune `Checkpoint`; None: nothing to do)
-    into `trainer`; True when it loaded. A damaged one (zero bytes, not a checkpoint, as a full
-    disk or a hand edit leaves it) is named in one line and the run trains again from its first
-    epoch: runs are seeded, so that repeats what the lost epochs computed."""
+    """Load a checkpoint Ray reported (None: nothing to do) into `trainer`; True when it loaded.
+    A damaged one (zero bytes, not a checkpoint, as a full disk or a hand edit leaves it) is
+    named in one line and the run trains again from its first epoch: runs are seeded, so that
+    repeats what the lost epochs computed."""
     if checkpoint is None:
         return False
-    with checkpoint.as_directory() as folder:
-        try:
-            state = load_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.device)
-        except CheckpointError as exc:
-            print(f"vacsr: {exc}; training the run again from its first epoch", file=sys.stderr,
-                  flush=True)
-            return False
+    try:
+        state = read_reported(checkpoint, trainer.device)
+    except CheckpointError as exc:
+        print(f"vacsr: {exc}; training the run again from its first epoch", file=sys.stderr,
+              flush=True)
+        return False
     trainer.load_state(state)
     return True
 

@@ -109,11 +109,11 @@ def build_torch_trainer(config: Config, *, name: str | None = None,
 
 def result_from_checkpoint(checkpoint, output_dir: Path) -> TrainResult:
     """Copy the run's final checkpoint to output_dir/CHECKPOINT_FILE and read its history."""
-    from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
+    from vacsr.distributed.ray_hooks import read_reported
+    from vacsr.train.checkpoint import save_checkpoint
     from vacsr.train.loop import TrainResult
 
-    with checkpoint.as_directory() as folder:
-        state = load_checkpoint(Path(folder) / CHECKPOINT_FILE)
+    state = read_reported(checkpoint)
     save_checkpoint(output_dir / CHECKPOINT_FILE, state)
     return TrainResult.of_history(list(state["history"]), output_dir / CHECKPOINT_FILE)
 

@@ -29,6 +29,7 @@ from vacsr.config import Config
 from vacsr.device import ray_worker_device
 from vacsr.distributed.devices import record_workers
 from vacsr.distributed.ray_hooks import RayRun
+from vacsr.errors import CheckpointError
 from vacsr.records.logger import mlflow_logger
 from vacsr.tasks import PairBatch
 from vacsr.train.loop import Trainer
@@ -60,6 +61,20 @@ def _gather_plain(tensor: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, tensor.contiguous())
     return torch.cat(parts)
+
+
+def check_same_start(start_epoch: int) -> None:
+    """Every rank resumes from the same epoch: otherwise DDP pairs the collectives of different
+    steps and the ranks wait for each other until the backend's timeout (30 min). A rank that
+    could not read the checkpoint ends the run in one line instead."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    starts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(starts, start_epoch)
+    if len(set(starts)) > 1:
+        raise CheckpointError(f"the Train workers restored different epochs from the reported "
+                              f"checkpoint (by rank: {starts}); see each worker's log for the "
+                              "checkpoint it could not read")
 
 
 class GlobalLoss(nn.Module):
@@ -100,6 +115,10 @@ class RayTrainRun(RayRun):
 
     def reported_checkpoint(self):
         return ray.train.get_checkpoint()
+
+    def restore(self, trainer: Trainer) -> None:
+        super().restore(trainer)
+        check_same_start(trainer.start_epoch)
 
     def send(self, metrics: dict, folder: str | None) -> None:
         checkpoint = None if folder is None else ray.train.Checkpoint.from_directory(folder)
