@@ -86,6 +86,14 @@ def _run_root(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _run_cache(tmp_path_factory):
+    """vacsr's caches (the pretrained tiny CLIP, listings, few-shot splits, Ray instance
+    records) for this test run, shared by its workers and every process they start: the tiny
+    CLIP is pretrained once per run, and no test reads or fills the user's cache."""
+    os.environ["VACSR_CACHE_DIR"] = str(_run_root(tmp_path_factory) / "cache")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
@@ -105,16 +113,14 @@ def _mlflow_uri_stays_put():
 
 @pytest.fixture(scope="session")
 def tiny_weights(tmp_path_factory):
-    """The tiny CLIP pretrained contrastively on synthetic data, as a local weights file: the
-    first worker to need it trains it (seeded), the others wait for it and read the same file."""
-    from vacsr.model.pretrain import pretrain_clip
+    """The tiny CLIP pretrained contrastively on synthetic data, as a local weights file: copied
+    from the test run's pretrained cache (vacsr/model/pretrained_cache.py), which the first
+    process to need it fills (seeded) while the others wait on its lock."""
+    from vacsr.model.pretrained_cache import install_pretrained
 
     root = _run_root(tmp_path_factory)
-    path = root / "tiny-clip.pt"
     with _locked(root / "tiny-clip.lock"):
-        if not path.is_file():
-            pretrain_clip(path, progress=False)
-    return path
+        return install_pretrained(root / "tiny-clip.pt")
 
 
 @pytest.fixture

@@ -176,7 +176,7 @@ def test_demo_whose_work_folder_is_a_file_checks_it_first(tmp_path, capsys, monk
     def pretrain(*args, **kwargs):
         raise AssertionError("pretraining started before the work folder was checked")
 
-    monkeypatch.setattr(vacsr.demo, "pretrain_clip", pretrain)
+    monkeypatch.setattr(vacsr.demo, "install_pretrained", pretrain)
     (tmp_path / "work").write_text("a file\n")
     line = one_line(["demo", "--workdir", tmp_path / "work"], capsys)
     assert f"{tmp_path / 'work'}: is a file; expected a folder for the demo" in line

@@ -63,3 +63,19 @@ def test_another_recipe_is_another_entry(tmp_path, counted):
     other, _ = cached_weights({**QUICK, "seed": 1})
     assert other != path and len(counted) == 2
     assert recipe_digest(QUICK) != recipe_digest({**QUICK, "seed": 1})
+
+
+def test_a_sweep_folder_records_which_weights_its_runs_start_from(tmp_path, counted):
+    from vacsr.model.pretrained_cache import sha256_of, weights_record
+
+    installed = install_pretrained(tmp_path / "sweep" / "tiny-clip.pt", QUICK)
+    _, digest = cached_weights(QUICK)
+    assert weights_record(str(installed)) == {"path": str(installed), "sha256": digest,
+                                              "recipe": QUICK}
+    own = tmp_path / "mine.pt"
+    own.write_bytes(installed.read_bytes() + b"x")  # a user's file: hashed, no recipe
+    assert weights_record(str(own)) == {"path": str(own), "sha256": sha256_of(own)}
+    installed.write_bytes(b"edited")  # no longer what its record says: hashed as it is now
+    assert weights_record(str(installed))["sha256"] == sha256_of(installed) != digest
+    assert weights_record("laion2b_s34b_b79k") == {"open_clip_tag": "laion2b_s34b_b79k"}
+    assert weights_record(None) == {"weights": None}

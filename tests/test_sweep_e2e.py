@@ -224,6 +224,10 @@ def test_sweep_job_resumes_and_records_everything(tmp_path, ray_cluster, mlflow_
     (tmp_path / "job.log").write_text(logs)
     assert status == "SUCCEEDED", _failure(logs)
     assert "| average |" in logs
+    from vacsr.model.pretrained_cache import sha256_of
+
+    assert json.loads(state_file.read_text())["weights"] == {"path": str(weights),
+                                                             "sha256": sha256_of(weights)}
 
     import mlflow
 

@@ -18,6 +18,7 @@ from vacsr.atomic import atomic_write_text
 from vacsr.device import parse_device
 from vacsr.errors import ConfigError
 from vacsr.redact import redact_uri
+from vacsr.task_names import TASK_NAMES
 
 
 @dataclass
@@ -469,7 +470,7 @@ def validate(config: Config) -> Config:
     _one_of("loss.reduction", l.reduction, ("pair_mean", "per_query", "balanced"))
     _one_of("loss.neg_columns", l.neg_columns, ("all", "with_positive"))
     _validate_optim(o)
-    _one_of("data.task", d.task, ("retrieval", "classification"))
+    _one_of("data.task", d.task, TASK_NAMES)
     _validate_synthetic_sizes(d)
     _check(d.num_workers >= 0, "data.num_workers", ">= 0", d.num_workers)
     _check(d.shots >= 1, "data.shots", ">= 1", d.shots)

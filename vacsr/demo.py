@@ -9,7 +9,7 @@ from pathlib import Path
 from vacsr.config import load_config
 from vacsr.folder_lock import check_output_file, check_output_folder
 from vacsr.metrics_table import format_metrics
-from vacsr.model.pretrain import pretrain_clip
+from vacsr.model.pretrained_cache import install_pretrained
 from vacsr.train.loop import Trainer
 from vacsr.train.run_folder import claim_run_folder
 
@@ -30,9 +30,7 @@ def run_demo(workdir: Path, epochs: int = 3) -> dict:
     if not weights.is_file():
         check_output_file(weights, "the pretrained tiny CLIP")
     with claim_run_folder(config):
-        if not weights.is_file():
-            print(f"pretraining the tiny CLIP on synthetic data -> {weights}")
-            pretrain_clip(weights)
+        install_pretrained(weights, progress=True)  # from the machine's cache: pretrained once
         trainer = Trainer(config)
         before = trainer.evaluate("test")
         result = trainer.fit()

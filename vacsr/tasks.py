@@ -80,7 +80,6 @@ class RetrievalTask(_Task):
 
     name = "retrieval"
     ranks_items = True  # queries rank a gallery: uncertainty plots, two-stage re-ranking
-    run_settings: dict[str, Any] = {}  # config values every sweep run of the task sets
     build_splits = staticmethod(build_retrieval)
     train_dataset = CaptionPairDataset
 
@@ -138,8 +137,6 @@ class ClassificationTask(_Task):
 
     name = "classification"
     ranks_items = False
-    # CLIP's pooled features (no GPO, sec. 3.1)
-    run_settings: dict[str, Any] = {"model.use_gpo": False}
     build_splits = staticmethod(build_classification)
     train_dataset = LabelledImageDataset
 

@@ -120,3 +120,19 @@ def install_pretrained(dest: str | Path, recipe: dict[str, Any] | None = None, *
                                "recipe": json.loads((source.with_name(source.name + ".json"))
                                                     .read_text())["recipe"]})
     return dest
+
+
+def weights_record(pretrained: str | None) -> dict[str, Any]:
+    """Which weights a sweep's runs start from, for its folder's record: a file's path and
+    SHA-256 (with the recipe of an installed tiny CLIP), an open_clip tag as given, or none."""
+    if not pretrained:
+        return {"weights": None}
+    path = Path(pretrained).expanduser()
+    if not path.is_file():
+        return {"open_clip_tag": pretrained}
+    sums = path.with_name(path.name + ".json")
+    found = _verified(path, sums)
+    record: dict[str, Any] = {"path": str(path.resolve()), "sha256": found or sha256_of(path)}
+    if found is not None:
+        record["recipe"] = json.loads(sums.read_text()).get("recipe")
+    return record

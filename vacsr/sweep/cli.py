@@ -3,18 +3,24 @@ plan (sweep/plan/), runs it (sweep/flow/driver.py) and says where the results ar
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
-
-import mlflow  # noqa: F401  (imported here so that a job's interpreter without the driver's
-import optuna  # noqa: F401   dependencies fails at once, in the sweep script's import guard)
-import ray  # noqa: F401
 
 from vacsr.errors import VacsrError
 from vacsr.sweep.plan.command_line import build_parser, plan_from_args
 from vacsr.sweep.plan.ownership import DriverLock
 from vacsr.sweep.spec.kind import SweepKind
+
+# the driver's dependencies, found without importing them (importing costs seconds: --help, a
+# bad flag and a locked folder answer at once): an interpreter without them fails in the sweep
+# script's import guard, in one line
+DRIVER_MODULES = ("ray", "optuna", "mlflow")
+_missing = [name for name in DRIVER_MODULES if importlib.util.find_spec(name) is None]
+if _missing:
+    raise ImportError(f"No module named {_missing[0]!r} (the cluster extras: "
+                      "pip install 'vacsr[cluster]')")
 
 
 def main(kind: SweepKind, argv: list[str] | None = None) -> int:

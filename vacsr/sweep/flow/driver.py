@@ -23,6 +23,7 @@ from vacsr.atomic import atomic_write_text
 from vacsr.config import flatten, save_config
 from vacsr.distributed.cluster import ensure_ray, quiet_logging
 from vacsr.errors import StorageError, VacsrError
+from vacsr.model.pretrained_cache import weights_record
 from vacsr.sweep.flow.events import EventSink, start_event_log
 from vacsr.sweep.final.seeds import final_runs
 from vacsr.sweep.report.importance import importance_section, record_sensitivity
@@ -31,8 +32,9 @@ from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism
 from vacsr.sweep.report.progress import SweepProgress
 from vacsr.sweep.report.table import table_spec, write_report
 from vacsr.sweep.flow.recovery import SpaceReserve, storage_failure, tracking_failure
-from vacsr.sweep.search.tune import fail_running_trials, open_optuna_storage, search_dataset
-from vacsr.records import MlflowTracker, check_tracking_uri, redact_uri, resolve_tracking_uri
+from vacsr.sweep.plan.studies import check_optuna_storage, open_optuna_storage
+from vacsr.sweep.search.tune import fail_running_trials, search_dataset
+from vacsr.records import MlflowTracker, redact_uri
 from vacsr.records.artifacts import BEST_CONFIG, FINAL_RUNS, SWEEP_INFO
 from vacsr.records.inputs import log_dataset_inputs
 from vacsr.records.sweep_records import SweepRecords
@@ -74,17 +76,6 @@ class SweepTrackingDown(VacsrError):
 class SweepOutcome:
     rows: list[dict]
     failed: dict[str, str] = field(default_factory=dict)
-
-
-def prepare_tracking(uri: str | None, storage: Path) -> str:
-    """Resolve and check the MLflow URI before any trial starts (clear error if unreachable)."""
-    resolved = resolve_tracking_uri(uri, default_dir=storage)
-    check_tracking_uri(resolved)
-    return resolved
-
-
-def check_optuna_storage(plan: SweepPlan) -> None:
-    open_optuna_storage(plan).engine.dispose()
 
 
 def write_best_config(config, folder: Path) -> Path:
@@ -250,6 +241,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     """The whole sweep; returns the table rows (also printed and logged to the parent run)."""
     plan.storage.mkdir(parents=True, exist_ok=True)
     state = claim_state(plan)  # a used folder takes only --resume, with its own settings
+    state.update(weights=weights_record(plan.configs[plan.datasets[0]].model.pretrained))
     quiet_logging(plan.verbose)
     ensure_ray(address=plan.ray_address, log_to_driver=plan.verbose)
     check_optuna_storage(plan)  # the schema is created here once, not by racing dataset tasks

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from vacsr import config as cfg
 from vacsr.errors import ConfigError
+from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
 from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.plan.inputs import (check_datasets, check_devices, check_model, check_pretrained,
                                 check_ray_address, check_sweep_name)
@@ -20,6 +21,8 @@ from vacsr.sweep.plan.plan import SweepPlan, build_config
 from vacsr.sweep.spec.space import (check_space_values, clamp_blocks, dataset_space, parse_range,
                                tower_depths)
 from vacsr.sweep.plan.folders import storage_filesystem, sweep_folder
+from vacsr.sweep.plan.studies import check_optuna_storage
+from vacsr.task_names import SWEEP_RUN_SETTINGS
 
 PROFILE = Path(__file__).with_name("embedded.yaml")
 # the paper's defaults where neither the profile nor a flag gives a value
@@ -173,11 +176,11 @@ def _embedded_data(kind: SweepKind, profile: dict, storage: Path, model: str,
         (root / ".generated").write_text("ok\n")
     weights = storage / "tiny-clip.pt"
     if pretrained is None and profile.get("pretrain_tiny") and model == profile["model"]:
-        if not weights.is_file():
-            from vacsr.model.pretrain import pretrain_clip
+        from vacsr.model.pretrained_cache import install_pretrained
 
-            print(f"pretraining the tiny CLIP on synthetic pairs -> {weights}", flush=True)
-            pretrain_clip(weights, progress=False)
+        # from the machine's cache (pretrained there once, by a digest of its recipe), with
+        # its source and SHA-256 recorded beside it
+        install_pretrained(weights)
         pretrained = str(weights)
     return root, pretrained
 
@@ -185,8 +188,6 @@ def _embedded_data(kind: SweepKind, profile: dict, storage: Path, model: str,
 def _base_values(kind: SweepKind, args, profile: dict, root: Path, model: str,
                  pretrained: str | None) -> dict[str, Any]:
     """Config values every run of the sweep shares: plumbing, then the task's settings."""
-    from vacsr.tasks import task_type  # the model stack: not loaded for --help or a bad flag
-
     values = {"data.task": kind.task, "data.root": str(root), "model.name": model,
               "data.subsample_classes": kind.train_classes,
               "data.shots": _pick(args.shots, profile, "shots"),
@@ -195,7 +196,7 @@ def _base_values(kind: SweepKind, args, profile: dict, root: Path, model: str,
               "train.cpus_per_worker": _pick(args.cpus_per_worker, profile, "cpus_per_worker"),
               # Ray Train restarts a run once after losing a worker; errors of the run itself
               # (bad data, a diverged loss) end it at once (vacsr/distributed/train.py)
-              "train.max_failures": 1, **task_type(kind.task).run_settings}
+              "train.max_failures": 1, **SWEEP_RUN_SETTINGS[kind.task]}
     if pretrained:
         values["model.pretrained"] = pretrained
     return values
@@ -245,11 +246,11 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
     ray = sys.modules.get("ray")  # not imported: not started either
     started = ray is not None and ray.is_initialized()
     check_devices(configs, local=not args.ray_address and not started)
-    from vacsr.sweep.flow.driver import check_optuna_storage, prepare_tracking
-
+    tracking_uri = resolve_tracking_uri(args.tracking_uri, default_dir=storage)
+    check_tracking_uri(tracking_uri)  # unreachable or refused: one line before any trial
     plan = SweepPlan(
         kind=kind, name=args.name, configs=configs, spaces=spaces, storage=storage,
-        tracking_uri=prepare_tracking(args.tracking_uri, storage),
+        tracking_uri=tracking_uri,
         trials=_pick(args.trials, profile, "trials"),
         seeds=_seeds(args.seeds, _pick(None, profile, "seeds")), sampler_seed=args.seed,
         resume=args.resume, parallel=args.parallel_datasets,

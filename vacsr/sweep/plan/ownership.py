@@ -68,7 +68,7 @@ def _differences(recorded: dict, current: dict) -> list[str]:
 
 
 def _studies_of(plan: SweepPlan) -> list[str]:
-    from vacsr.sweep.search.tune import open_optuna_storage
+    from vacsr.sweep.plan.studies import open_optuna_storage
 
     storage = open_optuna_storage(plan)
     try:

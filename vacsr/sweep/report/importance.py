@@ -186,7 +186,7 @@ def record_sensitivity(plan, dataset: str, tracker, selected: dict[str, Any]) ->
     MLflow run held by `tracker`; returns the summary results.md shows."""
     import optuna
 
-    from vacsr.sweep.search.tune import open_optuna_storage
+    from vacsr.sweep.plan.studies import open_optuna_storage
 
     storage = open_optuna_storage(plan)
     try:

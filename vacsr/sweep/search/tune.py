@@ -13,7 +13,7 @@ from typing import Any, Callable
 from ray import tune
 
 from vacsr.distributed.storage_fs import ray_storage
-from vacsr.errors import ConfigError, VacsrError
+from vacsr.errors import VacsrError
 from vacsr.sweep.plan.plan import SweepPlan, trains_in_trial, trial_resources
 from vacsr.sweep.flow.recovery import repair_experiment
 from vacsr.sweep.flow.recovery import TRACKING_DOWN_NOTE, tracking_failure
@@ -23,8 +23,8 @@ from vacsr.sweep.search.selection import (creation_order, read_selection, select
                                    write_selection)
 from vacsr.sweep.spec.space import DefineByRun, start_point
 from vacsr.sweep.plan.folders import join_storage
+from vacsr.sweep.plan.studies import open_optuna_storage
 from vacsr.sweep.search.trial import CHECKPOINT_PATH_KEY, TrialMeta, run_trial, with_suggestions
-from vacsr.records import redact_uri
 from vacsr.records.sweep_records import SweepRecords
 from vacsr.train.files import CHECKPOINT_FILE
 
@@ -38,19 +38,6 @@ def sampler_seed(sweep_seed: int, dataset: str) -> int:
     """Optuna's seed for one dataset: from the sweep seed and the name, so datasets do not all
     draw the same first configurations, and a rerun draws the same ones again."""
     return zlib.crc32(f"{sweep_seed}:{dataset}".encode()) % 2**31
-
-
-def open_optuna_storage(plan: SweepPlan):
-    """The study database (RDB storage); ConfigError naming it when it cannot be opened."""
-    import optuna
-
-    url = plan.optuna_storage_url
-    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-    except Exception as exc:  # SQLAlchemy/driver errors: name the storage, stop early
-        raise ConfigError(f"--optuna-storage {redact_uri(url)}: cannot open "
-                          f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
 
 
 def fail_running_trials(storage, study_name: str) -> int:

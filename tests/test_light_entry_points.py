@@ -1,0 +1,88 @@
+"""Help, a bad flag and a sweep refused on a locked folder answer without importing torch, ray,
+mlflow, optuna or open_clip (each costs seconds of start-up; benchmarks/bench_imports.py shows
+the figures): each path runs in a fresh interpreter that reports, as it exits, which of them it
+had loaded."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HEAVY = ("torch", "ray", "mlflow", "optuna", "open_clip", "torchvision", "pandas")
+SCRIPT = str(Path(__file__).resolve().parents[1] / "sweeps" / "base2novel.py")
+
+# run `target` (a module's main or a script) as its user would; report what it imported at exit
+PROBE = """
+import atexit, json, runpy, sys
+heavy, target, argv = json.loads(sys.argv[1])
+atexit.register(lambda: print("LOADED " + json.dumps([m for m in heavy if m in sys.modules]),
+                              file=sys.stderr))
+sys.argv = [target, *argv]
+if target.endswith(".py"):
+    runpy.run_path(target, run_name="__main__")
+else:
+    from vacsr.cli import main
+    sys.exit(main(argv))
+"""
+
+
+def _probe(target: str, *argv: str, timeout: float = 120) -> tuple[int, str, list[str]]:
+    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps([HEAVY, target, argv])],
+                         capture_output=True, text=True, timeout=timeout)
+    lines = out.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("LOADED "), out.stderr[-2000:]
+    return out.returncode, "\n".join(lines[:-1]), json.loads(lines[-1][len("LOADED "):])
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"],
+                                  ["demo", "--help"], ["best", "--help"],
+                                  ["pretrain-tiny", "--help"], ["generate-data", "--help"]])
+def test_vacsr_help_imports_none_of_the_heavy_dependencies(argv):
+    code, _, loaded = _probe("vacsr", *argv)
+    assert code == 0 and loaded == []
+
+
+@pytest.mark.parametrize("argv, code", [(["--help"], 0), (["--trials", "0"], 2),
+                                        (["--datasets", "nope"], 2)])
+def test_the_sweep_script_answers_help_and_bad_flags_light(argv, code):
+    returned, err, loaded = _probe(SCRIPT, *argv)
+    assert returned == code and loaded == [], err
+    if code:
+        assert len(err.splitlines()) == 1 and err.startswith("vacsr: error:"), err
+
+
+def test_a_sweep_on_a_locked_folder_is_refused_light(tmp_path):
+    """The second driver of a folder checks its plan and stops at the lock, in one line, before
+    anything heavy is imported or any data is written."""
+    folder = tmp_path / "base2novel"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from pathlib import Path; "
+         "from vacsr.sweep.plan.ownership import DriverLock; "
+         "lock = DriverLock(Path(sys.argv[1])); print('locked', flush=True); time.sleep(120)",
+         str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        code, err, loaded = _probe(SCRIPT, "--storage", str(tmp_path), "--trials", "1")
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    assert code == 2 and "another sweep driver is running in this folder" in err, err
+    assert len(err.splitlines()) == 1, err
+    assert loaded == []
+    assert not (folder / "data").exists()
+
+
+def test_the_task_names_the_config_checks_are_the_task_classes():
+    """vacsr/task_names.py (read without the model stack) and vacsr/tasks.py name the same
+    tasks, and each task's sweep settings are valid config keys."""
+    from vacsr.config import Config, flatten
+    from vacsr.task_names import SWEEP_RUN_SETTINGS, TASK_NAMES
+    from vacsr.tasks import TASKS
+
+    assert tuple(TASKS) == TASK_NAMES
+    keys = set(flatten(Config()))
+    assert all(set(settings) <= keys for settings in SWEEP_RUN_SETTINGS.values())

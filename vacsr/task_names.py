@@ -1,0 +1,16 @@
+"""The tasks a run trains (`data.task`) and what differs between them before any model exists.
+
+Read by the config's validation and the sweep's planning, which must not load the model stack
+(torch, open_clip): each task's code is its class in vacsr/tasks.py, named by the same keys.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+# config values every sweep run of the task sets: classification uses CLIP's pooled features,
+# no GPO (paper sec. 3.1)
+SWEEP_RUN_SETTINGS: dict[str, dict[str, Any]] = {
+    "retrieval": {},
+    "classification": {"model.use_gpo": False},
+}
+TASK_NAMES = tuple(SWEEP_RUN_SETTINGS)
