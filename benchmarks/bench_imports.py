@@ -5,8 +5,8 @@ CPU-seconds (user + system) of a fresh interpreter, this tree against an older o
 
 Entry points: `vacsr --help`, `python sweeps/base2novel.py --help`, and a sweep refused on a
 folder another driver holds (the refusal is one line; what it costs is the interpreter's start).
-Process kinds: the module each kind of process imports before it works (the sweep driver, a
-dataset task, a Tune trial actor, a Ray Train worker, an evaluation actor, `vacsr train`).
+Process kinds: the module each kind of process imports before it works (the sweep driver and
+each dataset task, a Tune trial actor, a Ray Train worker, an evaluation actor, `vacsr train`).
 An older tree (`git archive <commit> | tar -x -C /tmp/old`) may keep these modules elsewhere: each
 kind lists its module in every layout, and the first one that tree has is imported. The trees
 take turns, repeat by repeat, so the machine's load falls on both alike; the table shows medians
@@ -27,8 +27,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 # process kind -> the module its process imports first, newest layout first
 KINDS = {
-    "sweep driver": ("vacsr.sweep.cli",),
-    "dataset task": ("vacsr.sweep.flow.driver", "vacsr.sweep.driver"),
+    # the sweep script parses, plans and locks with vacsr.sweep.cli alone (the entry points
+    # above); the driver then imports the driver module, which each dataset task runs too
+    "sweep driver, dataset task": ("vacsr.sweep.flow.driver", "vacsr.sweep.driver"),
     "Tune trial actor": ("vacsr.sweep.search.trial", "vacsr.sweep.trial"),
     "Ray Train worker": ("vacsr.distributed.worker",),
     "evaluation actor": ("vacsr.distributed.eval_actor",),
