@@ -176,6 +176,43 @@ def test_a_trial_failed_by_a_stopped_driver_reports_to_a_fresh_optuna_trial_on_r
                                                storage=storage).trials] == [None, 7.0]
 
 
+def test_a_trial_told_before_the_stop_is_not_told_again_on_resume(tmp_path):
+    """Tune saves its state (and the searcher's) now and then, so a stop can come after the
+    study was told a trial's value but before Tune saved that the trial ended; --resume then
+    runs the trial again. The study must keep one record of it: a second COMPLETE trial with the
+    same parameters counts it twice in the sampler and in the importance analysis."""
+    import optuna
+
+    from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
+    from vacsr.sweep.spec.space import DefineByRun
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
+    space = DefineByRun({"loss.beta": LogFloat(0.1, 10.0)})
+
+    def searcher(**start) -> OptunaStudySearch:
+        return OptunaStudySearch(space, metric="val/acc", mode="max", storage=storage,
+                                 study_name="s-eurosat", seed=0, **start)
+
+    search = searcher(points_to_evaluate=[{"loss.beta": 1.0}])
+    search.suggest("t1")
+    search.suggest("t2")
+    search.on_trial_result("t1", {"val/acc": 4.0, "training_iteration": 1})
+    search.on_trial_result("t2", {"val/acc": 2.0, "training_iteration": 1})
+    search.save(str(tmp_path / "searcher.pkl"))  # Tune's last save: both trials running
+    search.on_trial_complete("t1", {"val/acc": 7.0, "training_iteration": 2})
+    search.on_trial_complete("t2", {"training_iteration": 1})  # no metric: PRUNED at its last
+    # the driver is killed here; nothing was RUNNING, so nothing is marked FAIL
+
+    resumed = searcher()
+    resumed.restore(str(tmp_path / "searcher.pkl"))
+    resumed.on_trial_result("t1", {"val/acc": 6.0, "training_iteration": 2})  # run again
+    resumed.on_trial_complete("t1", {"val/acc": 7.0, "training_iteration": 2})
+    resumed.on_trial_complete("t2", {"val/acc": 3.0, "training_iteration": 2})
+    trials = optuna.load_study(study_name="s-eurosat", storage=storage).trials
+    assert [(t.state.name, t.value) for t in trials] == [("COMPLETE", 7.0), ("PRUNED", 2.0)]
+    assert trials[0].intermediate_values == {1: 4.0}
+
+
 def test_the_study_search_draws_the_same_configs_again_and_fails_errored_trials(tmp_path):
     import optuna
 

@@ -4,7 +4,8 @@ and Optuna's ask-and-tell (`Study.ask`, `Study.tell`, `Trial.report`, `Study.enq
 The study lives in an RDB storage, so its trials outlive a stopped driver. The driver marks the
 Optuna trials it leaves RUNNING as FAIL; `--resume` then continues those Tune trials from their
 checkpoints, and their results go to a fresh Optuna trial with the same parameters (Optuna refuses
-to update a finished one).
+to update a finished one). A Tune trial whose Optuna trial was told its value before the stop
+(COMPLETE or PRUNED) is not told again, whatever Tune's saved state says.
 
 Each Optuna trial carries the id of the Tune trial it configures (user attribute TUNE_TRIAL_ATTR),
 written when the trial is created: the study's trial numbers are then the order the searcher
@@ -102,14 +103,19 @@ class OptunaStudySearch(Searcher):
     # ------------------------------------------------------------ reopening
     def _live_trial(self, trial_id: str) -> optuna.Trial | None:
         """The Optuna trial that takes `trial_id`'s results; a new one with the same parameters
-        when a stopped driver left the old one finished. None for a trial already told (or
-        unknown to this searcher)."""
+        when a stopped driver left the old one FAIL. None for a trial already told (or unknown
+        to this searcher), in this process or before the stop: Tune's saved state (and this
+        searcher's, saved with it) can predate a tell that reached the study, and telling the
+        study twice would count one trial twice in the sampler and the importance analysis."""
         if trial_id in self._told or trial_id not in self._trials:
             return None
         trial = self._trials[trial_id]
         study_id = self._storage.get_study_id_from_name(self._study.study_name)
         frozen = self._storage.get_trial(
             self._storage.get_trial_id_from_study_id_trial_number(study_id, trial.number))
+        if frozen.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            self._told.add(trial_id)
+            return None
         if frozen.state.is_finished():
             self._study.enqueue_trial(frozen.params, skip_if_exists=False)
             trial = self._trials[trial_id] = self._study.ask(
