@@ -117,7 +117,7 @@ def _driver(storage: Path, weights: Path, log: Path, *extra: str) -> subprocess.
 
 
 def _created_trials(sweep: Path) -> dict[str, int]:
-    """Tune trial id -> the Optuna trial number it was created with (the searcher's record)."""
+    """Tune trial id -> its creation index (the searcher's record)."""
     import optuna
 
     from vacsr.sweep.search.selection import creation_order

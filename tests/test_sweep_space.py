@@ -213,6 +213,55 @@ def test_a_trial_told_before_the_stop_is_not_told_again_on_resume(tmp_path):
     assert trials[0].intermediate_values == {1: 4.0}
 
 
+def test_a_trial_lost_with_the_driver_is_created_again_the_same(tmp_path):
+    """A stop between the searcher creating a trial and Tune saving it (the searcher's saved
+    state with it): --resume restores a searcher that never created it, and Tune asks for a new
+    trial in its place. The new one must be the lost one again (the base config, or the same
+    draw), in its place of the creation order, and the draws after it those of a run that was
+    not stopped."""
+    import optuna
+
+    from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
+    from vacsr.sweep.search.selection import creation_order
+    from vacsr.sweep.search.tune import fail_running_trials
+    from vacsr.sweep.spec.space import DefineByRun
+
+    space = DefineByRun({"loss.beta": LogFloat(0.1, 10.0), "train.epochs": Int(1, 8)})
+    start = [{"loss.beta": 1.0, "train.epochs": 2}]
+
+    def searcher(storage, **points) -> OptunaStudySearch:
+        return OptunaStudySearch(space, metric="val/acc", mode="max", storage=storage,
+                                 study_name="s-dtd", seed=3, **points)
+
+    def run(search, trial_id: str, value: float) -> dict:
+        config = search.suggest(trial_id)
+        search.on_trial_result(trial_id, {"val/acc": value, "training_iteration": 1})
+        search.on_trial_complete(trial_id, {"val/acc": value, "training_iteration": 1})
+        return config
+
+    clean_storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'clean.db'}")
+    clean = searcher(clean_storage, points_to_evaluate=start)
+    expected = [run(clean, t, v) for t, v in (("c0", 5.0), ("c1", 6.0), ("c2", 7.0))]
+    assert expected[0] == {"loss": {"beta": 1.0}, "train": {"epochs": 2}}
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'stopped.db'}")
+    search = searcher(storage, points_to_evaluate=start)
+    search.save(str(tmp_path / "before-t0.pkl"))  # Tune's save before the first trial
+    assert search.suggest("t0") == expected[0]
+    assert fail_running_trials(storage, "s-dtd") == 1  # the driver is killed; t0 is lost
+    search = searcher(storage)  # --resume: Tune restores the saved searcher
+    search.restore(str(tmp_path / "before-t0.pkl"))
+    assert run(search, "t0b", 5.0) == expected[0]  # the base config again
+    search.save(str(tmp_path / "after-t0b.pkl"))
+    assert search.suggest("t1") == expected[1]
+    assert fail_running_trials(storage, "s-dtd") == 1  # killed again; t1 is lost
+    search = searcher(storage)
+    search.restore(str(tmp_path / "after-t0b.pkl"))
+    assert [run(search, t, v) for t, v in (("t1b", 6.0), ("t2", 7.0))] == expected[1:]
+    assert creation_order(storage, "s-dtd") == {"t0": 0, "t0b": 0, "t1": 1, "t1b": 1, "t2": 2}
+    assert creation_order(clean_storage, "s-dtd") == {"c0": 0, "c1": 1, "c2": 2}
+
+
 def test_the_study_search_draws_the_same_configs_again_and_fails_errored_trials(tmp_path):
     import optuna
 

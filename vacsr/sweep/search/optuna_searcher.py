@@ -7,9 +7,17 @@ checkpoints, and their results go to a fresh Optuna trial with the same paramete
 to update a finished one). A Tune trial whose Optuna trial was told its value before the stop
 (COMPLETE or PRUNED) is not told again, whatever Tune's saved state says.
 
-Each Optuna trial carries the id of the Tune trial it configures (user attribute TUNE_TRIAL_ATTR),
-written when the trial is created: the study's trial numbers are then the order the searcher
-created the Tune trials in, which selection breaks ties by (vacsr/sweep/search/selection.py).
+Each Optuna trial carries the id of the Tune trial it configures (user attribute TUNE_TRIAL_ATTR)
+and the searcher's count of the Tune trials it configured before (CREATION_ATTR), written when the
+trial is created: the order selection breaks ties by (vacsr/sweep/search/selection.py).
+
+Tune saves its state, this searcher's with it, now and then; a stop can come after the searcher
+created a trial but before Tune saved it. `--resume` then restores a searcher that has not created
+it, and Tune asks for a new trial in its place. So that the new trial is the lost one again, a
+trial's values depend only on the sampler seed, its creation index and the trials finished before
+it: each index draws from a TPE sampler seeded for that index (not from one random stream, whose
+position the restored searcher would not share), and the start points are enqueued by index. The
+replacement also gets the lost trial's index, and selection's order with it.
 
 Why not Ray's `OptunaSearch`, which takes `storage=`, `study_name=` and `points_to_evaluate=`
 too: restored on `--resume`, it reports a continued trial to the Optuna trial the stopped driver
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import zlib
 from typing import Any, Callable
 
 import optuna
@@ -29,6 +38,7 @@ from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
 TUNE_TRIAL_ATTR = "tune_trial_id"  # Optuna user attribute: the Tune trial an Optuna trial configures
+CREATION_ATTR = "creation_index"  # Optuna user attribute: Tune trials the searcher created before
 
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
@@ -46,28 +56,39 @@ def nest(flat: dict[str, Any]) -> dict[str, Any]:
 class OptunaStudySearch(Searcher):
     """Suggests each Tune trial's config from `space(trial)` (define-by-run: it calls the trial's
     `suggest_*`) on a new trial of the study `study_name` in `storage`, and tells the study the
-    trial's last `metric`. `points_to_evaluate` are enqueued first; `seed` seeds the TPE sampler."""
+    trial's last `metric`. `points_to_evaluate` are the first trials; `seed` with a trial's
+    creation index seeds the TPE sampler that draws it."""
 
     def __init__(self, space: Callable[[optuna.Trial], Any], *, metric: str, mode: str,
                  storage, study_name: str, seed: int,
                  points_to_evaluate: list[dict] | None = None) -> None:
         super().__init__(metric=metric, mode=mode)
-        self._space, self._storage = space, storage
+        self._space, self._storage, self._seed = space, storage, seed
+        self._points = list(points_to_evaluate or [])
         self._study = optuna.create_study(
             storage=storage, study_name=study_name, load_if_exists=True,
-            sampler=optuna.samplers.TPESampler(seed=seed),
+            sampler=self._sampler(0),
             pruner=optuna.pruners.NopPruner(),  # ASHA stops trials, not Optuna
             direction="minimize" if mode == "min" else "maximize")
-        for point in points_to_evaluate or []:
-            self._study.enqueue_trial(point)
+        self._created = 0  # Tune trials this searcher configured: the next one's creation index
         self._trials: dict[str, optuna.Trial] = {}  # Tune trial id -> its current Optuna trial
         self._told: set[str] = set()  # Tune trials whose final value the study has
 
+    def _sampler(self, index: int) -> optuna.samplers.TPESampler:
+        return optuna.samplers.TPESampler(seed=zlib.crc32(f"{self._seed}:{index}".encode()))
+
     # ------------------------------------------------------------ Tune's Searcher interface
     def suggest(self, trial_id: str) -> dict | None:
+        index = self._created
+        self._study.sampler = self._sampler(index)
+        if index < len(self._points):  # taken by the ask right after (no other trial waits:
+            self._study.enqueue_trial(self._points[index])  # fail_running_trials)
         trial = self._study.ask()
-        trial.set_user_attr(TUNE_TRIAL_ATTR, trial_id)  # in the study before the trial runs
+        # in the study before the trial runs
+        trial.set_user_attr(TUNE_TRIAL_ATTR, trial_id)
+        trial.set_user_attr(CREATION_ATTR, index)
         self._space(trial)
+        self._created += 1
         self._trials[trial_id] = trial
         return nest(trial.params)
 
@@ -121,4 +142,5 @@ class OptunaStudySearch(Searcher):
             trial = self._trials[trial_id] = self._study.ask(
                 fixed_distributions=frozen.distributions)
             trial.set_user_attr(TUNE_TRIAL_ATTR, trial_id)
+            trial.set_user_attr(CREATION_ATTR, frozen.user_attrs.get(CREATION_ATTR, frozen.number))
         return trial

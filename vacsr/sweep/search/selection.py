@@ -2,8 +2,8 @@
 only), as a pure function of the trials' results, and the record of that choice.
 
 The order is total and depends on nothing that timing decides: the best last-reported val
-metric, then, on a tie, the trial the searcher created first (its Optuna trial number; the
-enqueued base config is number 0, see `creation_order`), then the trial id. Once made, the
+metric, then, on a tie, the trial the searcher created first (its creation index; the base
+config is index 0, see `creation_order`), then the trial id. Once made, the
 choice is written to `trials/<dataset>/selection.json` of the sweep folder, and a resumed sweep
 reads it back instead of deriving it again.
 """
@@ -27,10 +27,11 @@ class DatasetFailed(VacsrError):
 
 
 def creation_order(storage, study_name: str) -> dict[str, int]:
-    """Tune trial id -> the number of the first Optuna trial created for it (the searcher tags
-    each Optuna trial with its Tune trial, vacsr/sweep/search/optuna_searcher.py). A trial resumed after a
-    stop gets a new Optuna trial with a higher number; it keeps its first one."""
-    from vacsr.sweep.search.optuna_searcher import TUNE_TRIAL_ATTR
+    """Tune trial id -> its creation index (the searcher tags each Optuna trial with its Tune
+    trial and index, vacsr/sweep/search/optuna_searcher.py): a trial continued after a stop on a
+    new Optuna trial keeps its index, and a trial that replaces one a stop lost takes the lost
+    one's. Optuna's trial number where a trial has no index."""
+    from vacsr.sweep.search.optuna_searcher import CREATION_ATTR, TUNE_TRIAL_ATTR
 
     try:
         study_id = storage.get_study_id_from_name(study_name)
@@ -39,8 +40,9 @@ def creation_order(storage, study_name: str) -> dict[str, int]:
     order: dict[str, int] = {}
     for trial in storage.get_all_trials(study_id, deepcopy=False):
         trial_id = trial.user_attrs.get(TUNE_TRIAL_ATTR)
+        index = trial.user_attrs.get(CREATION_ATTR, trial.number)
         if isinstance(trial_id, str):
-            order[trial_id] = min(order.get(trial_id, trial.number), trial.number)
+            order[trial_id] = min(order.get(trial_id, index), index)
     return order
 
 
