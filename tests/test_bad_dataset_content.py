@@ -90,6 +90,33 @@ def test_aircraft_label_outside_the_classes(root, tmp_path, weights, capsys):
     nothing_written(tmp_path / "run")
 
 
+def test_bad_data_is_refused_before_the_model_is_built(root, tmp_path, monkeypatch):
+    """`vacsr train` checks the data before it builds a model (seconds, and open_clip's note
+    that no pretrained weights were loaded): the whole stderr of the command is its one line."""
+    import subprocess
+    import sys
+
+    from vacsr.train import loop
+
+    def edit(data):
+        data["test"][1][1] = 100
+
+    path = _edit_split(root, edit)
+    argv = [*TRAIN, "data.dataset=caltech101", f"data.root={root}",
+            f"train.output_dir={tmp_path / 'run'}"]  # no weights: open_clip would say so
+    out = subprocess.run([sys.executable, "-m", "vacsr.cli", *argv], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith(f"vacsr: error: {path}: test[1] ")
+
+    def no_model(config):
+        raise AssertionError("the model was built before the data was checked")
+
+    monkeypatch.setattr(loop, "build_model", no_model)
+    assert main(argv) == 2
+    nothing_written(tmp_path / "run")
+
+
 # ---------------------------------------------------------------- 2: one class name per label
 @pytest.mark.parametrize("split", ["train", "test"])  # within the train split, across splits
 def test_two_class_names_for_one_label(root, tmp_path, weights, capsys, split):

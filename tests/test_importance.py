@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from vacsr.sweep.report.importance import MIN_FINISHED_TRIALS, analyse_study, importance_section
+from vacsr.sweep.report.importance import (MIN_FINISHED_TRIALS, analyse_study, importance_section,
+                                          importance_table, top_keys_text)
 from vacsr.sweep.spec.space import Choice, Int, LogFloat, suggest
 
 pytestmark = pytest.mark.timeout(120)
@@ -64,6 +65,24 @@ def test_below_the_minimum_it_says_so_instead_of_ranking_noise():
            f"{MIN_FINISHED_TRIALS}) | |" in section
 
 
+def test_best_importance_says_not_estimated_once():
+    """`vacsr best --importance` on a short search: one line naming each dataset's count, not a
+    grid of blanks with the same sentence per dataset; beside an estimate, only the estimate's
+    columns and that line."""
+    short = [analyse_study(_study(n), name, SPACE, metric="val/acc", mode="max",
+                           planned_epochs=8) for name, n in (("dtd", 2), ("eurosat", 3))]
+    assert importance_table(short) == (
+        f"importance for val/acc: not estimated: dtd 2, eurosat 3 of the {MIN_FINISHED_TRIALS} "
+        "finished trials an estimate needs\n")
+    full = analyse_study(_study(MIN_FINISHED_TRIALS), "ucf101", SPACE, metric="val/acc",
+                         mode="max", planned_epochs=8)
+    lines = importance_table([short[0], full]).splitlines()
+    assert lines[2] == "| key | ucf101 |" and lines[-1].startswith("not estimated: dtd 2 of")
+    assert sum("not estimated" in line for line in lines) == 1
+    assert top_keys_text(short[0].summary()) == \
+        f"2 trials finished; an importance estimate needs {MIN_FINISHED_TRIALS}"
+
+
 def _plan(tmp_path):
     """A plan as the driver holds it, built directly (the CLI's plan costs seconds of imports):
     the base-to-novel kind and eurosat's real search space."""
@@ -109,7 +128,9 @@ def test_the_dataset_run_holds_the_table_and_figure_and_best_prints_them(tmp_pat
     best.loss.alpha_kl = 0.0007891721226571268
     run.log_params({"loss.alpha_kl": best.loss.alpha_kl, "adapter.num_components": 3,
                     "loss.neg_sigma_target": "positive"})
-    run.log_best({"val/acc": 71.23456})
+    run.log_best({"val/acc": 71.23456, "test_acc": 70.0, "test_novel_acc": 60.0})
+    run.log_values({"table/base": 70.0, "table/novel": 60.0, "table/H": 64.6154,
+                    "table/H_std": 0.0})  # as the sweep's end publishes them
     save_config(best, tmp_path / "best_config.yaml")
     run.log_artifact(tmp_path / "best_config.yaml")
     run.finish()
@@ -138,5 +159,14 @@ def test_the_dataset_run_holds_the_table_and_figure_and_best_prints_them(tmp_pat
     out = capsys.readouterr().out
     assert "config:  adapter.num_components=3, loss.alpha_kl=0.0007892, " \
            "loss.neg_sigma_target=positive" in out, out
-    assert "metrics: val/acc=71.23" in out, out
+    # in the table's words, H included, each number once
+    assert "metrics: base=70, novel=60, H=64.62, val/acc=71.23" in out, out
+    assert "test_acc" not in out
+
+    assert main(["best", "--experiment", "vacsr-retrieval", "--tracking-uri",
+                 plan.tracking_uri]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "vacsr: error: MLflow experiment 'vacsr-retrieval' not found in ") and \
+        err.endswith("(it holds: vacsr-base2novel)\n"), err
     assert load_config(tmp_path / "x" / "eurosat.yaml").loss.alpha_kl == 0.0007891721226571268

@@ -4,6 +4,7 @@ the figures): each path runs in a fresh interpreter that reports, as it exits, w
 had loaded."""
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -52,6 +53,40 @@ def test_the_sweep_script_answers_help_and_bad_flags_light(argv, code):
     assert returned == code and loaded == [], err
     if code:
         assert len(err.splitlines()) == 1 and err.startswith("vacsr: error:"), err
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_the_help_lists_every_command_and_shows_defaults():
+    import vacsr
+    from vacsr.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions
+                    if isinstance(a, argparse._SubParsersAction)).choices
+    shown = _run("-m", "vacsr.cli", "--help").stdout
+    for name, parser in commands.items():
+        assert f"    {name}" in shown, (name, shown)
+    assert _run("-m", "vacsr.cli", "--version").stdout == f"vacsr {vacsr.__version__}\n"
+    pretrain = " ".join(_run("-m", "vacsr.cli", "pretrain-tiny", "--help").stdout.split())
+    assert "contrastive pretraining epochs (default: 6)" in pretrain, pretrain
+    assert "(default: None)" not in pretrain
+
+
+def test_the_sweep_help_states_what_a_bare_run_uses_and_errors_name_the_program_once():
+    from sweeps.base2novel import SWEEP
+    from vacsr.sweep.plan.command_line import load_profile
+
+    profile = load_profile(SWEEP)
+    shown = " ".join(_run(SCRIPT, "--help").stdout.split())
+    assert "Without --data-root it runs the embedded profile" in shown
+    assert f"trials per dataset (default 24; without --data-root {profile['trials']})" in shown
+    seeds = ",".join(map(str, profile["seeds"]))
+    assert f"seeds of the final re-runs (default 1,2,3; without --data-root {seeds})" in shown
+    bad = _run(SCRIPT, "--bogus")
+    assert bad.returncode == 2 and bad.stderr == \
+        "vacsr: error: unrecognized arguments: --bogus (see sweeps/base2novel.py --help)\n"
 
 
 def test_a_sweep_on_a_locked_folder_is_refused_light(tmp_path):

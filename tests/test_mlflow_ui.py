@@ -105,7 +105,8 @@ def _render(url: str, profile: Path) -> str:
     out = subprocess.run(
         [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
          f"--user-data-dir={profile}", "--virtual-time-budget=20000",
-         "--window-size=1600,1000", "--dump-dom", url],  # the grid renders only visible columns
+         # the grid renders only the columns inside the window: a wide screen shows them all
+         "--window-size=3000,1000", "--dump-dom", url],
         capture_output=True, text=True, timeout=180)
     assert out.returncode == 0 and out.stdout, f"chromium failed on {url}: {out.stderr[-2000:]}"
     return out.stdout
@@ -115,6 +116,12 @@ def _text(dom: str) -> str:
     """The page's visible text on one line."""
     dom = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", dom)).split())
+
+
+def _cell(row: str, kind: str, key: str, shown: str) -> bool:
+    """Whether the row's cell of column `kind`.`key` (metrics, params, tags) shows `shown`."""
+    return re.search(rf'col-id="{kind}\.`{re.escape(key)}`" aria-describedby="cell-[^"]*"'
+                     rf'[^>]*>(?:<[^>]+>|\s)*{re.escape(shown)}\s*<', row) is not None
 
 
 def _row(dom: str, run_id: str) -> str:
@@ -151,15 +158,26 @@ def test_ui_opens_on_runs_and_shows_selected_params(tmp_path, monkeypatch, serve
     assert "base2novel: results" in text  # the sweep's saved view is the one open
     # the final table's metrics are columns, without clicking: H of each dataset in its row
     client = MlflowTracker(plan.tracking_uri).client
+    report = (plan.storage / "report" / "results.md").read_text()
     for name, run_id in runs.items():
         metrics = client.get_run(run_id).data.metrics
         row = _row(dom, run_id)
-        for key in ("table/base", "table/novel", "table/H", "best_val/acc"):
-            cell = re.search(rf'col-id="metrics\.`{re.escape(key)}`" aria-describedby="cell-[^"]*"'
-                             rf'[^>]*>(?:<[^>]+>|\s)*{re.escape(repr(metrics[key]))}', row)
-            assert cell, f"{key} = {metrics[key]} of {name} not shown: {_text(row)}"
+        for key in ("table/base", "table/novel", "table/H", "table/val"):
+            assert metrics[key] == round(metrics[key], 2), (key, metrics[key])  # as the table
+            assert _cell(row, "metrics", key, repr(metrics[key])), \
+                f"{key} = {metrics[key]} of {name} not shown: {_text(row)}"
+        assert re.search(rf"^\| {name} \| .* \| {metrics['table/H']:.2f}( ± \S+)? \| ", report,
+                         flags=re.M), report  # the number results.md shows
+        # the chosen config's searched keys are columns too, rounded as read
+        for key, value in DATASETS[name].items():
+            assert _cell(row, "params", key, str(value)), f"{key} of {name}: {_text(row)}"
+        assert metrics["table/H_std"] == round(metrics["table/H_std"], 2)  # two seeds: spread
+        assert _cell(row, "tags", "vacsr.table_row", name)
         digest = client.get_run(run_id).inputs.dataset_inputs[0].dataset.digest
         assert f"{name} ({digest})" in text  # the Dataset column: the run's dataset input
+    # the sweep's own run is the average row, and says so
+    assert _cell(_row(dom, parent_id), "tags", "vacsr.table_row", "average (2 datasets)"), \
+        _text(_row(dom, parent_id))
 
     # (b) a dataset run's page, through the link in that table
     dom = _render(f"{base}/#/experiments/{experiment_id}/runs/{runs['eurosat']}",

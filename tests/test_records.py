@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -93,15 +96,16 @@ def _published(tmp_path: Path, capsys):
     from vacsr.records.view import publish_table
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    plan = SimpleNamespace(kind=BASE2NOVEL, name="s1")
+    plan = SimpleNamespace(kind=BASE2NOVEL, name="s1", datasets=["eurosat"],
+                           spaces={"eurosat": {"loss.gamma": None, "adapter.num_components": None}})
     parent = MlflowTracker(uri)
     parent.start(BASE2NOVEL.experiment, "s1", tags={"vacsr.sweep": "s1"})
     child = MlflowTracker(uri)
     run_id = child.start(BASE2NOVEL.experiment, "eurosat", parent_run_id=parent.run_id)
     child.finish()
     capsys.readouterr()  # MLflow's own lines as it creates the store
-    rows = [{"dataset": "eurosat", "base": 70.0, "base_std": 0.5, "novel": 60.0,
-             "novel_std": 0.25, "H": 64.6, "H_std": 0.0}]
+    rows = [{"dataset": "eurosat", "seeds": 1, "base": 70.0, "base_std": 0.0, "novel": 60.0,
+             "novel_std": 0.0, "H": 64.615384, "H_std": 0.0, "val": 71.234}]
     publish_table(parent, plan, rows, {"eurosat": run_id})
     return parent, run_id, uri, capsys.readouterr().err.splitlines()
 
@@ -119,7 +123,10 @@ def test_the_view_is_skipped_on_an_mlflow_whose_view_format_is_unknown(tmp_path,
     experiment_id = parent.experiment_id(BASE2NOVEL.experiment)
     tags = parent.client.get_experiment(experiment_id).tags
     assert not [t for t in tags if t.startswith(VIEW_TAG_PREFIX)]
-    assert parent.client.get_run(run_id).data.metrics["table/H"] == 64.6  # metrics still there
+    metrics = parent.client.get_run(run_id).data.metrics  # still there, rounded as the table
+    assert metrics == {"table/base": 70.0, "table/novel": 60.0, "table/H": 64.62,
+                       "table/val": 71.23}  # one seed: no spread
+    assert parent.client.get_run(run_id).data.tags["vacsr.table_row"] == "eurosat"
     link = mlflow_ui_hint(uri, experiment_id, "s1")
     assert "searchFilter=" in link and "viewStateShareKey" not in link
 
@@ -128,4 +135,15 @@ def test_the_view_is_skipped_on_an_mlflow_whose_view_format_is_unknown(tmp_path,
     assert err == []
     tags = parent.client.get_experiment(experiment_id).tags
     assert [t for t in tags if t.startswith(VIEW_TAG_PREFIX)] == [f"{VIEW_TAG_PREFIX}vacsr-s1"]
-    assert "viewStateShareKey=vacsr-s1" in mlflow_ui_hint(uri, experiment_id, "s1")
+    state = json.loads(json.loads(tags[f"{VIEW_TAG_PREFIX}vacsr-s1"])["state"])
+    assert state["selectedColumns"] == [
+        "tags.`vacsr.table_row`", "metrics.`table/base`", "metrics.`table/novel`",
+        "metrics.`table/H`", "metrics.`table/val`", "params.`loss.gamma`",
+        "params.`adapter.num_components`", "attributes.`Dataset`"]
+    hint = mlflow_ui_hint(uri, experiment_id, "s1")
+    assert "viewStateShareKey=vacsr-s1" in hint
+    # the printed command runs as printed (no activated venv needed): its --help answers
+    command = shlex.split(hint.split("   # ")[0])
+    assert command[:4] == [sys.executable, "-m", "mlflow", "ui"], command
+    shown = subprocess.run(command[:4] + ["--help"], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "--backend-store-uri" in shown.stdout, shown.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""The `vacsr` command: train, pretrain-tiny, demo.
+"""The `vacsr` command: train, eval, pretrain-tiny, generate-data, best, demo.
 
 Every user error (bad flag, bad config, missing file, bad data) ends with one line
 `vacsr: error: ...` on stderr and exit status 2. A flag that is not given is None; an empty or zero
@@ -11,12 +11,17 @@ import sys
 from pathlib import Path
 
 from vacsr.errors import UsageError, VacsrError
+from vacsr.help_format import DefaultsHelp
 from vacsr.metrics_table import format_metrics
 from vacsr.train.files import CHECKPOINT_FILE
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors are one line like every other vacsr error (usage stays in --help)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelp)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         raise UsageError(f"{message} (see {self.prog} --help)")
@@ -185,8 +190,13 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vacsr", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    from vacsr import __version__
+
+    parser = _Parser(prog="vacsr", description="VACSR (arXiv 2605.30968): train, evaluate and "
+                     "read sweeps of a variational adapter on CLIP. The sweeps themselves run "
+                     "from sweeps/*.py.")
+    parser.add_argument("--version", action="version", version=f"vacsr {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = sub.add_parser("train", help="train VACSR locally, or on Ray Train workers (--ray)")
     _add_config_args(train)
@@ -210,17 +220,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     pre = sub.add_parser("pretrain-tiny", help="pretrain the tiny CLIP on synthetic data")
     pre.add_argument("--out", required=True, type=_nonempty, help="weights file to write")
-    pre.add_argument("--epochs", type=_positive_int, default=6)
+    pre.add_argument("--epochs", type=_positive_int, default=6,
+                     help="contrastive pretraining epochs")
     pre.add_argument("--num-images", type=_positive_int, default=1024,
                      help="synthetic images (5 captions each; at least one batch of 128 pairs)")
-    pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument("--seed", type=int, default=0, help="seed of the data and the weights")
     pre.set_defaults(func=cmd_pretrain_tiny)
 
     gen = sub.add_parser("generate-data", help="write synthetic datasets in the real layouts")
     gen.add_argument("--root", required=True, type=_nonempty,
                      help="folder to write (one sub-folder a dataset)")
     gen.add_argument("--datasets", type=_names, help="comma-separated names (default: all)")
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=0, help="seed of the synthetic images")
     gen.set_defaults(func=cmd_generate_data)
 
     best = sub.add_parser("best", help="best config and metrics per dataset of a sweep (MLflow)")
@@ -241,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="end-to-end run on synthetic data with the tiny model")
     demo.add_argument("--workdir", default="demo_data", type=_nonempty,
                       help="where data, weights and runs go")
-    demo.add_argument("--epochs", type=_positive_int, default=3)
+    demo.add_argument("--epochs", type=_positive_int, default=3,
+                      help="epochs of the demo's training run")
     demo.set_defaults(func=cmd_demo)
     return parser
 

@@ -1,5 +1,10 @@
-"""Metrics as text for the console (`vacsr train`, `vacsr eval`, the demo)."""
+"""Metrics as text for the console (`vacsr train`, `vacsr eval`, the demo), and which of an
+evaluation's entries are results."""
 from __future__ import annotations
+
+# an evaluation's entries that count or time (vacsr/eval/evaluate.py) or name the run: not results,
+# so no table column and no line on a metric's axis
+NOT_RESULTS = ("seed", "eval_seconds", "num_samples")
 
 
 def format_metrics(metrics: dict) -> str:

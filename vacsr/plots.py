@@ -12,8 +12,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from vacsr.metrics_table import NOT_RESULTS
+
 # History keys are "<group>/<name>": "train/*" are loss parts, "lr/*" learning rates, every other
-# group is an evaluation split ("val/*", "test/*").
+# group is an evaluation split ("val/*", "test/*"), whose counts and times (NOT_RESULTS) are not
+# drawn: 1000 samples on the axis of a percentage flattens the accuracy to a line at 0.
 NON_EVAL_GROUPS = ("train", "lr")
 
 
@@ -28,7 +31,8 @@ def metric_groups(history: Sequence[Mapping]) -> tuple[list[str], list[str]]:
     """(train loss keys, evaluation keys), each sorted, over every epoch of `history`."""
     keys = sorted({k for h in history for k in h if "/" in k})
     train = [k for k in keys if k.split("/", 1)[0] == "train"]
-    evals = [k for k in keys if k.split("/", 1)[0] not in NON_EVAL_GROUPS]
+    evals = [k for k in keys if k.split("/", 1)[0] not in NON_EVAL_GROUPS
+             and k.split("/", 1)[1] not in NOT_RESULTS]
     return train, evals
 
 

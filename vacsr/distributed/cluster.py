@@ -29,6 +29,11 @@ def quiet_logging(verbose: bool = False) -> None:
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TensorBoard hints
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+        # Tune saves its experiment state whenever a trial has written `num_to_keep` checkpoints
+        # since the last save, so that the state never names a deleted checkpoint (--resume
+        # restores from it); with a checkpoint per epoch that is often, and each time Tune warns
+        # that it may be a bottleneck. The saves stay; the warning goes
+        os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
         warnings.filterwarnings("ignore", module="ray")
         try:
             import optuna

@@ -120,8 +120,11 @@ class SweepRecords:
         store holds none. Creates nothing."""
         found = self.store.client.get_experiment_by_name(self.experiment)
         if found is None:
+            held = sorted(e.name for e in self.store.client.search_experiments()
+                          if e.name != "Default")
             raise ConfigError(f"MLflow experiment {self.experiment!r} not found in "
-                              f"{redact_uri(self.tracking_uri)}")
+                              f"{redact_uri(self.tracking_uri)} (it holds: "
+                              f"{', '.join(held) or 'no experiment'})")
         query = f"tags.`{KIND_TAG}` != ''" + (f" and tags.`{SWEEP_TAG}` = '{sweep}'"
                                                if sweep else "")
         runs = self.store.client.search_runs([found.experiment_id], filter_string=query,

@@ -6,9 +6,12 @@ columns: those come from the browser's local storage or from a *saved view* ("Sa
 runs page, listed under "Views"), which the UI keeps as an experiment tag
 `mlflow.sharedViewState.<id>` and opens from `#/experiments/<id>/runs?viewStateShareKey=<id>`.
 The sweep saves such a view at its end, in the form the UI writes (a JSON envelope with name,
-times and the state as a JSON string): filtered on the sweep, every run shown, columns Dataset,
-the table's metrics (`table/<column>`) and the selection metric, those first. The link carries
-only the view key: the UI ignores a saved view when the URL also sets a search facet.
+times and the state as a JSON string): filtered on the sweep, every run shown, and as columns:
+the run's row of the table (tag ROW_TAG: a dataset, or the average the sweep's own run holds),
+the table's metrics (`table/<column>` and the best val `table/val`, rounded as results.md shows
+them; their spread over seeds, `table/<column>_std`, is logged with 2+ seeds), the searched keys
+of each chosen config (the dataset runs' params) and Dataset. The link carries only the view
+key: the UI ignores a saved view when the URL also sets a search facet.
 
 That tag is the UI's own format, not an API: the view is saved only on the MLflow releases whose
 UI was checked to read it (VIEW_FORMAT_MLFLOW; tests/test_mlflow_ui.py renders it). On another
@@ -17,17 +20,20 @@ release the sweep says so in one line, and its link opens the sweep's runs filte
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 import time
 from urllib.parse import quote, urlencode
 
 from vacsr.records.tracker import open_tracker
-from vacsr.sweep.report.table import table_spec
+from vacsr.sweep.report.table import DIGITS, table_spec
 
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 VIEW_PARAM = "viewStateShareKey"
 TABLE_PREFIX = "table/"
+ROW_TAG = "vacsr.table_row"  # the table row a run holds: its dataset, or "average (N datasets)"
+VAL = "val"  # the table's best-val column: table/val
 # the MLflow releases (major.minor) whose UI reads the view as view_state writes it: add one
 # once tests/test_mlflow_ui.py passes on it
 VIEW_FORMAT_MLFLOW = ("3.17",)
@@ -49,12 +55,16 @@ def view_key(sweep: str) -> str:
 
 
 def table_metrics(row: dict, titles: list[str]) -> dict[str, float]:
-    """A table row (report.table_rows) as the metrics the view shows: table/<column>, its std."""
+    """A table row (report.table_rows) as the metrics the view shows, rounded as the table shows
+    them: table/<column>, its spread over seeds (with 2+ seeds), table/val (dataset rows)."""
     metrics = {}
     for title in titles:
         if title in row:
-            metrics[f"{TABLE_PREFIX}{title}"] = row[title]
-            metrics[f"{TABLE_PREFIX}{title}_std"] = row.get(f"{title}_std", 0.0)
+            metrics[f"{TABLE_PREFIX}{title}"] = round(row[title], DIGITS)
+            if row.get("seeds", 1) > 1:
+                metrics[f"{TABLE_PREFIX}{title}_std"] = round(row.get(f"{title}_std", 0.0), DIGITS)
+    if isinstance(row.get(VAL), float) and math.isfinite(row[VAL]):
+        metrics[f"{TABLE_PREFIX}{VAL}"] = round(row[VAL], DIGITS)
     return metrics
 
 
@@ -68,27 +78,28 @@ def table_titles(kind, rows: list[dict]) -> list[str]:
     return [k for k in first if k not in ("dataset", "seeds", "val") and not k.endswith("_std")]
 
 
-def view_state(sweep: str, columns: list[str]) -> dict:
+def view_state(sweep: str, columns: list[str], params: list[str] = ()) -> dict:
     """The saved view's state: the UI merges it over its defaults, so only what differs. Column
-    ids are the UI's (`metrics.`<key>``); the order puts the metrics right of the run names, where
-    they show without scrolling, and the Dataset column after them."""
-    metrics = [f"metrics.`{c}`" for c in columns]
-    dataset = "attributes.`Dataset`"
+    ids are the UI's (`metrics.`<key>``, `params.`<key>``, `tags.`<key>``); the order puts the
+    table row and metrics right of the run names, where they show without scrolling, then the
+    chosen configs' searched keys, then the Dataset column."""
+    shown = [f"tags.`{ROW_TAG}`", *(f"metrics.`{c}`" for c in columns),
+             *(f"params.`{p}`" for p in params), "attributes.`Dataset`"]  # the widest last
     return {"searchFilter": f"tags.`vacsr.sweep` = '{sweep}'",
             "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
-            "selectedColumns": [dataset, *metrics],
-            "columnOrder": ["attributes.`Run Name`", *metrics, dataset],
+            "selectedColumns": shown, "columnOrder": ["attributes.`Run Name`", *shown],
             # the chart view: every dataset's bars (its default shows the first 10 runs), and
             # the table's metrics only
             "runsHiddenMode": "SHOW_ALL", "chartsSearchFilter": TABLE_PREFIX}
 
 
-def save_view(client, experiment_id: str, sweep: str, columns: list[str]) -> str:
+def save_view(client, experiment_id: str, sweep: str, columns: list[str],
+              params: list[str] = ()) -> str:
     """Write (or replace) the sweep's saved view; returns its key."""
     key = view_key(sweep)
     now = int(time.time() * 1000)
     envelope = {"name": f"{sweep}: results", "createdAt": now, "updatedAt": now,
-                "state": json.dumps(view_state(sweep, columns))}
+                "state": json.dumps(view_state(sweep, columns, params))}
     client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + key, json.dumps(envelope))
     return key
 
@@ -97,12 +108,16 @@ def publish_table(tracker, plan, rows: list[dict], run_ids: dict[str, str]) -> s
     """At the sweep's end: each dataset run gets its table row as table/* metrics, the sweep's run
     the average row, and the experiment the saved view; returns the view's key."""
     titles = table_titles(plan.kind, rows)
+    finished = [r for r in rows if "failed" not in r and r["dataset"] != "average"]
     for row in rows:
         if "failed" in row:
             continue
-        run_id = run_ids.get(row["dataset"]) if row["dataset"] != "average" else tracker.run_id
+        average = row["dataset"] == "average"
+        run_id = tracker.run_id if average else run_ids.get(row["dataset"])
         if run_id:
             _log_once(tracker.client, run_id, table_metrics(row, titles))
+            tracker.client.set_tag(run_id, ROW_TAG, f"average ({len(finished)} datasets)"
+                                   if average else row["dataset"])
     if "'" in plan.name:  # it would end the view's filter string early
         return None
     if not view_format_known():
@@ -110,9 +125,10 @@ def publish_table(tracker, plan, rows: list[dict], run_ids: dict[str, str]) -> s
               f"vacsr knows ({', '.join(VIEW_FORMAT_MLFLOW)}): the sweep's view is not saved, "
               "its link opens the sweep's runs filtered", file=sys.stderr, flush=True)
         return None
-    columns = [f"{TABLE_PREFIX}{t}" for t in titles] + [f"best_{plan.kind.metric}"]
+    columns = [f"{TABLE_PREFIX}{t}" for t in [*titles, VAL]]
+    params = list(dict.fromkeys(k for d in plan.datasets for k in plan.spaces.get(d, {})))
     return save_view(tracker.client, tracker.experiment_id(plan.kind.experiment), plan.name,
-                     columns)
+                     columns, params)
 
 
 def _log_once(client, run_id: str, values: dict[str, float]) -> None:

@@ -57,11 +57,13 @@ class Trainer:
         self.config = config
         self.device = device or resolve_device(config.train.device)
         self.precision = run_precision(self.device, config.train)
-        seed_everything(config.train.seed)
-        self.model: VACSRModel = build_model(config).to(self.device)
+        # the data first: a broken dataset is refused in one line before seconds of model
+        # building (and open_clip's notes on stderr); the splits draw from their own generators
         kind = task_type(config.data.task)
         self.splits = kind.build_splits(config.data, config.train.seed)
         self._require_one_batch(kind)
+        seed_everything(config.train.seed)
+        self.model: VACSRModel = build_model(config).to(self.device)
         self.task = kind.for_run(self.model, config.loss, self.splits)
         self.optimizer = build_optimizer(self.model, config.optim)
         self.output_dir = Path(config.train.output_dir).expanduser().resolve()

@@ -12,7 +12,9 @@ and per final seed run.
 """
 from __future__ import annotations
 
+import shlex
 import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
@@ -30,7 +32,7 @@ from vacsr.sweep.report.importance import importance_section, record_sensitivity
 from vacsr.sweep.plan.ownership import claim_state
 from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism
 from vacsr.sweep.report.progress import SweepProgress
-from vacsr.sweep.report.table import table_spec, write_report
+from vacsr.sweep.report.table import readable, table_spec, write_report
 from vacsr.sweep.flow.recovery import SpaceReserve, storage_failure, tracking_failure
 from vacsr.sweep.plan.studies import check_optuna_storage, open_optuna_storage
 from vacsr.sweep.search.tune import fail_running_trials, search_dataset
@@ -95,7 +97,9 @@ def run_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurre
     run.log_artifact(write_best_config(best["config"], plan.storage / "best" / dataset))
     values = flatten(best["config"])
     selected = {key: values[key] for key in plan.spaces[dataset]}
-    run.log_params(selected)
+    # as a person reads them (the view's columns); best_config.yaml and the selected trial's run
+    # hold the exact values
+    run.log_params({key: readable(value) for key, value in selected.items()})
     importance = record_sensitivity(plan, dataset, run, selected)  # appendix E, per dataset
     log_dataset_inputs(run, best["config"])  # the runs table's Dataset column
     finals = final_runs(plan, dataset, best, dataset_run_id, report)
@@ -296,5 +300,7 @@ def mlflow_ui_hint(uri: str, experiment_id: str | None = None, sweep: str | None
     with the table's metrics as columns), else its runs filtered (vacsr/records/view.py)."""
     # shown without its password; the store is read with it (a server behind auth answers 401
     # to the redacted form)
-    hint = f"mlflow ui --backend-store-uri {redact_uri(uri)}   # then open http://127.0.0.1:5000"
+    # this interpreter's MLflow: `mlflow` itself is on PATH only inside an activated venv
+    command = f"{shlex.quote(sys.executable)} -m mlflow ui --backend-store-uri"
+    hint = f"{command} {shlex.quote(redact_uri(uri))}   # then open http://127.0.0.1:5000"
     return hint if experiment_id is None else hint + runs_link(uri, experiment_id, sweep)

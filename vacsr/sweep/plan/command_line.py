@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from vacsr import config as cfg
 from vacsr.errors import ConfigError
+from vacsr.help_format import DefaultsHelp
 from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
 from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.plan.inputs import (check_datasets, check_devices, check_model, check_pretrained,
@@ -34,7 +35,7 @@ class OneLineParser(argparse.ArgumentParser):
     """Bad flags end in one line (`vacsr: error: ...`) and exit 2, like every other bad input."""
 
     def error(self, message: str):
-        self.exit(2, f"vacsr: error: {self.prog}: {message}\n")
+        self.exit(2, f"vacsr: error: {message} (see {self.prog} --help)\n")
 
 
 def _positive(cast):
@@ -63,9 +64,25 @@ def _sweep_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _description(kind: SweepKind, profile: dict[str, Any]) -> str:
+    seeds = ",".join(str(s) for s in profile.get("seeds", DEFAULTS["seeds"]))
+    return (f"vacsr {kind.name} sweep (Ray Tune + Optuna + MLflow). Without --data-root it runs "
+            f"the embedded profile ({PROFILE.relative_to(PROFILE.parents[3])}): synthetic data in "
+            f"the real layouts, the {profile.get('model')} model pretrained on synthetic pairs, "
+            f"{profile.get('trials')} trials per dataset, seeds {seeds}, a local Ray and SQLite "
+            "MLflow in the sweep folder. With --data-root the defaults are the paper's.")
+
+
 def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
-    p = OneLineParser(prog=f"sweeps/{kind.name}.py",
-                      description=f"vacsr {kind.name} sweep (Ray Tune + Optuna + MLflow)")
+    profile = load_profile(kind)
+
+    def default(key: str) -> str:  # the paper's default, then the embedded profile's
+        paper, embedded = DEFAULTS[key], profile.get(key, DEFAULTS[key])
+        text = lambda v: ",".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731
+        return f"default {text(paper)}; without --data-root {text(embedded)}"
+
+    p = OneLineParser(prog=f"sweeps/{kind.name}.py", description=_description(kind, profile),
+                      formatter_class=DefaultsHelp)
     env = lambda name: os.environ.get(name) or None  # noqa: E731 (an empty variable is unset)
     p.add_argument("--datasets", type=_nonempty,
                    help=f"comma-separated subset of {', '.join(kind.datasets)} (default: all)")
@@ -73,11 +90,17 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
                    help="folder with the datasets in their real layouts (env VACSR_DATA_ROOT); "
                         "default: the embedded profile, synthetic data under the sweep folder")
     p.add_argument("--model", type=_nonempty, help="open_clip model name (default vacsr-tiny)")
-    p.add_argument("--pretrained", type=_nonempty, help="open_clip tag or local weights file")
-    p.add_argument("--trials", type=_positive(int), help="trials per dataset (default 24)")
-    p.add_argument("--epochs", type=_positive(int), help="epochs when not searched")
-    p.add_argument("--shots", type=_positive(int), help="few-shot K (default 16)")
-    p.add_argument("--seeds", type=_nonempty, help="seeds of the final re-runs (default 1,2,3)")
+    p.add_argument("--pretrained", type=_nonempty,
+                   help="open_clip tag or local weights file (default: the model's own "
+                        "initialisation; without --data-root the tiny CLIP pretrained once per "
+                        "machine)")
+    p.add_argument("--trials", type=_positive(int),
+                   help=f"trials per dataset ({default('trials')})")
+    p.add_argument("--epochs", type=_positive(int),
+                   help="epochs when not searched (default: the config's)")
+    p.add_argument("--shots", type=_positive(int), help=f"few-shot K ({default('shots')})")
+    p.add_argument("--seeds", type=_nonempty,
+                   help=f"seeds of the final re-runs ({default('seeds')})")
     p.add_argument("--name", type=_sweep_name, default=kind.name,
                    help="sweep name: its folder under --storage (letters, digits, . _ -)")
     p.add_argument("--storage", type=_nonempty, default=env("VACSR_SWEEP_STORAGE") or "sweeps_out",
@@ -95,11 +118,13 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
                    help="Ray cluster to join (env RAY_ADDRESS, set by `ray job submit`; "
                         "default: start a local Ray of its own)")
     p.add_argument("--workers", type=_positive(int), default=1, help="Ray Train workers per trial")
-    p.add_argument("--gpus-per-worker", type=float, default=0.0)
-    p.add_argument("--cpus-per-worker", type=_positive(float), help="CPUs per Train worker (1)")
+    p.add_argument("--gpus-per-worker", type=float, default=0.0,
+                   help="GPUs per Train worker (0.5 packs two trials on a GPU)")
+    p.add_argument("--cpus-per-worker", type=_positive(float), help=f"CPUs per Train worker ({default('cpus_per_worker')})")
     p.add_argument("--trial-cpus", type=_positive(float),
-                   help="CPUs of a trial's actor where it only drives 2+ Train workers (1); a "
-                        "one-worker trial trains in its actor, on --cpus-per-worker")
+                   help="CPUs of a trial's actor where it only drives 2+ Train workers (a "
+                        "one-worker trial trains in its actor, on --cpus-per-worker; "
+                        f"{default('trial_cpus')})")
     p.add_argument("--eval-actors", type=_positive(int), default=1,
                    help="Ray actors scoring each final checkpoint's test splits (EvalPool)")
     p.add_argument("--parallel-datasets", type=_positive(int),

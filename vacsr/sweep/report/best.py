@@ -14,6 +14,7 @@ from vacsr.records.artifacts import (BEST_CONFIG, FINAL_RUNS, IMPORTANCE_DIR, IM
                                      SWEEP_INFO)
 from vacsr.records.sweep_records import DATASET_TAG, SweepRecords
 from vacsr.records.uri import check_store_exists
+from vacsr.records.view import TABLE_PREFIX
 from vacsr.sweep.report.importance import Sensitivity, importance_table
 from vacsr.sweep.report.table import readable, table_rows, to_markdown
 
@@ -46,18 +47,31 @@ def best_configs(tracking_uri: str | None, experiment: str, sweep: str | None,
         local = records.artifact(run.info.run_id, BEST_CONFIG)
         if export is not None:
             atomic_write_bytes(export / f"{dataset}.yaml", local.read_bytes())
-        metrics = {k[len("best_"):]: v for k, v in run.data.metrics.items() if k.startswith("best_")}
+        metrics = _shown_metrics(run.data.metrics)
         rows.append({"dataset": dataset, "run_id": run.info.run_id, "status": run.info.status,
                      "metrics": metrics, "params": dict(run.data.params),
                      "config": yaml.safe_load(local.read_text())})
     return rows
 
 
+def _shown_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """A dataset run's results in the table's words (base, novel, H, ... from the table/* metrics
+    the sweep's end publishes), then the selection's best_* values; a run that ended before the
+    table shows the best_* values alone."""
+    table = {k[len(TABLE_PREFIX):]: v for k, v in sorted(metrics.items())
+             if k.startswith(TABLE_PREFIX) and not k.endswith("_std")}
+    table = dict(sorted(table.items(), key=lambda kv: kv[0] == "H"))  # the harmonic mean last
+    best = {k[len("best_"):]: v for k, v in metrics.items() if k.startswith("best_")}
+    if table:  # the test means are the table's columns: not twice under two names
+        best = {k: v for k, v in best.items() if not k.startswith("test_")}
+    return {**table, **dict(sorted(best.items()))}
+
+
 def format_rows(rows: list[dict]) -> str:
     """Values rounded for reading (4 significant digits); the exported YAML keeps them whole."""
     lines = []
     for row in rows:
-        metrics = ", ".join(f"{k}={readable(v)}" for k, v in sorted(row["metrics"].items()))
+        metrics = ", ".join(f"{k}={readable(v)}" for k, v in row["metrics"].items())
         chosen = ", ".join(f"{k}={readable(v)}" for k, v in sorted(row["params"].items()))
         lines.append(f"{row['dataset']}  [{row['status']}]\n  metrics: {metrics}\n"
                      f"  config:  {chosen}")

@@ -15,6 +15,7 @@ say so; the slices (raw observations) are drawn whatever the count.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -148,8 +149,10 @@ def _bars(axes, sensitivity: Sensitivity) -> None:
     axes.set_title(f"importance for {sensitivity.metric}", fontsize=9)
     if not sensitivity.importance:
         axes.axis("off")
-        axes.text(0.5, 0.5, sensitivity.message or "", ha="center", va="center", wrap=True,
-                  fontsize=8, transform=axes.transAxes)
+        # wrapped to the panel's width here: matplotlib's wrap=True wraps at the figure's edge,
+        # and the layout then squeezes every panel around one long line
+        axes.text(0.5, 0.5, textwrap.fill(sensitivity.message or "", 42), ha="center",
+                  va="center", fontsize=8, transform=axes.transAxes)
         return
     ranked = sorted(sensitivity.importance.items(), key=lambda kv: kv[1])
     axes.barh([k for k, _ in ranked], [v for _, v in ranked], color="tab:blue")
@@ -159,6 +162,11 @@ def _bars(axes, sensitivity: Sensitivity) -> None:
 
 def plot_sensitivity(sensitivity: Sensitivity, path: Path) -> Path:
     """One PNG: the importance bars, then a slice plot per searched key (appendix E's figures)."""
+    figure = sensitivity_figure(sensitivity)
+    return atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
+
+
+def sensitivity_figure(sensitivity: Sensitivity):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -171,12 +179,12 @@ def plot_sensitivity(sensitivity: Sensitivity, path: Path) -> Path:
     for index, key in enumerate(keys, start=2):
         axes = figure.add_subplot(rows, columns, index)
         _slice(axes, sensitivity, key)
-        if (index - 1) % columns == 0:
+        if (index - 1) % columns == 0 or index == 2:  # the first slice of each row
             axes.set_ylabel(sensitivity.metric, fontsize=8)
     figure.suptitle(f"{sensitivity.dataset}: {len(sensitivity.trials)} finished trials "
                     "(colour: trial order; hollow: stopped early; star: selected)", fontsize=10)
     figure.tight_layout()
-    return atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
+    return figure
 
 
 # ------------------------------------------------------------------ the sweep's hook
@@ -210,8 +218,8 @@ def record_sensitivity(plan, dataset: str, tracker, selected: dict[str, Any]) ->
 
 def top_keys_text(summary: dict) -> str:
     if not summary.get("top"):
-        return (f"not estimated: {summary['finished_trials']} of {summary['min_trials']} "
-                "finished trials")
+        return (f"{summary['finished_trials']} trials finished; an importance estimate needs "
+                f"{summary['min_trials']}")
     return ", ".join(f"{k} ({v:.2f})" for k, v in summary["top"])
 
 
@@ -241,15 +249,21 @@ def importance_table(analyses: list[Sensitivity]) -> str:
     importance.json of each dataset run."""
     if not analyses:
         return "no dataset run of this sweep holds an importance analysis\n"
-    keys = list(dict.fromkeys(k for a in analyses for k in a.keys))
-    lines = ["| key | " + " | ".join(a.dataset for a in analyses) + " |",
-             "|---|" + "---:|" * len(analyses)]
-    for key in keys:
-        cells = [readable(a.importance[key], 3) if a.importance and key in a.importance
-                 else "-" for a in analyses]
-        lines.append(f"| {key} | " + " | ".join(cells) + " |")
-    lines.append("| *finished trials* | " + " | ".join(str(len(a.trials)) for a in analyses)
-                 + " |")
-    notes = [f"{a.dataset}: {a.message}" for a in analyses if a.message]
     metric = analyses[0].metric
-    return "\n".join([f"importance for {metric} ({METHOD})", "", *lines, *notes]) + "\n"
+    missing = [a for a in analyses if not a.importance]
+    note = (f"not estimated: {', '.join(f'{a.dataset} {len(a.trials)}' for a in missing)} of "
+            f"the {MIN_FINISHED_TRIALS} finished trials an estimate needs" if missing else None)
+    estimated = [a for a in analyses if a.importance]
+    if not estimated:  # one line, not a grid of blanks
+        return f"importance for {metric}: {note}\n"
+    keys = list(dict.fromkeys(k for a in estimated for k in a.keys))
+    lines = ["| key | " + " | ".join(a.dataset for a in estimated) + " |",
+             "|---|" + "---:|" * len(estimated)]
+    for key in keys:
+        cells = [readable(a.importance[key], 3) if key in a.importance else "-"
+                 for a in estimated]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    lines.append("| *finished trials* | " + " | ".join(str(len(a.trials)) for a in estimated)
+                 + " |")
+    return "\n".join([f"importance for {metric} ({METHOD})", "", *lines,
+                      *([note] if note else [])]) + "\n"

@@ -16,8 +16,9 @@ from typing import Any
 
 from vacsr.atomic import atomic_write, atomic_write_text
 from vacsr.eval.metrics import harmonic_mean
+from vacsr.metrics_table import NOT_RESULTS
 
-HIDDEN = ("seed", "eval_seconds", "num_samples")  # per-seed entries that are not results
+HIDDEN = NOT_RESULTS  # per-seed entries that are not results
 
 
 def readable(value: Any, digits: int = 4) -> str:
@@ -95,9 +96,13 @@ def table_rows(spec: dict, results: dict[str, dict], failed: dict[str, str] | No
     return rows
 
 
+DIGITS = 2  # decimals of the table's numbers (percentages), in results.md and the MLflow view
+
+
 def _cell(row: dict, title: str) -> str:
     std = row.get(f"{title}_std", 0.0)
-    return f"{row[title]:.2f} ± {std:.2f}" if row["seeds"] > 1 else f"{row[title]:.2f}"
+    return f"{row[title]:.{DIGITS}f} ± {std:.{DIGITS}f}" if row["seeds"] > 1 \
+        else f"{row[title]:.{DIGITS}f}"
 
 
 def to_markdown(spec: dict, rows: list[dict]) -> str:
@@ -112,7 +117,7 @@ def to_markdown(spec: dict, rows: list[dict]) -> str:
         if "failed" in r:
             lines.append(f"| {r['dataset']} | FAILED: {r['failed']} |" + " |" * (len(titles) + 1))
             continue
-        val = "" if math.isnan(r["val"]) else f"{r['val']:.2f}"  # no val on the average row
+        val = "" if math.isnan(r["val"]) else f"{r['val']:.{DIGITS}f}"  # none on the average
         lines.append(f"| {r['dataset']} | " + " | ".join(_cell(r, t) for t in titles)
                      + f" | {val} | {r['seeds']} |")
     for name, values in spec.get("published", {}).items():

@@ -1,0 +1,20 @@
+"""The help layout of vacsr's command lines (`vacsr` and the sweep scripts): each option's
+default shown where it has one."""
+from __future__ import annotations
+
+import argparse
+
+
+class DefaultsHelp(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help unless the help already says its default or
+    the option has none (argparse's ArgumentDefaultsHelpFormatter would also print
+    "(default: None)" for every flag that is unset by default)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        unset = default is None or default is False or default == argparse.SUPPRESS \
+            or default == []
+        if "default" in text or unset or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
