@@ -85,5 +85,7 @@ def test_the_importance_figure_keeps_its_text_inside_the_canvas(tmp_path):
         assert _text_outside(figure) == [], trials
         titles = " ".join(a.get_title() for a in figure.axes)
         assert all(key in titles for key in KEYS), titles
+        blocks = next(a for a in figure.axes if a.get_title().startswith("model.trainable_text"))
+        assert blocks.get_xlim() == (-0.5, 1.5)  # the key's whole range, not the drawn values
         path = plot_sensitivity(sensitivity, tmp_path / f"{trials}.png")
         assert Image.open(path).size == figure.canvas.get_width_height()

@@ -128,9 +128,9 @@ def test_the_dataset_run_holds_the_table_and_figure_and_best_prints_them(tmp_pat
     best.loss.alpha_kl = 0.0007891721226571268
     run.log_params({"loss.alpha_kl": best.loss.alpha_kl, "adapter.num_components": 3,
                     "loss.neg_sigma_target": "positive"})
-    run.log_best({"val/acc": 71.23456, "test_acc": 70.0, "test_novel_acc": 60.0})
+    run.log_best({"val/acc": 71.23456})
     run.log_values({"table/base": 70.0, "table/novel": 60.0, "table/H": 64.6154,
-                    "table/H_std": 0.0})  # as the sweep's end publishes them
+                    "table/H_std": 0.5, "table/val": 71.23})  # as the sweep's end publishes them
     save_config(best, tmp_path / "best_config.yaml")
     run.log_artifact(tmp_path / "best_config.yaml")
     run.finish()
@@ -160,7 +160,7 @@ def test_the_dataset_run_holds_the_table_and_figure_and_best_prints_them(tmp_pat
     assert "config:  adapter.num_components=3, loss.alpha_kl=0.0007892, " \
            "loss.neg_sigma_target=positive" in out, out
     # in the table's words, H included, each number once
-    assert "metrics: base=70, novel=60, H=64.62, val/acc=71.23" in out, out
+    assert "metrics: base=70.00, novel=60.00, H=64.62, val/acc=71.23" in out, out
     assert "test_acc" not in out
 
     assert main(["best", "--experiment", "vacsr-retrieval", "--tracking-uri",

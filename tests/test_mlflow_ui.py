@@ -190,4 +190,4 @@ def test_ui_opens_on_runs_and_shows_selected_params(tmp_path, monkeypatch, serve
     for key, value in DATASETS["eurosat"].items():  # the selected value in the key's row
         assert re.search(rf"(?:^| ){re.escape(key)} {re.escape(str(value))}(?: |$)",
                          params.group(2)), params.group(2)
-    assert "best_test_acc" in text, text[:3000]
+    assert "test_seed/acc" in text and "best_test_acc" not in text, text[:3000]

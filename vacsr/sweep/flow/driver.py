@@ -6,9 +6,10 @@ process); the driver starts as many as the cluster holds, shows their progress, 
 finished dataset in sweep_state.json at once (so a killed driver resumes after it), and on
 SIGTERM / Ctrl-C cancels them and closes everything it opened.
 
-MLflow layout: experiment `vacsr-<kind>`; a parent run per sweep; a child per dataset (searched
-keys as params, per-seed and mean test metrics, best config YAML); under it a child per trial
-and per final seed run.
+MLflow layout: experiment `vacsr-<kind>`; a parent run per sweep (the table's average row); a
+child per dataset (searched keys as params, per-seed test metrics `test_seed/*`, its table row
+`table/*`, the selection's `best_*`, best config YAML); under it a child per trial and per final
+seed run.
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import mean
 
 import ray
 
@@ -107,9 +107,9 @@ def run_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurre
     keys = [k for k in per_seed[0] if k != "seed"]
     for row in per_seed:  # per seed at step = seed, so the UI charts them side by side
         run.log_epoch(row["seed"], {f"test_seed/{k}": row[k] for k in keys})
+    # their means over seeds are the table's row, logged once the table is made (table/*)
     run.log_best({plan.kind.metric: best["val"], "num_trials": best["num_trials"],
-                  "failed_trials": best["failed_trials"],
-                  **{f"test_{k}": mean(r[k] for r in per_seed) for k in keys}})
+                  "failed_trials": best["failed_trials"]})
     run.log_json(FINAL_RUNS, finals)
     run.finish()
     return {"val": best["val"], "per_seed": per_seed, "num_trials": best["num_trials"],

@@ -14,9 +14,11 @@ from vacsr.records.artifacts import (BEST_CONFIG, FINAL_RUNS, IMPORTANCE_DIR, IM
                                      SWEEP_INFO)
 from vacsr.records.sweep_records import DATASET_TAG, SweepRecords
 from vacsr.records.uri import check_store_exists
-from vacsr.records.view import TABLE_PREFIX
+from vacsr.records.view import TABLE_PREFIX, VAL
 from vacsr.sweep.report.importance import Sensitivity, importance_table
-from vacsr.sweep.report.table import readable, table_rows, to_markdown
+from vacsr.sweep.report.table import DIGITS, readable, table_rows, to_markdown
+
+VAL_COLUMN = f"{TABLE_PREFIX}{VAL}"  # the selection's val metric, shown under its own name
 
 # what `vacsr best` reads: never a store it would create (MLflow makes an empty one, and its
 # folder, at any path it is given)
@@ -32,8 +34,8 @@ def _records(tracking_uri: str | None, experiment: str) -> SweepRecords:
 
 def best_configs(tracking_uri: str | None, experiment: str, sweep: str | None,
                  export: Path | None = None) -> list[dict]:
-    """Per dataset: best_* metrics, the searched keys' selected values and the best config
-    (optionally exported as YAML files `vacsr train --config` accepts)."""
+    """Per dataset: its results as text (`_shown_metrics`), the searched keys' selected values
+    and the best config (optionally exported as YAML files `vacsr train --config` accepts)."""
     if export is not None:  # a read-only folder fails before any file is written
         require_writable_folder(export, "the exported best configs")
     records = _records(tracking_uri, experiment)
@@ -54,24 +56,24 @@ def best_configs(tracking_uri: str | None, experiment: str, sweep: str | None,
     return rows
 
 
-def _shown_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """A dataset run's results in the table's words (base, novel, H, ... from the table/* metrics
-    the sweep's end publishes), then the selection's best_* values; a run that ended before the
-    table shows the best_* values alone."""
-    table = {k[len(TABLE_PREFIX):]: v for k, v in sorted(metrics.items())
-             if k.startswith(TABLE_PREFIX) and not k.endswith("_std")}
+def _shown_metrics(metrics: dict[str, float]) -> dict[str, str]:
+    """A dataset run's results as text, in the table's words and digits (base, novel, H, ... from
+    the table/* metrics the sweep's end publishes; the table's best val is the selection's),
+    then the selection's best_* values (its val metric, trials); a run that ended before the
+    table shows these alone."""
+    table = {k[len(TABLE_PREFIX):]: f"{v:.{DIGITS}f}" for k, v in sorted(metrics.items())
+             if k.startswith(TABLE_PREFIX) and not k.endswith("_std") and k != VAL_COLUMN}
     table = dict(sorted(table.items(), key=lambda kv: kv[0] == "H"))  # the harmonic mean last
-    best = {k[len("best_"):]: v for k, v in metrics.items() if k.startswith("best_")}
-    if table:  # the test means are the table's columns: not twice under two names
-        best = {k: v for k, v in best.items() if not k.startswith("test_")}
+    best = {k[len("best_"):]: readable(v) for k, v in metrics.items() if k.startswith("best_")}
     return {**table, **dict(sorted(best.items()))}
 
 
 def format_rows(rows: list[dict]) -> str:
-    """Values rounded for reading (4 significant digits); the exported YAML keeps them whole."""
+    """Values rounded for reading (the table's 2 decimals, else 4 significant digits); the
+    exported YAML keeps them whole."""
     lines = []
     for row in rows:
-        metrics = ", ".join(f"{k}={readable(v)}" for k, v in row["metrics"].items())
+        metrics = ", ".join(f"{k}={v}" for k, v in row["metrics"].items())
         chosen = ", ".join(f"{k}={readable(v)}" for k, v in sorted(row["params"].items()))
         lines.append(f"{row['dataset']}  [{row['status']}]\n  metrics: {metrics}\n"
                      f"  config:  {chosen}")

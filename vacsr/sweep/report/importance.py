@@ -121,13 +121,18 @@ def _slice(axes, sensitivity: Sensitivity, key: str) -> None:
               for p in points]
         axes.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
         axes.set_xlim(-0.5, len(labels) - 0.5)
-    else:
+    else:  # the key's whole range, wherever the trials fell in it
         xs = [p["params"][key] for p in points]
+        low, high = info["low"], info["high"]
         if info["scale"] == "log":
             axes.set_xscale("log")
             axes.xaxis.set_minor_formatter(NullFormatter())  # they overlap on a short range
+            axes.set_xlim(low / (high / low) ** 0.05, high * (high / low) ** 0.05)
         elif info["scale"] == "int":
             axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+            axes.set_xlim(low - 0.5, high + 0.5)
+        else:
+            axes.set_xlim(low - 0.05 * (high - low), high + 0.05 * (high - low))
     numbers = [p["number"] for p in sensitivity.trials] or [0]
     colours = colormaps["viridis"](Normalize(min(numbers), max(numbers) + 1e-9)(
         [p["number"] for p in points]))
