@@ -64,7 +64,8 @@ def _shown_metrics(metrics: dict[str, float]) -> dict[str, str]:
     table = {k[len(TABLE_PREFIX):]: f"{v:.{DIGITS}f}" for k, v in sorted(metrics.items())
              if k.startswith(TABLE_PREFIX) and not k.endswith("_std") and k != VAL_COLUMN}
     table = dict(sorted(table.items(), key=lambda kv: kv[0] == "H"))  # the harmonic mean last
-    best = {k[len("best_"):]: readable(v) for k, v in metrics.items() if k.startswith("best_")}
+    best = {k[len("best_"):]: f"{v:.{DIGITS}f}" if k.startswith("best_val/") else readable(v)
+            for k, v in metrics.items() if k.startswith("best_")}  # the val as the table's
     return {**table, **dict(sorted(best.items()))}
 
 
