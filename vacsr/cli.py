@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from vacsr.errors import UsageError, VacsrError
-from vacsr.help_format import DefaultsHelp
+from vacsr.help_format import DefaultsHelp, flag_error
 from vacsr.metrics_table import format_metrics
 from vacsr.train.files import CHECKPOINT_FILE
 
@@ -24,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
-        raise UsageError(f"{message} (see {self.prog} --help)")
+        raise UsageError(flag_error(self.prog, message))
 
 
 def _nonempty(text: str) -> str:

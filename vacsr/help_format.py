@@ -1,8 +1,13 @@
 """The help layout of vacsr's command lines (`vacsr` and the sweep scripts): each option's
-default shown where it has one."""
+default shown where it has one, and a bad flag's one line."""
 from __future__ import annotations
 
 import argparse
+
+
+def flag_error(prog: str, message: str) -> str:
+    """What argparse refused, naming the help to read (after `vacsr: error: `, on one line)."""
+    return f"{message} (see {prog} --help)"
 
 
 class DefaultsHelp(argparse.HelpFormatter):

@@ -27,13 +27,12 @@ import time
 from urllib.parse import quote, urlencode
 
 from vacsr.records.tracker import open_tracker
-from vacsr.sweep.report.table import DIGITS, table_spec
+from vacsr.sweep.report.table import DIGITS, VAL, table_spec
 
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 VIEW_PARAM = "viewStateShareKey"
 TABLE_PREFIX = "table/"
 ROW_TAG = "vacsr.table_row"  # the table row a run holds: its dataset, or "average (N datasets)"
-VAL = "val"  # the table's best-val column: table/val
 # the MLflow releases (major.minor) whose UI reads the view as view_state writes it: add one
 # once tests/test_mlflow_ui.py passes on it
 VIEW_FORMAT_MLFLOW = ("3.17",)
@@ -75,7 +74,7 @@ def table_titles(kind, rows: list[dict]) -> list[str]:
     if titles:
         return titles
     first = next((r for r in rows if "failed" not in r), {})
-    return [k for k in first if k not in ("dataset", "seeds", "val") and not k.endswith("_std")]
+    return [k for k in first if k not in ("dataset", "seeds", VAL) and not k.endswith("_std")]
 
 
 def view_state(sweep: str, columns: list[str], params: list[str] = ()) -> dict:

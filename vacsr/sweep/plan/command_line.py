@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from vacsr import config as cfg
 from vacsr.errors import ConfigError
-from vacsr.help_format import DefaultsHelp
+from vacsr.help_format import DefaultsHelp, flag_error
 from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
 from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.plan.inputs import (check_datasets, check_devices, check_model, check_pretrained,
@@ -35,7 +35,7 @@ class OneLineParser(argparse.ArgumentParser):
     """Bad flags end in one line (`vacsr: error: ...`) and exit 2, like every other bad input."""
 
     def error(self, message: str):
-        self.exit(2, f"vacsr: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"vacsr: error: {flag_error(self.prog, message)}\n")
 
 
 def _positive(cast):
@@ -120,7 +120,8 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_positive(int), default=1, help="Ray Train workers per trial")
     p.add_argument("--gpus-per-worker", type=float, default=0.0,
                    help="GPUs per Train worker (0.5 packs two trials on a GPU)")
-    p.add_argument("--cpus-per-worker", type=_positive(float), help=f"CPUs per Train worker ({default('cpus_per_worker')})")
+    p.add_argument("--cpus-per-worker", type=_positive(float),
+                   help=f"CPUs per Train worker ({default('cpus_per_worker')})")
     p.add_argument("--trial-cpus", type=_positive(float),
                    help="CPUs of a trial's actor where it only drives 2+ Train workers (a "
                         "one-worker trial trains in its actor, on --cpus-per-worker; "

@@ -19,6 +19,8 @@ from vacsr.eval.metrics import harmonic_mean
 from vacsr.metrics_table import NOT_RESULTS
 
 HIDDEN = NOT_RESULTS  # per-seed entries that are not results
+DIGITS = 2  # decimals of the table's numbers (percentages), in results.md and the MLflow view
+VAL = "val"  # a row's best val (the selection's), the table's "best val" column
 
 
 def readable(value: Any, digits: int = 4) -> str:
@@ -82,7 +84,7 @@ def table_rows(spec: dict, results: dict[str, dict], failed: dict[str, str] | No
     rows = []
     for dataset, result in results.items():
         rows.append({**_row(dataset, result["per_seed"], columns, harmonic),
-                     "val": result.get("val", math.nan)})
+                     VAL: result.get("val", math.nan)})
     seed_lists = [[s["seed"] for s in r["per_seed"]] for r in results.values()]
     if len(results) > 1 or harmonic:
         if results and all(s == seed_lists[0] for s in seed_lists):
@@ -90,13 +92,12 @@ def table_rows(spec: dict, results: dict[str, dict], failed: dict[str, str] | No
             per_seed = [{"seed": seed, **{m: mean(r["per_seed"][i][m] for r in results.values())
                                           for _, m in columns}}
                         for i, seed in enumerate(seed_lists[0])]
-            rows.append({**_row("average", per_seed, columns, harmonic), "val": math.nan})
+            rows.append({**_row("average", per_seed, columns, harmonic), VAL: math.nan})
     for dataset, why in (failed or {}).items():
         rows.append({"dataset": dataset, "failed": why})
     return rows
 
 
-DIGITS = 2  # decimals of the table's numbers (percentages), in results.md and the MLflow view
 
 
 def _cell(row: dict, title: str) -> str:
@@ -108,7 +109,7 @@ def _cell(row: dict, title: str) -> str:
 def to_markdown(spec: dict, rows: list[dict]) -> str:
     titles = [t for t, _ in [tuple(c) for c in spec["columns"]]] or [
         k for k in next((r for r in rows if "failed" not in r), {"dataset": 0, "seeds": 0})
-        if k not in ("dataset", "seeds", "val") and not k.endswith("_std")]
+        if k not in ("dataset", "seeds", VAL) and not k.endswith("_std")]
     if spec.get("harmonic") and "H" not in titles:
         titles.append("H")
     lines = ["| dataset | " + " | ".join(titles) + " | best val | seeds |",
@@ -117,7 +118,7 @@ def to_markdown(spec: dict, rows: list[dict]) -> str:
         if "failed" in r:
             lines.append(f"| {r['dataset']} | FAILED: {r['failed']} |" + " |" * (len(titles) + 1))
             continue
-        val = "" if math.isnan(r["val"]) else f"{r['val']:.{DIGITS}f}"  # none on the average
+        val = "" if math.isnan(r[VAL]) else f"{r[VAL]:.{DIGITS}f}"  # none on the average
         lines.append(f"| {r['dataset']} | " + " | ".join(_cell(r, t) for t in titles)
                      + f" | {val} | {r['seeds']} |")
     for name, values in spec.get("published", {}).items():

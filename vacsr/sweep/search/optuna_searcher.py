@@ -53,6 +53,12 @@ def nest(flat: dict[str, Any]) -> dict[str, Any]:
     return nested
 
 
+def _tag(trial: optuna.Trial, trial_id: str, index: int) -> None:
+    """Which Tune trial an Optuna trial configures, and its place in the creation order."""
+    trial.set_user_attr(TUNE_TRIAL_ATTR, trial_id)
+    trial.set_user_attr(CREATION_ATTR, index)
+
+
 class OptunaStudySearch(Searcher):
     """Suggests each Tune trial's config from `space(trial)` (define-by-run: it calls the trial's
     `suggest_*`) on a new trial of the study `study_name` in `storage`, and tells the study the
@@ -84,9 +90,7 @@ class OptunaStudySearch(Searcher):
         if index < len(self._points):  # taken by the ask right after (no other trial waits:
             self._study.enqueue_trial(self._points[index])  # fail_running_trials)
         trial = self._study.ask()
-        # in the study before the trial runs
-        trial.set_user_attr(TUNE_TRIAL_ATTR, trial_id)
-        trial.set_user_attr(CREATION_ATTR, index)
+        _tag(trial, trial_id, index)  # in the study before the trial runs
         self._space(trial)
         self._created += 1
         self._trials[trial_id] = trial
@@ -141,6 +145,5 @@ class OptunaStudySearch(Searcher):
             self._study.enqueue_trial(frozen.params, skip_if_exists=False)
             trial = self._trials[trial_id] = self._study.ask(
                 fixed_distributions=frozen.distributions)
-            trial.set_user_attr(TUNE_TRIAL_ATTR, trial_id)
-            trial.set_user_attr(CREATION_ATTR, frozen.user_attrs.get(CREATION_ATTR, frozen.number))
+            _tag(trial, trial_id, frozen.user_attrs.get(CREATION_ATTR, frozen.number))
         return trial
