@@ -83,3 +83,43 @@ def test_ctrl_c_closes_the_run_as_killed_and_exits_130(tmp_path, weights, templa
     assert err.strip().splitlines()[-1].startswith("vacsr: stopped by SIGINT; an MLflow run")
     assert _status(uri, run) == "KILLED"
     assert signal.getsignal(signal.SIGINT) is before  # the run restored the handler it found
+
+
+def test_a_stop_inside_a_store_write_waits_for_it_and_the_run_closes_killed(tmp_path, template_db):
+    """The signal lands while MLflow's SQLite transaction is open (the hook runs inside it):
+    raised there, it would leave the database locked, and closing the run as KILLED would fail
+    after the store's busy timeout."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from vacsr.records import MlflowTracker
+    from vacsr.stop import Stopped, stop_on_signals
+
+    shutil.copy(template_db, tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = MlflowTracker(uri)
+    run_id = tracker.start("signals", "run")
+    inside = []
+
+    def interrupt(conn, cursor, statement, *rest):
+        if statement.startswith("INSERT INTO metrics") and not inside:
+            inside.append(statement)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    event.listen(Engine, "before_cursor_execute", interrupt)
+    started = time.monotonic()
+    try:
+        with pytest.raises(Stopped), stop_on_signals():
+            try:
+                tracker.log_epoch(0, {"loss": 0.5})
+            except KeyboardInterrupt:
+                tracker.finish("KILLED")
+                raise
+    finally:
+        event.remove(Engine, "before_cursor_execute", interrupt)
+    assert inside and time.monotonic() - started < 10  # not a wait on the store's lock
+    from mlflow import MlflowClient
+
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "KILLED"
+    assert [m.value for m in MlflowClient(uri).get_metric_history(run_id, "loss")] == [0.5]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import signal
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_held = 0  # depth of signals_held() blocks in the main thread, where Python runs handlers
+_pending: int | None = None  # a stop signal that arrived inside such a block
 
 
 class Stopped(KeyboardInterrupt):
@@ -24,13 +27,39 @@ def stop_on_signals() -> Iterator[None]:
     """Within the block SIGTERM / SIGINT raise Stopped in the main thread; a second signal while
     the first is being handled (runs closing) is ignored."""
     def stop(signum, frame) -> None:
+        global _pending
         for other in SIGNALS:
             signal.signal(other, signal.SIG_IGN)
+        if _held:
+            _pending = signum  # raised once the write in progress has ended (signals_held)
+            return
         raise Stopped(signum)
 
+    global _pending
+    _pending = None
     previous = {s: signal.signal(s, stop) for s in SIGNALS}
     try:
         yield
     finally:
+        _pending = None
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Within the block a stop signal is noted, and Stopped raised as the block ends. For writes
+    to a record store: Stopped raised inside an SQLite transaction leaves it open, holding the
+    database's lock, and the run's own closing write (KILLED) then waits for it in vain."""
+    global _held, _pending
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers run in the main thread: a stop never interrupts this thread's write
+        return
+    _held += 1
+    try:
+        yield
+    finally:
+        _held -= 1
+    if not _held and _pending is not None:  # the block ended normally: stop now
+        signum, _pending = _pending, None
+        raise Stopped(signum)

@@ -6,6 +6,7 @@ repeats or loses an epoch and never trips over MLflow's refusal to change a para
 """
 from __future__ import annotations
 
+import functools
 import logging
 import numbers
 import os
@@ -24,6 +25,7 @@ from mlflow.exceptions import MlflowException
 from vacsr.config import Config, public_dict, save_config
 from vacsr.errors import ConfigError
 from vacsr.redact import split_credentials
+from vacsr.stop import signals_held
 from vacsr.records.uri import (_absolute, redact_uri, resolve_tracking_uri, sqlite_path,
                                 store_creation_lock)
 from vacsr.train.files import CONFIG_FILE
@@ -122,6 +124,26 @@ def open_tracker(tracking_uri: str | None = None, run_id: str | None = None) -> 
     return tracker
 
 
+class HeldClient:
+    """An MlflowClient whose calls each end before a stop signal (SIGTERM, Ctrl-C in `vacsr
+    train`) is raised: a write cut off inside its SQLite transaction would keep the store locked
+    and the run could not be closed as KILLED (vacsr.stop.signals_held)."""
+
+    def __init__(self, client: MlflowClient) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._client, name)
+        if not callable(value):
+            return value
+
+        @functools.wraps(value)
+        def held(*args, **kwargs):
+            with signals_held():
+                return value(*args, **kwargs)
+        return held
+
+
 # ---------------------------------------------------------------- one MLflow run
 class MlflowTracker:
     """One MLflow run, addressed by run id through its own MlflowClient.
@@ -133,7 +155,7 @@ class MlflowTracker:
     def __init__(self, tracking_uri: str | None = None, *, default_dir: str | Path = ".") -> None:
         self.tracking_uri = resolve_tracking_uri(tracking_uri, default_dir)
         with store_creation_lock(self.tracking_uri):  # the client creates a new store
-            self.client = MlflowClient(tracking_uri=client_uri(self.tracking_uri))
+            self.client = HeldClient(MlflowClient(tracking_uri=client_uri(self.tracking_uri)))
         self.run_id: str | None = None
         self._read_store = False  # the run may hold data this tracker did not log itself
         self._steps: dict[str, set[int]] = {}  # metric -> steps known to be in the run
