@@ -28,8 +28,11 @@ HERE = Path(__file__).resolve().parents[1]
 # process kind -> the module its process imports first, newest layout first
 KINDS = {
     # the sweep script parses, plans and locks with vacsr.sweep.cli alone (the entry points
-    # above); the driver then imports the driver module, which each dataset task runs too
-    "sweep driver, dataset task": ("vacsr.sweep.flow.driver", "vacsr.sweep.driver"),
+    # above); the driver then imports the driver module; each dataset task runs a function of
+    # that module, which imports the search and the final runs (an older tree: the one module)
+    "sweep driver": ("vacsr.sweep.flow.driver", "vacsr.sweep.driver"),
+    "dataset task": ("vacsr.sweep.flow.driver, vacsr.sweep.search.tune, vacsr.sweep.final.seeds",
+                     "vacsr.sweep.driver"),
     "Tune trial actor": ("vacsr.sweep.search.trial", "vacsr.sweep.trial"),
     "Ray Train worker": ("vacsr.distributed.worker",),
     "evaluation actor": ("vacsr.distributed.eval_actor",),
@@ -62,8 +65,10 @@ def _timed(argv: list[str], tree: Path, expect: tuple[int, ...] = (0,)) -> tuple
 
 
 def _module_in(tree: Path, names: tuple[str, ...]) -> str:
+    """The first of `names` (each one module, or several separated by commas) that `tree` has."""
     for name in names:
-        if (tree / Path(*name.split("."))).with_suffix(".py").is_file():
+        if all((tree / Path(*module.strip().split("."))).with_suffix(".py").is_file()
+               for module in name.split(",")):
             return name
     raise SystemExit(f"bench_imports: {tree} has none of {names}")
 

@@ -121,3 +121,27 @@ def test_the_task_names_the_config_checks_are_the_task_classes():
     assert tuple(TASKS) == TASK_NAMES
     keys = set(flatten(Config()))
     assert all(set(settings) <= keys for settings in SWEEP_RUN_SETTINGS.values())
+
+
+def test_the_sweep_driver_and_a_cached_tiny_clip_leave_out_the_model_stack(tmp_path):
+    """The driver process never trains: its module (which each dataset task imports before
+    its own search and final runs) and the tiny CLIP's cache lookup import neither torch nor
+    open_clip; the cache digest still names the exact torch build."""
+    code = ("import json, sys; import vacsr.sweep.flow.driver; "
+            "from vacsr.model.pretrained_cache import TINY_RECIPE, recipe_digest; "
+            "digest = recipe_digest(dict(TINY_RECIPE)); "
+            "print(json.dumps([digest, [m for m in sys.argv[1:] if m in sys.modules]]))")
+    out = _run("-c", code, "torch", "open_clip", "torchvision", "ray.train")
+    assert out.returncode == 0, out.stderr[-2000:]
+    digest, loaded = json.loads(out.stdout)
+    assert loaded == []
+    import torch
+
+    from vacsr.model import pretrained_cache
+
+    with pytest.MonkeyPatch.context() as patch:  # another build of one torch version
+        real = pretrained_cache.sha256_of
+        patch.setattr(pretrained_cache, "sha256_of", lambda path: "other build"
+                      if Path(path).parent == Path(torch.__file__).parent else real(path))
+        assert pretrained_cache.recipe_digest(dict(pretrained_cache.TINY_RECIPE)) != digest
+    assert pretrained_cache.recipe_digest(dict(pretrained_cache.TINY_RECIPE)) == digest

@@ -1,5 +1,6 @@
-"""Metrics as text for the console (`vacsr train`, `vacsr eval`, the demo), and which of an
-evaluation's entries are results."""
+"""Metrics as text for the console (`vacsr train`, `vacsr eval`, the demo), which of an
+evaluation's entries are results, and the base-to-novel harmonic mean. Plain Python: the sweep
+driver's table uses them without importing torch."""
 from __future__ import annotations
 
 # an evaluation's entries that count or time (vacsr/eval/evaluate.py) or name the run: not results,
@@ -13,3 +14,8 @@ def format_metrics(metrics: dict) -> str:
     width = max((len(k) for k, _ in rows), default=0)
     return "\n".join(f"{k:<{width}}  {v:10.4f}" if isinstance(v, float) else f"{k:<{width}}  {v:>10}"
                      for k, v in rows)
+
+
+def harmonic_mean(base: float, novel: float) -> float:
+    """H = 2 B N / (B + N) of base and novel accuracy (paper sec. 4.2, Table 5); 0 when both are 0."""
+    return 0.0 if base + novel == 0 else 2.0 * base * novel / (base + novel)

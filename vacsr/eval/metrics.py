@@ -246,8 +246,3 @@ def accuracy_from_predictions(predictions, labels) -> float:
     predictions = torch.as_tensor(np.asarray(predictions)).cpu().long()
     labels = torch.as_tensor(np.asarray(labels)).cpu().long()
     return 100.0 * (int((predictions == labels).sum()) / len(labels))
-
-
-def harmonic_mean(base: float, novel: float) -> float:
-    """H = 2 B N / (B + N); 0 when both are 0."""
-    return 0.0 if base + novel == 0 else 2.0 * base * novel / (base + novel)

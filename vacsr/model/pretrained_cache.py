@@ -3,8 +3,9 @@ start from the same seeded recipe (vacsr/model/pretrain.py), so its weights are 
 cache under a digest of that recipe and copied from there.
 
 The digest covers everything the weights depend on: the recipe's arguments, the model's open_clip
-config, the pretraining code (a changed pretrain.py is a new recipe) and the torch and open_clip
-versions (their kernels and initialisers decide the numbers). The file is written atomically with
+config, the pretraining code (a changed pretrain.py is a new recipe), the torch build and the
+open_clip version (their kernels and initialisers decide the numbers); all read from the
+installed files, so a cache hit imports neither torch nor open_clip. The file is written atomically with
 its SHA-256 beside it and checked against it on every use; a damaged one is pretrained again.
 One process pretrains while the others wait on a lock, so parallel demos or test workers train once.
 
@@ -20,6 +21,8 @@ import os
 import shutil
 import sys
 from contextlib import contextmanager
+from importlib.metadata import version
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -45,15 +48,13 @@ def sha256_of(path: Path) -> str:
 
 
 def recipe_digest(recipe: dict[str, Any]) -> str:
-    """What the pretrained weights depend on, hashed (see the module docstring)."""
-    import open_clip
-    import torch
-
-    from vacsr.model import pretrain
-
+    """What the pretrained weights depend on, hashed (see the module docstring). Versions and
+    source are read without importing torch or open_clip: a cache hit costs no start-up."""
     model_config = MODEL_CONFIG_DIR / f"{recipe['name']}.json"
-    parts = {"recipe": recipe, "torch": torch.__version__, "open_clip": open_clip.__version__,
-             "code": sha256_of(Path(pretrain.__file__)),
+    torch_build = Path(find_spec("torch").submodule_search_locations[0]) / "version.py"
+    parts = {"recipe": recipe, "torch": version("torch"), "open_clip": version("open_clip_torch"),
+             "torch_build": sha256_of(torch_build),  # its version with the build tag (+cu130)
+             "code": sha256_of(Path(find_spec("vacsr.model.pretrain").origin)),
              "model_config": sha256_of(model_config) if model_config.is_file() else None}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -83,8 +84,6 @@ def cached_weights(recipe: dict[str, Any] | None = None, *, progress: bool = Fal
                    ) -> tuple[Path, str]:
     """(path, SHA-256) of the weights `recipe` pretrains, pretraining them only when the cache
     lacks them or holds a damaged copy."""
-    from vacsr.model.pretrain import pretrain_clip
-
     recipe = dict(TINY_RECIPE if recipe is None else recipe)
     digest = recipe_digest(recipe)
     folder = cache_dir()
@@ -99,6 +98,8 @@ def cached_weights(recipe: dict[str, Any] | None = None, *, progress: bool = Fal
                   file=sys.stderr, flush=True)
         print(f"pretraining the tiny CLIP on synthetic pairs (once per machine) -> {path}",
               file=sys.stderr, flush=True)
+        from vacsr.model.pretrain import pretrain_clip  # torch, open_clip: only to pretrain
+
         pretrain_clip(path, progress=progress, **recipe)
         found = sha256_of(path)
         atomic_write_json(sums, {"sha256": found, "recipe": recipe, "recipe_digest": digest})

@@ -27,18 +27,16 @@ from vacsr.distributed.cluster import ensure_ray, quiet_logging
 from vacsr.errors import StorageError, VacsrError
 from vacsr.model.pretrained_cache import weights_record
 from vacsr.sweep.flow.events import EventSink, start_event_log
-from vacsr.sweep.final.seeds import final_runs
 from vacsr.sweep.report.importance import importance_section, record_sensitivity
 from vacsr.sweep.plan.ownership import claim_state
 from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism
 from vacsr.sweep.report.progress import SweepProgress
 from vacsr.sweep.report.table import readable, table_spec, write_report
 from vacsr.sweep.flow.recovery import SpaceReserve, storage_failure, tracking_failure
-from vacsr.sweep.plan.studies import check_optuna_storage, open_optuna_storage
-from vacsr.sweep.search.tune import fail_running_trials, search_dataset
+from vacsr.sweep.plan.studies import (check_optuna_storage, fail_running_trials,
+                                      open_optuna_storage)
 from vacsr.records import MlflowTracker, redact_uri
 from vacsr.records.artifacts import BEST_CONFIG, FINAL_RUNS, SWEEP_INFO
-from vacsr.records.inputs import log_dataset_inputs
 from vacsr.records.sweep_records import SweepRecords
 from vacsr.records.sweep_state import SweepState
 from vacsr.records.view import publish_table, runs_link
@@ -91,6 +89,13 @@ def write_best_config(config, folder: Path) -> Path:
 def run_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: int,
                 report: EventSink) -> dict:
     """One dataset, start to end (a Ray task): search, final seed runs, its MLflow run."""
+    # here, not at the top: the driver process never trains or reads data, and these bring
+    # torch, open_clip's model stack and Ray Train (seconds of start-up) that only the dataset's
+    # task needs
+    from vacsr.records.inputs import log_dataset_inputs
+    from vacsr.sweep.final.seeds import final_runs
+    from vacsr.sweep.search.tune import search_dataset
+
     quiet_logging(plan.verbose)
     best = search_dataset(plan, dataset, dataset_run_id, max_concurrent, report)
     run = SweepRecords(plan.tracking_uri, plan.kind.experiment).continue_run(dataset_run_id)

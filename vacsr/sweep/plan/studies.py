@@ -29,3 +29,21 @@ def open_optuna_storage(plan: SweepPlan):
 def check_optuna_storage(plan: SweepPlan) -> None:
     """Open and close the study database: an unreachable one fails before any trial."""
     open_optuna_storage(plan).engine.dispose()
+
+
+def fail_running_trials(storage, study_name: str) -> int:
+    """Optuna trials left RUNNING or WAITING (their driver was killed) marked FAIL; returns how
+    many. None waits afterwards: the searcher's next ask takes the trial it enqueues itself."""
+    from optuna.trial import TrialState
+
+    try:
+        study_id = storage.get_study_id_from_name(study_name)
+    except KeyError:
+        return 0
+    stale = storage.get_all_trials(study_id, deepcopy=False,
+                                   states=(TrialState.RUNNING, TrialState.WAITING))
+    for trial in stale:
+        storage.set_trial_state_values(
+            storage.get_trial_id_from_study_id_trial_number(study_id, trial.number),
+            TrialState.FAIL)
+    return len(stale)

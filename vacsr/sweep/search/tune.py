@@ -23,7 +23,7 @@ from vacsr.sweep.search.selection import (creation_order, read_selection, select
                                    write_selection)
 from vacsr.sweep.spec.space import DefineByRun, start_point
 from vacsr.sweep.plan.folders import join_storage
-from vacsr.sweep.plan.studies import open_optuna_storage
+from vacsr.sweep.plan.studies import fail_running_trials, open_optuna_storage
 from vacsr.sweep.search.trial import CHECKPOINT_PATH_KEY, TrialMeta, run_trial, with_suggestions
 from vacsr.records.sweep_records import SweepRecords
 from vacsr.train.files import CHECKPOINT_FILE
@@ -38,24 +38,6 @@ def sampler_seed(sweep_seed: int, dataset: str) -> int:
     """Optuna's seed for one dataset: from the sweep seed and the name, so datasets do not all
     draw the same first configurations, and a rerun draws the same ones again."""
     return zlib.crc32(f"{sweep_seed}:{dataset}".encode()) % 2**31
-
-
-def fail_running_trials(storage, study_name: str) -> int:
-    """Optuna trials left RUNNING or WAITING (their driver was killed) marked FAIL; returns how
-    many. None waits afterwards: the searcher's next ask takes the trial it enqueues itself."""
-    from optuna.trial import TrialState
-
-    try:
-        study_id = storage.get_study_id_from_name(study_name)
-    except KeyError:
-        return 0
-    stale = storage.get_all_trials(study_id, deepcopy=False,
-                                   states=(TrialState.RUNNING, TrialState.WAITING))
-    for trial in stale:
-        storage.set_trial_state_values(
-            storage.get_trial_id_from_study_id_trial_number(study_id, trial.number),
-            TrialState.FAIL)
-    return len(stale)
 
 
 def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str) -> str:
