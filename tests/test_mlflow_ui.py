@@ -81,8 +81,9 @@ def _sweep_records(tmp_path: Path, monkeypatch) -> tuple[object, str, dict[str, 
                              for s in (1, 2)],
                 "reused_trial": None}
 
-    monkeypatch.setattr(driver, "search_dataset", search)
-    monkeypatch.setattr(driver, "final_runs", finals)
+    # where run_dataset imports them from as it runs
+    monkeypatch.setattr("vacsr.sweep.search.tune.search_dataset", search)
+    monkeypatch.setattr("vacsr.sweep.final.seeds.final_runs", finals)
     monkeypatch.setattr(driver, "quiet_logging", lambda verbose: None)  # leaves os.environ alone
 
     state = SweepState(plan.storage / "sweep_state.json", fresh=True)
