@@ -17,5 +17,6 @@ def format_metrics(metrics: dict) -> str:
 
 
 def harmonic_mean(base: float, novel: float) -> float:
-    """H = 2 B N / (B + N) of base and novel accuracy (paper sec. 4.2, Table 5); 0 when both are 0."""
+    """H = 2 B N / (B + N) of base and novel accuracy (paper sec. 4.2, Table 5); 0 when both
+    are 0."""
     return 0.0 if base + novel == 0 else 2.0 * base * novel / (base + novel)

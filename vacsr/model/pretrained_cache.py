@@ -5,8 +5,9 @@ cache under a digest of that recipe and copied from there.
 The digest covers everything the weights depend on: the recipe's arguments, the model's open_clip
 config, the pretraining code (a changed pretrain.py is a new recipe), the torch build and the
 open_clip version (their kernels and initialisers decide the numbers); all read from the
-installed files, so a cache hit imports neither torch nor open_clip. The file is written atomically with
-its SHA-256 beside it and checked against it on every use; a damaged one is pretrained again.
+installed files, so a cache hit imports neither torch nor open_clip. The file is written
+atomically with its SHA-256 beside it and checked against it on every use; a damaged one is
+pretrained again.
 One process pretrains while the others wait on a lock, so parallel demos or test workers train once.
 
 Cache folder: `$VACSR_CACHE_DIR/pretrained`, else `~/.cache/vacsr/pretrained` (as the listing and
