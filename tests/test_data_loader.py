@@ -10,7 +10,8 @@ import torch
 from PIL import Image
 
 from vacsr.config import load_config
-from vacsr.data.base import ClassificationData, LabelledImageDataset
+from vacsr.data.base import ClassificationData
+from vacsr.data.datasets import LabelledImageDataset
 from vacsr.data.loader import image_loader, make_loader, wants_pinning
 from vacsr.errors import DataError
 from vacsr.tasks import task_type

@@ -125,9 +125,12 @@ def test_the_task_names_the_config_checks_are_the_task_classes():
 
 def test_the_sweep_driver_and_a_cached_tiny_clip_leave_out_the_model_stack(tmp_path):
     """The driver process never trains: its module (which each dataset task imports before
-    its own search and final runs) and the tiny CLIP's cache lookup import neither torch nor
-    open_clip; the cache digest still names the exact torch build."""
+    its own search and final runs), writing the synthetic data in its real layouts, and the
+    tiny CLIP's cache lookup import neither torch nor open_clip; the cache digest still names
+    the exact torch build."""
     code = ("import json, sys; import vacsr.sweep.flow.driver; "
+            "from vacsr.data.generate import generate_all; "
+            f"generate_all({str(tmp_path / 'data')!r}, datasets=['coco', 'eurosat']); "
             "from vacsr.model.pretrained_cache import TINY_RECIPE, recipe_digest; "
             "digest = recipe_digest(dict(TINY_RECIPE)); "
             "print(json.dumps([digest, [m for m in sys.argv[1:] if m in sys.modules]]))")
@@ -135,6 +138,7 @@ def test_the_sweep_driver_and_a_cached_tiny_clip_leave_out_the_model_stack(tmp_p
     assert out.returncode == 0, out.stderr[-2000:]
     digest, loaded = json.loads(out.stdout)
     assert loaded == []
+    assert (tmp_path / "data" / "coco").is_dir() and (tmp_path / "data" / "eurosat").is_dir()
     import torch
 
     from vacsr.model import pretrained_cache

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from vacsr.data import build_classification, build_retrieval
-from vacsr.data.base import CaptionPairDataset, LabelledImageDataset
+from vacsr.data.datasets import CaptionPairDataset, LabelledImageDataset
 from vacsr.data.encoding import encode_texts
 from vacsr.errors import ConfigError
 from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval

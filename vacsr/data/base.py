@@ -1,4 +1,4 @@
-"""In-memory descriptions of a dataset split and the torch Datasets that read them.
+"""In-memory descriptions of a dataset split (the torch Datasets that read them: datasets.py).
 
 Loaders of the real on-disk layouts and the synthetic generator both produce these records, so the
 training code sees one interface. An image is a path (read lazily) or an already-built PIL image.
@@ -13,9 +13,8 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence, Union
+from typing import Union
 
-import torch
 from PIL import Image
 
 from vacsr.errors import DataError
@@ -92,44 +91,3 @@ def _too_large(ref: ImageRef, pixels: int | None, size: str = "") -> str:
     return (f"{ref}: image of {size}{count} is too large to decode; expected at most "
             f"{MAX_IMAGE_PIXELS / 1e6:.1f} Mpx (vacsr.data.base.MAX_IMAGE_PIXELS; a larger "
             "one may be a decompression bomb)")
-
-
-class ImageDataset(torch.utils.data.Dataset):
-    """Images alone (evaluation and feature caching), transformed to tensors."""
-
-    def __init__(self, images: Sequence[ImageRef], transform: Callable) -> None:
-        self.images, self.transform = images, transform
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int):
-        return self.transform(load_image(self.images[index])), index
-
-
-class CaptionPairDataset(torch.utils.data.Dataset):
-    """One item per caption: (image tensor, caption text, image index) for retrieval training."""
-
-    def __init__(self, data: RetrievalData, transform: Callable) -> None:
-        self.data, self.transform = data, transform
-
-    def __len__(self) -> int:
-        return len(self.data.captions)
-
-    def __getitem__(self, index: int):
-        image_index = self.data.caption_to_image[index]
-        image = self.transform(load_image(self.data.images[image_index]))
-        return image, self.data.captions[index], image_index
-
-
-class LabelledImageDataset(torch.utils.data.Dataset):
-    """(image tensor, label) for classification training and evaluation."""
-
-    def __init__(self, data: ClassificationData, transform: Callable) -> None:
-        self.data, self.transform = data, transform
-
-    def __len__(self) -> int:
-        return len(self.data.labels)
-
-    def __getitem__(self, index: int):
-        return self.transform(load_image(self.data.images[index])), self.data.labels[index]

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from vacsr.data.base import ImageDataset
+from vacsr.data.datasets import ImageDataset
 from vacsr.errors import VacsrError
 
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from vacsr.model.adapter import VariationalSimilarityAdapter
+from vacsr.threads import torch_threads
 
 _FP32 = 4
 
@@ -256,15 +257,11 @@ def elementwise_threads(device: torch.device):
     elementwise passes between them are not, and one thread streams them nearly as fast.
     torch's thread count is process-wide: it is restored on exit, but do not score while another
     Python thread of the same process runs CPU torch work."""
-    threads = torch.get_num_threads()
-    if device.type != "cpu" or threads == 1:
+    if device.type != "cpu":
         yield
         return
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def build_kernel(head: nn.Module, device, dtype: torch.dtype):

@@ -5,6 +5,11 @@ features, and hardest-negative objectives such as L_sigma^N collapse from such a
 reports for its max-of-hinges loss). The demo and the tests therefore first pretrain the tiny model
 with the InfoNCE loss and hand the result to vacsr as a local weights file, the same path a user's
 own checkpoint takes.
+
+The loop runs on one intra-op thread: its matrices are a few dozen wide, so a second thread mostly
+waits (measured on 2 cores: 40% more CPU-seconds for 15% less wall time), and one thread gives the
+same weights whatever the machine's core count. Each distinct caption is tokenized once, and
+AdamW takes its fused kernel (one pass over the parameters instead of one per operation).
 """
 from __future__ import annotations
 
@@ -16,13 +21,14 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from vacsr.atomic import atomic_write
-from vacsr.data.base import CaptionPairDataset
+from vacsr.data.datasets import CaptionPairDataset
 from vacsr.data.synthetic import synthetic_retrieval
 from vacsr.errors import ConfigError
 from vacsr.folder_lock import check_output_file
 from vacsr.model.backbone import create_clip
 from vacsr.model.weights import random_init_expected
 from vacsr.seed import seed_everything
+from vacsr.threads import torch_threads
 
 
 def clip_loss(image_feats: torch.Tensor, text_feats: torch.Tensor, logit_scale: torch.Tensor,
@@ -55,7 +61,16 @@ def pretrain_clip(out_path: str | Path, *, name: str = "vacsr-tiny", num_images:
     loader = torch.utils.data.DataLoader(
         CaptionPairDataset(data, train_transform), batch_size=batch_size, shuffle=True,
         drop_last=True, generator=torch.Generator().manual_seed(seed))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
+    distinct = sorted(set(data.captions))
+    tokens = dict(zip(distinct, tokenizer(distinct)))  # caption -> (context_length,) token ids
+    with torch_threads(1):
+        _train(model, loader, tokens, epochs=epochs, lr=lr, progress=progress)
+    return atomic_write(out_path, lambda tmp: _save(model.state_dict(), tmp))
+
+
+def _train(model, loader, tokens: dict[str, torch.Tensor], *, epochs: int, lr: float,
+           progress: bool) -> None:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05, fused=True)
     total = epochs * len(loader)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total,
                                                    pct_start=0.1)
@@ -64,8 +79,9 @@ def pretrain_clip(out_path: str | Path, *, name: str = "vacsr-tiny", num_images:
     model.train()
     for _ in range(epochs):
         for images, captions, image_index in loader:
-            image_feats = model.encode_image(images, normalize=True)
-            text_feats = model.encode_text(tokenizer(list(captions)), normalize=True)
+            image_feats = model.encode_image(images, normalize=True)  # (B, D)
+            text = torch.stack([tokens[caption] for caption in captions])  # (B, context_length)
+            text_feats = model.encode_text(text, normalize=True)  # (B, D)
             loss = clip_loss(image_feats, text_feats, model.logit_scale, image_index)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -74,7 +90,6 @@ def pretrain_clip(out_path: str | Path, *, name: str = "vacsr-tiny", num_images:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
     bar.close()
-    return atomic_write(out_path, lambda tmp: _save(model.state_dict(), tmp))
 
 
 def _save(state: dict, path: Path) -> None:
