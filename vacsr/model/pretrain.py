@@ -8,20 +8,24 @@ own checkpoint takes.
 
 The loop runs on one intra-op thread: its matrices are a few dozen wide, so a second thread mostly
 waits (measured on 2 cores: 40% more CPU-seconds for 15% less wall time), and one thread gives the
-same weights whatever the machine's core count. Each distinct caption is tokenized once, and
-AdamW takes its fused kernel (one pass over the parameters instead of one per operation).
+same weights whatever the machine's core count. The pairs are held as tensors (PairTensors: each
+image decoded and each distinct caption tokenized once, a batch's crops drawn in one resampling),
+and AdamW takes its fused kernel (one pass over the parameters instead of one per operation).
 """
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torchvision.transforms import RandomResizedCrop
+from torchvision.transforms.functional import pil_to_tensor
 from tqdm import tqdm
 
 from vacsr.atomic import atomic_write
-from vacsr.data.datasets import CaptionPairDataset
+from vacsr.data.base import RetrievalData, load_image
 from vacsr.data.synthetic import synthetic_retrieval
 from vacsr.errors import ConfigError
 from vacsr.folder_lock import check_output_file
@@ -58,29 +62,76 @@ def pretrain_clip(out_path: str | Path, *, name: str = "vacsr-tiny", num_images:
         model, train_transform, _, tokenizer = create_clip(name)
     data = synthetic_retrieval(num_images, captions_per_image=per_image, image_size=image_size,
                                seed=seed + 777)
-    loader = torch.utils.data.DataLoader(
-        CaptionPairDataset(data, train_transform), batch_size=batch_size, shuffle=True,
-        drop_last=True, generator=torch.Generator().manual_seed(seed))
-    distinct = sorted(set(data.captions))
-    tokens = dict(zip(distinct, tokenizer(distinct)))  # caption -> (context_length,) token ids
+    pairs = PairTensors(data, tokenizer, train_transform, model.visual.preprocess_cfg)
     with torch_threads(1):
-        _train(model, loader, tokens, epochs=epochs, lr=lr, progress=progress)
+        _train(model, pairs, torch.Generator().manual_seed(seed), epochs=epochs,
+               batch_size=batch_size, lr=lr, progress=progress)
     return atomic_write(out_path, lambda tmp: _save(model.state_dict(), tmp))
 
 
-def _train(model, loader, tokens: dict[str, torch.Tensor], *, epochs: int, lr: float,
-           progress: bool) -> None:
+class PairTensors:
+    """The pretraining pairs as tensors: each image decoded once, each distinct caption
+    tokenized once. A batch applies the model's train augmentation (its RandomResizedCrop's
+    scale and ratio) to all its images at once, as one resampling (bilinear, where torchvision's
+    crop is bicubic per image), then its normalisation."""
+
+    def __init__(self, data: RetrievalData, tokenizer, train_transform,
+                 preprocess_cfg: dict) -> None:
+        [crop] = [t for t in train_transform.transforms if isinstance(t, RandomResizedCrop)]
+        self.scale, self.log_ratio = crop.scale, (math.log(crop.ratio[0]), math.log(crop.ratio[1]))
+        self.size = tuple(preprocess_cfg["size"])  # (H, W) the model takes
+        self.mean = torch.tensor(preprocess_cfg["mean"]).view(1, 3, 1, 1)
+        self.std = torch.tensor(preprocess_cfg["std"]).view(1, 3, 1, 1)
+        self.images = torch.stack([pil_to_tensor(load_image(image).convert("RGB"))
+                                   for image in data.images])  # (N, 3, h, w) uint8
+        distinct = sorted(set(data.captions))
+        row = {caption: i for i, caption in enumerate(distinct)}
+        self.tokens = tokenizer(distinct)  # (distinct captions, context_length)
+        self.caption_tokens = torch.tensor([row[c] for c in data.captions])  # (P,)
+        self.caption_image = torch.tensor(data.caption_to_image)  # (P,)
+
+    def __len__(self) -> int:
+        return len(self.caption_image)
+
+    def batch(self, pairs: torch.Tensor, generator: torch.Generator):
+        """Pair indices (B,) -> (images (B, 3, H, W), tokens (B, context_length), image index (B,))."""
+        image_index = self.caption_image[pairs]
+        images = self.crops(self.images[image_index].float() / 255, generator)
+        return (images - self.mean) / self.std, self.tokens[self.caption_tokens[pairs]], image_index
+
+    def crops(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """(B, 3, h, w) in [0, 1] -> one random crop of each, of area scale and aspect ratio
+        drawn as RandomResizedCrop draws them, resized to (B, 3, H, W)."""
+        count = images.shape[0]
+        low, high = self.scale
+        area = low + (high - low) * torch.rand(count, generator=generator)
+        ratio = (self.log_ratio[0] + (self.log_ratio[1] - self.log_ratio[0])
+                 * torch.rand(count, generator=generator)).exp()
+        width = (area * ratio).sqrt().clamp(max=1)  # fractions of the image's side
+        height = (area / ratio).sqrt().clamp(max=1)
+        theta = torch.zeros(count, 2, 3)  # output grid -> input coordinates in [-1, 1]
+        theta[:, 0, 0], theta[:, 1, 1] = width, height
+        theta[:, 0, 2] = (1 - width) * (2 * torch.rand(count, generator=generator) - 1)
+        theta[:, 1, 2] = (1 - height) * (2 * torch.rand(count, generator=generator) - 1)
+        grid = F.affine_grid(theta, [count, 3, *self.size], align_corners=False)
+        return F.grid_sample(images, grid, mode="bilinear", padding_mode="border",
+                             align_corners=False)
+
+
+def _train(model, pairs: PairTensors, generator: torch.Generator, *, epochs: int,
+           batch_size: int, lr: float, progress: bool) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05, fused=True)
-    total = epochs * len(loader)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total,
-                                                   pct_start=0.1)
-    bar = tqdm(total=total, desc="pretrain tiny CLIP", file=sys.stderr, disable=not progress,
-               mininterval=1.0)
+    steps = len(pairs) // batch_size  # the last partial batch is dropped
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr,
+                                                   total_steps=epochs * steps, pct_start=0.1)
+    bar = tqdm(total=epochs * steps, desc="pretrain tiny CLIP", file=sys.stderr,
+               disable=not progress, mininterval=1.0)
     model.train()
     for _ in range(epochs):
-        for images, captions, image_index in loader:
+        order = torch.randperm(len(pairs), generator=generator)[:steps * batch_size]
+        for batch in order.view(steps, batch_size):
+            images, text, image_index = pairs.batch(batch, generator)
             image_feats = model.encode_image(images, normalize=True)  # (B, D)
-            text = torch.stack([tokens[caption] for caption in captions])  # (B, context_length)
             text_feats = model.encode_text(text, normalize=True)  # (B, D)
             loss = clip_loss(image_feats, text_feats, model.logit_scale, image_index)
             optimizer.zero_grad(set_to_none=True)
