@@ -94,7 +94,8 @@ class PairTensors:
         return len(self.caption_image)
 
     def batch(self, pairs: torch.Tensor, generator: torch.Generator):
-        """Pair indices (B,) -> (images (B, 3, H, W), tokens (B, context_length), image index (B,))."""
+        """Pair indices (B,) -> (images (B, 3, H, W), tokens (B, context_length),
+        image index (B,))."""
         image_index = self.caption_image[pairs]
         images = self.crops(self.images[image_index].float() / 255, generator)
         return (images - self.mean) / self.std, self.tokens[self.caption_tokens[pairs]], image_index
