@@ -72,8 +72,9 @@ def pretrain_clip(out_path: str | Path, *, name: str = "vacsr-tiny", num_images:
 class PairTensors:
     """The pretraining pairs as tensors: each image decoded once, each distinct caption
     tokenized once. A batch applies the model's train augmentation (its RandomResizedCrop's
-    scale and ratio) to all its images at once, as one resampling (bilinear, where torchvision's
-    crop is bicubic per image), then its normalisation."""
+    scale and ratio, bicubic as it is) to all its images at once, as one resampling over
+    continuous crop boxes where torchvision crops whole pixels image by image, then its
+    normalisation."""
 
     def __init__(self, data: RetrievalData, tokenizer, train_transform,
                  preprocess_cfg: dict) -> None:
@@ -115,7 +116,7 @@ class PairTensors:
         theta[:, 0, 2] = (1 - width) * (2 * torch.rand(count, generator=generator) - 1)
         theta[:, 1, 2] = (1 - height) * (2 * torch.rand(count, generator=generator) - 1)
         grid = F.affine_grid(theta, [count, 3, *self.size], align_corners=False)
-        return F.grid_sample(images, grid, mode="bilinear", padding_mode="border",
+        return F.grid_sample(images, grid, mode="bicubic", padding_mode="border",
                              align_corners=False)
 
 
