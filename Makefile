@@ -35,14 +35,14 @@ install: $(STAMP)
 # vacsr's own modules as .pyc too (an editable install leaves them out): every process of a
 # sweep or a test imports about a hundred of them, 0.3 CPU-s to compile each time where Python
 # writes no bytecode itself (PYTHONDONTWRITEBYTECODE); files already up to date are skipped
-OWN_COMPILE = $(PY) -m compileall -qq -j 0 vacsr sweeps
+OWN_COMPILE = $(1) -m compileall -qq -j 0 vacsr sweeps
 
 demo: $(STAMP)
-	$(OWN_COMPILE)
+	$(call OWN_COMPILE,$(PY))
 	RAY_USAGE_STATS_ENABLED=0 $(PY) sweeps/base2novel.py
 
 test: $(STAMP)
-	$(OWN_COMPILE)
+	$(call OWN_COMPILE,$(PY))
 	RAY_USAGE_STATS_ENABLED=0 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The Ray tests on the newest patch of the oldest supported Ray minor (CI runs this after
@@ -56,7 +56,7 @@ test-ray-oldest:
 	$(call COMPILE,$(OLDEST_PY))
 	$(OLDEST_PY) -c "import ray, sys; v = ray.__version__; print('ray', v); \
 	  sys.exit(0 if v.startswith('$(RAY_OLDEST).') else f'expected ray $(RAY_OLDEST).x, got {v}')"
-	$(OLDEST_PY) -m compileall -qq -j 0 vacsr sweeps
+	$(call OWN_COMPILE,$(OLDEST_PY))
 	RAY_USAGE_STATS_ENABLED=0 $(OLDEST_PY) -m pytest -q $(RAY_OLDEST_TESTS) $(PYTEST_ARGS)
 
 clean:
