@@ -35,9 +35,9 @@ torch.set_num_threads(1)
 # 6.5 minutes each when both run at once on 2 cores. A Ray test in a module not listed joins "ray-a".
 RAY_LANES = {
     "ray-a": ("test_sweep_e2e.py", "test_sweep_disk_full.py", "test_sweep_kinds.py",
-              "test_sweep_failures.py"),
+              "test_sweep_failures.py", "test_sweep_tracking_down.py"),
     "ray-b": ("test_sweep_signals.py", "test_ray_train.py", "test_gpu_check.py",
-              "test_secrets.py", "test_eval_actor.py"),
+              "test_eval_actor.py"),
 }
 LANE_OF_MODULE = {module: lane for lane, modules in RAY_LANES.items() for module in modules}
 # The tests that need the pretrained tiny CLIP run on one worker: it pretrains it (about 40 s of
@@ -276,6 +276,55 @@ def answering(status: int, content_type: str, body: bytes):
             pass
 
     return Handler
+
+
+def basic_auth_proxy(upstream: str, user: str, password: str, port: int = 0):
+    """Basic auth in front of `mlflow server` at `upstream` (this venv has no mlflow[auth]), on
+    loopback at `port` (a free one for 0): a request without user:password gets 401, so a run
+    logs only if the credentials reach MLflow's requests. Returns (the server, its port); its
+    `shutdown()` then `server_close()` leave the port refusing connections, as a dead server's."""
+    import base64
+    import http.server
+    import threading
+    import urllib.error
+    import urllib.request
+
+    expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def _forward(self) -> None:
+            if self.headers.get("Authorization") != expected:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", "Basic")
+                self.end_headers()
+                return
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            headers = {k: v for k, v in self.headers.items()
+                       if k.lower() not in ("host", "authorization", "content-length")}
+            request = urllib.request.Request(upstream + self.path, data=body or None,
+                                             headers=headers, method=self.command)
+            try:
+                reply = urllib.request.urlopen(request, timeout=60)
+            except urllib.error.HTTPError as exc:
+                reply = exc
+            with reply:
+                payload = reply.read()
+                self.send_response(reply.status)
+                for key, value in reply.headers.items():
+                    if key.lower() not in ("transfer-encoding", "content-length", "connection"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
 
 
 _PORTS_GIVEN: set[int] = set()

@@ -1,28 +1,38 @@
 """An MLflow server that dies mid-sweep: the driver stops in one line, closing nothing it cannot
 reach, and once the server is back `--resume` completes the sweep with every run closed, each
-trial run once."""
+trial run once.
+
+The server sits behind basic auth and the sweep's --tracking-uri carries the password, so this is
+also the whole-sweep test of tests/test_secrets.py: through the trials, the selection, the final
+seed run, the report, the stop line and the resume, the password reaches the server's requests and
+nothing else (the console, the sweep folder, the server's store, Ray's session folders)."""
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import basic_auth_proxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[1]
+USER, PASSWORD = "vacsr", "s3cr3t-pw"
 
 
-def _sweep(tmp_path: Path, weights, uri: str, *extra) -> tuple[subprocess.Popen, Path]:
+def _sweep(tmp_path: Path, ray_temp: Path, weights, uri: str,
+           *extra) -> tuple[subprocess.Popen, Path]:
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
+               RAY_TMPDIR=str(ray_temp),
                # a dead server fails each request at once instead of after minutes of retries
                MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="20")
-    for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
+    for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME",
+                 "MLFLOW_TRACKING_PASSWORD"):
         env.pop(name, None)
     log = tmp_path / f"driver{len(list(tmp_path.glob('driver*.log')))}.log"
     driver = subprocess.Popen(
@@ -33,35 +43,70 @@ def _sweep(tmp_path: Path, weights, uri: str, *extra) -> tuple[subprocess.Popen,
     return driver, log
 
 
-def test_a_dead_tracking_server_stops_the_sweep_in_one_line_and_resume_completes(tmp_path,
-                                                                                 weights,
-                                                                                 servers):
-    from mlflow import MlflowClient
+def _serve(servers, proxies: list, backend: str, store: Path, log: Path, port: int = 0):
+    """`mlflow server` over `backend` behind the auth proxy (on `port`, or a free one), the
+    proxy added to `proxies`: (the server's process, the proxy, its port)."""
+    url, process = servers.mlflow(backend, cwd=store, log=log)
+    proxy, port = basic_auth_proxy(url, USER, PASSWORD, port)
+    proxies.append(proxy)
+    return process, proxy, port
 
-    store, port = tmp_path / "server", free_port()
+
+def test_a_dead_tracking_server_stops_the_sweep_in_one_line_and_resume_completes(
+        tmp_path, weights, servers, monkeypatch):
+    store = tmp_path / "server"
     store.mkdir()
     backend = f"sqlite:///{store / 'mlflow.db'}"
-    uri, server = servers.mlflow(backend, port, cwd=store, log=tmp_path / "server.log")
-    driver, log = _sweep(tmp_path, weights, uri)
-    trials = tmp_path / "base2novel" / "trials" / "eurosat"
-    deadline = time.time() + 300
-    while not (trials.is_dir() and any(p.is_dir() for p in trials.iterdir())):
-        assert driver.poll() is None and time.time() < deadline, log.read_text()[-3000:]
-        time.sleep(0.2)
-    time.sleep(2)  # a trial trains, logging to the server
-    os.killpg(server.pid, signal.SIGKILL)
-    server.wait(timeout=30)
-    assert driver.wait(timeout=900) == 2, log.read_text()[-3000:]
-    output = log.read_text()
-    assert "Traceback" not in output, output[-3000:]
-    [line] = [t for t in output.splitlines() if t.startswith("vacsr:")]
-    assert line.startswith(f"vacsr: error: --tracking-uri {uri}: the MLflow server stopped "
-                           "answering (no answer"), line
-    assert line.endswith("restart the server, then continue with --resume"), line
+    proxies = []
+    ray_temp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths
+    try:
+        server, proxy, port = _serve(servers, proxies, backend, store, tmp_path / "server.log")
+        uri = f"http://{USER}:{PASSWORD}@127.0.0.1:{port}"
+        shown = f"http://{USER}:***@127.0.0.1:{port}"
+        driver, log = _sweep(tmp_path, ray_temp, weights, uri)
+        trials = tmp_path / "base2novel" / "trials" / "eurosat"
+        deadline = time.time() + 300
+        while not (trials.is_dir() and any(p.is_dir() for p in trials.iterdir())):
+            assert driver.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(2)  # a trial trains, logging to the server
+        proxy.shutdown()  # the address stops answering: connections are refused
+        proxy.server_close()
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)
+        assert driver.wait(timeout=900) == 2, log.read_text()[-3000:]
+        output = log.read_text()
+        assert "Traceback" not in output, output[-3000:]
+        [line] = [t for t in output.splitlines() if t.startswith("vacsr:")]
+        assert line.startswith(f"vacsr: error: --tracking-uri {shown}: the MLflow server "
+                               "stopped answering (no answer"), line
+        assert line.endswith("restart the server, then continue with --resume"), line
 
-    servers.mlflow(backend, port, cwd=store, log=tmp_path / "server.log")
-    resumed, log = _sweep(tmp_path, weights, uri, "--resume")
-    assert resumed.wait(timeout=900) == 0, log.read_text()[-3000:]
+        _serve(servers, proxies, backend, store, tmp_path / "server.log", port)
+        resumed, log = _sweep(tmp_path, ray_temp, weights, uri, "--resume")
+        assert resumed.wait(timeout=900) == 0, log.read_text()[-3000:]
+        assert shown in log.read_text()  # the MLflow UI hint, the password taken out
+        assert "| eurosat |" in log.read_text()
+        files = [p for root in (tmp_path, ray_temp) for p in root.rglob("*")
+                 if p.is_file() and not p.is_symlink() and not p.is_socket()]
+        assert any(p.name == "best_config.yaml" for p in files)  # what was searched is there
+        assert any("logs" in p.parts for p in files)  # so are Ray's session logs
+        # both drivers' output, the sweep folder, the server's store, Ray's sessions
+        assert [p for p in files if PASSWORD.encode() in p.read_bytes()] == []
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", USER)
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PASSWORD)
+        _check_runs(f"http://127.0.0.1:{port}")
+    finally:
+        subprocess.run(["rm", "-rf", str(ray_temp)], timeout=60)
+        for proxy in proxies:
+            proxy.shutdown()
+            proxy.server_close()
+
+
+def _check_runs(uri: str) -> None:
+    """Every run of the sweep closed, each trial run once, no param holding the password."""
+    from mlflow import MlflowClient
+
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("vacsr-base2novel").experiment_id
     runs = client.search_runs([experiment])
@@ -71,4 +116,4 @@ def test_a_dead_tracking_server_stops_the_sweep_in_one_line_and_resume_completes
     trial_runs = [n for n in names if n.startswith("eurosat-") and "final" not in n]
     assert len(trial_runs) == len(set(trial_runs)) == 2, names  # each trial run once
     assert names.count("eurosat") == names.count("base2novel") == 1, names
-    assert "| eurosat |" in log.read_text()
+    assert not [r for r in runs for value in r.data.params.values() if PASSWORD in value]
