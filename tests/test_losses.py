@@ -243,9 +243,10 @@ def test_neg_columns_with_positive_drops_absent_classes():
 
 @pytest.mark.parametrize("target, bounded", [("label", True), ("positive", True),
                                              ("label", False)])
-def test_two_thousand_steps_at_a_high_learning_rate_stay_finite(target, bounded):
+def test_a_thousand_steps_at_a_high_learning_rate_stay_finite(target, bounded):
     """Long training far above any sane learning rate: every loss part stays finite (with
-    logvar unbounded the `positive` reading went non-finite within a few hundred steps)."""
+    logvar unbounded the `positive` reading went non-finite within a few hundred steps, so a
+    thousand steps leave room past where it broke)."""
     torch.manual_seed(1)
     adapter = small_adapter(bounded_sigma=bounded)
     towers = torch.nn.Linear(16, 16)
@@ -253,7 +254,7 @@ def test_two_thousand_steps_at_a_high_learning_rate_stay_finite(target, bounded)
     optim = torch.optim.Adam(params, lr=0.1)
     groups = torch.randint(0, 4, (64,))  # same-group items: false negatives in every batch
     raw = torch.randn(4, 16)[groups] + 0.3 * torch.randn(64, 16)
-    for step in range(2000):
+    for step in range(1000):
         index = torch.randperm(64)[:16]
         feats = torch.nn.functional.normalize(towers(raw[index]), dim=-1)
         labels = torch.eye(16)
