@@ -93,8 +93,9 @@ def test_storage_paths_and_copies_for_paths_and_uris(tmp_path):
     source = tmp_path / "ray" / "ckpt" / "last.ckpt"
     source.parent.mkdir(parents=True)
     source.write_bytes(b"weights")
-    for root in (str(tmp_path / "ray"), f"file://{tmp_path}/ray"):
-        dest = copy_from_storage(root, str(source), tmp_path / "out" / root[:4] / "last.ckpt")
+    for kind, root in (("path", str(tmp_path / "ray")), ("uri", f"file://{tmp_path}/ray")):
+        dest = copy_from_storage(root, str(source), tmp_path / "out" / kind / "last.ckpt")
+        assert dest.is_relative_to(tmp_path)
         assert dest.read_bytes() == b"weights" and not list(dest.parent.glob("*.tmp"))
 
 
