@@ -28,8 +28,13 @@ class ModelConfig:
     name: str = "vacsr-tiny"  # any open_clip model name (registered configs included)
     pretrained: str | None = None  # open_clip tag or a local weights file; None = random init
     use_gpo: bool = True  # retrieval: token outputs + GPO; False = pooled CLIP features
-    trainable_image_blocks: int = -1  # first N blocks of the image tower train; -1 = all
-    trainable_text_blocks: int = -1  # first N blocks of the text tower train; -1 = all
+    trainable_image_blocks: int = -1  # N blocks of the image tower train; -1 = all
+    trainable_text_blocks: int = -1  # N blocks of the text tower train; -1 = all
+    # which end of each tower the N trainable blocks sit at: "first" (nearest the input, the
+    # literal text of C.2's domain generalisation) or "last" (the blocks below stay frozen, the
+    # common reading of "the number of frozen layers"; their output is then a constant of the
+    # input, computed without autograd and cached for evaluation: vacsr/model/prefix.py)
+    trainable_side: str = "first"
     train_projections: bool = True  # final LayerNorms and projections of both towers
     train_embeddings: bool = False  # patch/token/positional embeddings (full fine-tune only)
 
@@ -42,6 +47,7 @@ MAX_CAPTIONS_PER_IMAGE = 100
 
 ADAPTER_KINDS = ("vacsr", "sigmoid_baseline")
 ADAPTER_INITS = ("random", "cosine")
+TRAINABLE_SIDES = ("first", "last")
 
 
 @dataclass
@@ -122,7 +128,13 @@ class DataConfig:
     subsample_classes: str = "base"  # "all" | "base" | "novel"
     noise_ratio: float = 0.0  # noisy correspondence ratio for retrieval training
     noise_file: str | None = None  # saved noise index (written on first use, then reused)
-    cache_dir: str | None = None  # feature cache folder (adapter-only runs); None = no cache
+    # derived data kept beside the data: the noisy-correspondence index (vacsr/data/coco.py);
+    # None = the dataset's own folder
+    cache_dir: str | None = None
+    # the frozen prefix's outputs of evaluation passes (vacsr/data/prefix_cache.py), shared by
+    # the runs that read one split with one frozen prefix; None = no cache (sweeps set it)
+    prefix_cache_dir: str | None = None
+    prefix_cache_gib: float = 4.0  # per cached split; a larger split is evaluated uncached
     augment: bool = True  # open_clip's training augmentation; False = evaluation preprocessing
 
 
@@ -447,6 +459,7 @@ def validate(config: Config) -> Config:
            m.trainable_image_blocks)
     _check(m.trainable_text_blocks >= -1, "model.trainable_text_blocks", "-1 (all) or >= 0",
            m.trainable_text_blocks)
+    _one_of("model.trainable_side", m.trainable_side, TRAINABLE_SIDES)
     _one_of("adapter.kind", a.kind, ADAPTER_KINDS)
     _check(a.hidden_dim >= 1, "adapter.hidden_dim", ">= 1", a.hidden_dim)
     _check(a.latent_dim >= 1, "adapter.latent_dim", ">= 1", a.latent_dim)
@@ -474,6 +487,8 @@ def validate(config: Config) -> Config:
     _validate_synthetic_sizes(d)
     _check(d.num_workers >= 0, "data.num_workers", ">= 0", d.num_workers)
     _check(d.shots >= 1, "data.shots", ">= 1", d.shots)
+    _check(math.isfinite(d.prefix_cache_gib) and d.prefix_cache_gib >= 0,
+           "data.prefix_cache_gib", "a finite size in GiB >= 0", d.prefix_cache_gib)
     _one_of("data.subsample_classes", d.subsample_classes, ("all", "base", "novel"))
     _check(0 <= d.noise_ratio < 1, "data.noise_ratio", "in [0, 1)", d.noise_ratio)
     _check(t.epochs >= 1, "train.epochs", ">= 1", t.epochs)

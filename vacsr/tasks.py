@@ -17,6 +17,7 @@ import torch
 from vacsr.data import build_classification, build_retrieval
 from vacsr.data.datasets import CaptionPairDataset, LabelledImageDataset
 from vacsr.data.encoding import encode_texts
+from vacsr.model.prefix import text_prefix, text_suffix
 from vacsr.errors import ConfigError
 from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval
 from vacsr.model.losses import sigmoid_loss, vacsr_loss
@@ -174,6 +175,7 @@ class ClassificationTask(_Task):
         self.prompt_tokens = prompt_tokens  # (C, T)
         self._frozen_text: torch.Tensor | None = None
         self._text_trunk: torch.Tensor | None = None  # (C, W), when only the text head trains
+        self._text_prefix: torch.Tensor | None = None  # (C, T, W), frozen blocks below the last N
 
     def text_trainable(self) -> bool:
         return any(p.requires_grad for name, p in self.model.backbone.named_parameters()
@@ -191,6 +193,11 @@ class ClassificationTask(_Task):
                 with torch.no_grad():
                     self._frozen_text = self.model.encode_text(tokens)
             return self._frozen_text
+        if depth := backbone.split_depth("text"):  # the last N blocks train: the rest once
+            if self._text_prefix is None or self._text_prefix.device != torch.device(device):
+                with torch.no_grad():
+                    self._text_prefix = text_prefix(backbone, tokens, depth)
+            return text_suffix(backbone, self._text_prefix, tokens, depth)
         if not backbone.text_trunk_frozen():
             return self.model.encode_text(tokens)
         if self._text_trunk is None or self._text_trunk.device != torch.device(device):

@@ -1,52 +1,127 @@
 """Image refs and strings through a CLIP backbone, in order, batch by batch: the one encoding
-loop behind end-of-epoch evaluation and the frozen-backbone feature cache."""
+loop behind end-of-epoch evaluation and checkpoint evaluation. With a PrefixCache, a tower whose
+first blocks are frozen (vacsr/model/prefix.py) reads their outputs from the cache
+(vacsr/data/prefix_cache.py) and runs only the blocks above them."""
 from __future__ import annotations
 
+import hashlib
 from contextlib import nullcontext
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
 from vacsr.data.loader import image_loader
+from vacsr.data.prefix_cache import PrefixCache, image_inputs_digest
+from vacsr.model import prefix as tower_prefix
 
 
 def _device(backbone) -> torch.device:
     return next(backbone.parameters()).device
 
 
+def _precision(autocast, device: torch.device) -> str:
+    """What the prefix's numbers depend on besides the weights: autocast's dtype, or fp32."""
+    with autocast():
+        if torch.is_autocast_enabled(device.type):
+            return str(torch.get_autocast_dtype(device.type))
+    return "float32"
+
+
+def cache_depth(backbone, tower: str) -> int:
+    """Blocks of `tower` whose outputs an evaluation pass may cache (0: none)."""
+    return tower_prefix.frozen_depth(backbone, tower) or 0
+
+
+def _through_cache(cache: PrefixCache | None, backbone, tower: str, inputs: str | None,
+                   count: int, batches: Callable[[], Iterator[torch.Tensor]], autocast,
+                   device: torch.device) -> tuple[int, torch.Tensor | None]:
+    """(depth, the cached prefix outputs) or (0, None) when the pass goes without the cache."""
+    depth = cache_depth(backbone, tower) if cache is not None else 0
+    if cache is None or inputs is None or not count:
+        if cache is not None:
+            cache.stats.uncached += count
+        return 0, None
+    tokens = cache.prefix_outputs(backbone, tower, depth, inputs, count, batches,
+                                  _precision(autocast, device), device)
+    return (depth, tokens) if tokens is not None else (0, None)
+
+
 @torch.no_grad()
 def encode_images(backbone, images: Sequence, *, batch_size: int = 256, num_workers: int = 0,
-                  autocast=nullcontext, keep_on_device: bool = False) -> torch.Tensor:
+                  autocast=nullcontext, keep_on_device: bool = False,
+                  cache: PrefixCache | None = None) -> torch.Tensor:
     """(N, d) float32 features of `images` with the backbone's evaluation preprocessing; on the
     backbone's device when `keep_on_device`, else gathered on the CPU chunk by chunk (large sets
     must not pile up in GPU memory)."""
     device, was_training = _device(backbone), backbone.training
     backbone.eval()
+
+    cacheable = cache_depth(backbone, "image")
+
+    def loader():
+        return image_loader(images, backbone.eval_transform, batch_size=batch_size,
+                            num_workers=num_workers, device=device)
+
+    def prefix_batches():
+        for batch, _ in loader():
+            with autocast():
+                yield tower_prefix.image_prefix(backbone, batch.to(device), cacheable)
+
     chunks = []
     try:
-        for batch, _ in image_loader(images, backbone.eval_transform, batch_size=batch_size,
-                                     num_workers=num_workers, device=device):
+        inputs = image_inputs_digest(images) if cache is not None and cacheable else None
+        depth, tokens = _through_cache(cache, backbone, "image", inputs, len(images),
+                                       prefix_batches, autocast, device)
+        if tokens is not None:
+            batches = (tokens[i:i + batch_size] for i in range(0, len(tokens), batch_size))
+        else:
+            batches = (batch for batch, _ in loader())
+        for batch in batches:
             with autocast():
-                feats = backbone.encode_image(batch.to(device, non_blocking=True)).float()
+                batch = batch.to(device, non_blocking=True)
+                feats = (tower_prefix.image_suffix(backbone, batch, depth) if depth
+                         else backbone.encode_image(batch)).float()
             chunks.append(feats if keep_on_device else feats.cpu())  # (b, d)
     finally:
         backbone.train(was_training)
     return torch.cat(chunks)  # (N, d)
 
 
+def _tokens_digest(tokens: torch.Tensor) -> str:
+    return hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()
+
+
 @torch.no_grad()
 def encode_texts(backbone, texts: Sequence[str], *, batch_size: int = 1024,
-                 autocast=nullcontext, keep_on_device: bool = False) -> torch.Tensor:
+                 autocast=nullcontext, keep_on_device: bool = False,
+                 cache: PrefixCache | None = None) -> torch.Tensor:
     """(N, d) float32 features of `texts` (tokenized by the backbone), placed as encode_images."""
     device, was_training = _device(backbone), backbone.training
     backbone.eval()
+    tokens = backbone.tokenize(list(texts))  # (N, T)
+    starts = range(0, len(texts), batch_size)
+    cacheable = cache_depth(backbone, "text")
+
+    def prefix_batches():
+        for start in starts:
+            with autocast():
+                yield tower_prefix.text_prefix(
+                    backbone, tokens[start:start + batch_size].to(device), cacheable)
+
     chunks = []
     try:
-        for start in range(0, len(texts), batch_size):
-            tokens = backbone.tokenize(list(texts[start:start + batch_size])).to(device)
+        inputs = _tokens_digest(tokens) if cache is not None and cacheable else None
+        depth, hidden = _through_cache(cache, backbone, "text", inputs, len(texts),
+                                       prefix_batches, autocast, device)
+        for start in starts:
+            part = tokens[start:start + batch_size].to(device)
             with autocast():
-                feats = backbone.encode_text(tokens).float()
-            chunks.append(feats if keep_on_device else feats.cpu())  # (b, d)
+                if depth:
+                    feats = tower_prefix.text_suffix(
+                        backbone, hidden[start:start + batch_size].to(device), part, depth)
+                else:
+                    feats = backbone.encode_text(part)
+            chunks.append(feats.float() if keep_on_device else feats.float().cpu())  # (b, d)
     finally:
         backbone.train(was_training)
     return torch.cat(chunks)  # (N, d)

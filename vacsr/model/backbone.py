@@ -1,4 +1,5 @@
-"""open_clip backbone: model creation, token- and pooled-level features, trainable first-N blocks.
+"""open_clip backbone: model creation, token- and pooled-level features, N trainable blocks at
+the first or the last end of each tower.
 
 Weights come from an open_clip pretrained tag or a local file the user names; `pretrained=None`
 builds a randomly initialised model (tests, demo). Nothing here downloads unless a tag is given.
@@ -15,6 +16,7 @@ from torch import nn
 
 from vacsr.errors import ConfigError
 from vacsr.model.configs import MODEL_CONFIG_DIR
+from vacsr.model import prefix
 from vacsr.model.gpo import GPO
 from vacsr.model.weights import create_with_weights
 
@@ -51,22 +53,26 @@ def create_clip(name: str, pretrained: str | None = None):
     return model, train_transform, eval_transform, open_clip.get_tokenizer(name)
 
 
-def _text_blocks(model: nn.Module) -> nn.ModuleList:
-    tower = model.text if hasattr(model, "text") else model
-    return tower.transformer.resblocks
+def trainable_slice(count: int, depth: int, side: str) -> slice:
+    """The blocks that train: all (-1), the first `count` or the last `count` of `depth`."""
+    if count == -1:
+        return slice(0, depth)
+    return slice(0, count) if side == "first" else slice(depth - count, depth)
 
 
 def set_trainable(model: nn.Module, *, image_blocks: int, text_blocks: int,
-                  projections: bool, embeddings: bool) -> None:
-    """Freeze everything, then unfreeze the first N blocks of each tower (-1 = all blocks)."""
+                  projections: bool, embeddings: bool, side: str = "first") -> None:
+    """Freeze everything, then unfreeze N blocks of each tower (-1 = all blocks), the first N
+    or the last N (`side`)."""
+    if side not in ("first", "last"):
+        raise ConfigError(f"model.trainable_side: expected one of first, last, got {side!r}")
     model.requires_grad_(False)
-    towers = (("image", model.visual.transformer.resblocks, image_blocks),
-              ("text", _text_blocks(model), text_blocks))
-    for tower, blocks, count in towers:
-        if count > len(blocks):
-            raise ConfigError(f"model.trainable_{tower}_blocks: {count} exceeds the {len(blocks)} "
-                              f"blocks of the {tower} tower")
-        for block in blocks[: len(blocks) if count == -1 else count]:
+    for tower, count in (("image", image_blocks), ("text", text_blocks)):
+        tower_blocks = prefix.blocks(model, tower)
+        if count > len(tower_blocks):
+            raise ConfigError(f"model.trainable_{tower}_blocks: {count} exceeds the "
+                              f"{len(tower_blocks)} blocks of the {tower} tower")
+        for block in tower_blocks[trainable_slice(count, len(tower_blocks), side)]:
             block.requires_grad_(True)
     text = model.text if hasattr(model, "text") else model
     if projections:
@@ -92,7 +98,7 @@ class ClipBackbone(nn.Module):
     def __init__(self, *, name: str = "vacsr-tiny", pretrained: str | None = None,
                  use_gpo: bool = True, trainable_image_blocks: int = -1,
                  trainable_text_blocks: int = -1, train_projections: bool = True,
-                 train_embeddings: bool = False) -> None:
+                 train_embeddings: bool = False, trainable_side: str = "first") -> None:
         super().__init__()
         clip, self.train_transform, self.eval_transform, self.tokenizer = create_clip(
             name, pretrained)
@@ -101,15 +107,26 @@ class ClipBackbone(nn.Module):
             raise ConfigError(f"model.use_gpo: token outputs are supported for plain CLIP ViTs, "
                               f"not {name}; set model.use_gpo=false")
         self.clip = clip
+        self.name = name
         self.use_gpo = use_gpo
         self.embed_dim = int(clip.visual.output_dim)
+        self.trainable_side = trainable_side
         set_trainable(clip, image_blocks=trainable_image_blocks, text_blocks=trainable_text_blocks,
-                      projections=train_projections, embeddings=train_embeddings)
+                      projections=train_projections, embeddings=train_embeddings,
+                      side=trainable_side)
         if use_gpo:
             self.image_gpo, self.text_gpo = GPO(), GPO()
 
     def tokenize(self, texts: list[str]) -> torch.Tensor:
         return self.tokenizer(texts)
+
+    def split_depth(self, tower: str) -> int:
+        """Blocks of `tower` that run as a frozen prefix (without autograd) in every forward:
+        those below the trainable ones with `trainable_side: last`; 0 otherwise (the first-N
+        reading runs the tower as open_clip does, bit for bit)."""
+        if self.trainable_side != "last":
+            return 0
+        return prefix.frozen_depth(self, tower) or 0
 
     def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
         """All projected image tokens, class token included: (B, 1 + N, D)."""
@@ -124,7 +141,7 @@ class ClipBackbone(nn.Module):
 
     def text_tokens(self, tokens: torch.Tensor):
         """Projected text tokens from SOT to EOT: ((B, T, D), lengths (B,))."""
-        x = self._text_head_unnormalised(self._text_blocks_output(tokens))  # (B, T, D)
+        x = self.text_head_unnormalised(self._text_blocks_output(tokens))  # (B, T, D)
         return x, tokens.argmax(dim=-1) + 1  # EOT has the highest id in open_clip's vocab
 
     def text_trunk_frozen(self) -> bool:
@@ -149,7 +166,7 @@ class ClipBackbone(nn.Module):
 
     def text_head(self, pooled: torch.Tensor) -> torch.Tensor:
         """(B, W) text_trunk output -> (B, D), L2-normalised: ln_final and the projection."""
-        return F.normalize(self._text_head_unnormalised(pooled), dim=-1)
+        return F.normalize(self.text_head_unnormalised(pooled), dim=-1)
 
     def _text_blocks_output(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, W): embeddings and the text blocks, every token."""
@@ -158,7 +175,7 @@ class ClipBackbone(nn.Module):
         x = clip.token_embedding(tokens).to(cast) + clip.positional_embedding.to(cast)
         return clip.transformer(x, attn_mask=clip.attn_mask)
 
-    def _text_head_unnormalised(self, x: torch.Tensor) -> torch.Tensor:
+    def text_head_unnormalised(self, x: torch.Tensor) -> torch.Tensor:
         """(..., W) -> (..., D): ln_final, then the text projection (a matrix or a Linear)."""
         clip = self.clip
         x = clip.ln_final(x)
@@ -169,6 +186,10 @@ class ClipBackbone(nn.Module):
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) -> (B, D), L2-normalised."""
+        if depth := self.split_depth("image"):
+            with torch.no_grad():  # the frozen prefix keeps no activations
+                tokens = prefix.image_prefix(self, images, depth)
+            return prefix.image_suffix(self, tokens, depth)
         if not self.use_gpo:
             return self.clip.encode_image(images, normalize=True)
         tokens = self.image_tokens(images)
@@ -177,6 +198,10 @@ class ClipBackbone(nn.Module):
 
     def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, D), L2-normalised."""
+        if depth := self.split_depth("text"):
+            with torch.no_grad():
+                hidden = prefix.text_prefix(self, tokens, depth)
+            return prefix.text_suffix(self, hidden, tokens, depth)
         if not self.use_gpo:
             return self.clip.encode_text(tokens, normalize=True)
         features, lengths = self.text_tokens(tokens)
@@ -189,4 +214,5 @@ def build_backbone(config) -> ClipBackbone:
                         trainable_image_blocks=config.trainable_image_blocks,
                         trainable_text_blocks=config.trainable_text_blocks,
                         train_projections=config.train_projections,
-                        train_embeddings=config.train_embeddings)
+                        train_embeddings=config.train_embeddings,
+                        trainable_side=config.trainable_side)

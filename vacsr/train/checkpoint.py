@@ -19,7 +19,7 @@ ARCHITECTURE_KEYS = ("model.name", "model.use_gpo", "adapter.kind", "adapter.hid
                      "adapter.latent_dim", "adapter.num_components", "adapter.decoder_hidden_dim")
 # config keys that change which parameters train, hence the optimizer's parameter groups
 TRAINABLE_KEYS = ("model.trainable_image_blocks", "model.trainable_text_blocks",
-                  "model.train_projections", "model.train_embeddings")
+                  "model.train_projections", "model.train_embeddings", "model.trainable_side")
 _UNKNOWN = object()
 # what each entry of the dict `vacsr train` writes holds (entries a file lacks are not checked
 # here): a crafted or foreign payload fails in one line, not in load_state_dict's TypeError

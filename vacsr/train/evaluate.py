@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from vacsr.data.encoding import encode_images
+from vacsr.data.prefix_cache import PrefixCache, open_cache
 from vacsr.errors import DataError
 from vacsr.model.vacsr import VACSRModel
 from vacsr.tasks import task_type
@@ -39,13 +40,15 @@ class EncodedSplit:
 @torch.no_grad()
 def encode_split(model: VACSRModel, data, *, task: str, batch_size: int = 128,
                  autocast=nullcontext, keep_on_device: bool = False,
-                 num_folds: int | None = None, precision: str = "auto") -> EncodedSplit:
+                 num_folds: int | None = None, precision: str = "auto",
+                 cache: PrefixCache | None = None) -> EncodedSplit:
     """Encode a split with the eval transform: image features, and caption features (retrieval)
-    or one prompt per class (classification). `precision` is recorded for the scorer."""
+    or one prompt per class (classification). `precision` is recorded for the scorer; `cache`
+    keeps the frozen prefix's outputs (vacsr/data/prefix_cache.py)."""
     was_training = model.training
     model.eval()
     try:
-        encode = {"autocast": autocast, "keep_on_device": keep_on_device}
+        encode = {"autocast": autocast, "keep_on_device": keep_on_device, "cache": cache}
         image_feats = encode_images(model.backbone, data.images, batch_size=batch_size, **encode)
         text_feats, targets = task_type(task).encode_texts(model.backbone, data, **encode)
     finally:
@@ -57,14 +60,14 @@ def encode_split(model: VACSRModel, data, *, task: str, batch_size: int = 128,
 
 def evaluate_split(model: VACSRModel, data, *, task: str, device, batch_size: int = 128,
                    autocast=nullcontext, precision: str = "auto", scorer=None,
-                   **engine_kwargs) -> dict[str, float]:
+                   cache: PrefixCache | None = None, **engine_kwargs) -> dict[str, float]:
     """Encode a split, then score it with the evaluation engine (chunked scorer, or the Ray
     EvalPool passed as `scorer`). Retrieval: R@K both ways, RSUM (COCO 1K / ECCV / CxC when the
     ids say COCO test; semantic mAP@R / R-P / R@1, sem_*, when the data has image_groups);
     classification: accuracy. Both with sigma_hat of the top-1 item."""
     was_training = model.training
     encoded = encode_split(model, data, task=task, batch_size=batch_size, autocast=autocast,
-                           keep_on_device=True, precision=precision)
+                           keep_on_device=True, precision=precision, cache=cache)
     model.eval()  # the head scores in eval mode
     try:
         return score_encoded(encoded, scorer=scorer, device=device, **engine_kwargs)
@@ -104,7 +107,7 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
     encoded = encode_split(model, part, task=data.task,
                            batch_size=max(config.train.batch_size, 64), autocast=precision,
                            num_folds=kind.num_folds(split, len(part.images)),
-                           precision=precision.scorer)
+                           precision=precision.scorer, cache=open_cache(config.data))
     encoded.image_feats = encoded.image_feats.float().cpu()
     encoded.text_feats = encoded.text_feats.float().cpu()
     encoded.head = model.head.cpu().eval()

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from vacsr.atomic import atomic_write_json
 from vacsr.config import Config, public_dict, save_config
 from vacsr.data.loader import make_loader
+from vacsr.data.prefix_cache import open_cache
 from vacsr.data.sampler import GlobalBatchSampler, require_one_batch
 from vacsr.device import resolve_device
 from vacsr.errors import CheckpointError, TrainingDiverged
@@ -67,6 +68,7 @@ class Trainer:
         self.task = kind.for_run(self.model, config.loss, self.splits)
         self.optimizer = build_optimizer(self.model, config.optim)
         self.output_dir = Path(config.train.output_dir).expanduser().resolve()
+        self.prefix_cache = open_cache(config.data)  # evaluation passes' frozen-prefix outputs
         self.history: list[dict] = []
         self.start_epoch = 0
 
@@ -197,6 +199,7 @@ class Trainer:
         return evaluate_split(self.model, data, task=task, device=self.device,
                               batch_size=max(self.config.train.batch_size, 64),
                               autocast=self.autocast, precision=self.precision.scorer,
+                              cache=self.prefix_cache,
                               **({"num_folds": folds} if folds else {}))
 
     def eval_splits(self, epoch: int) -> list[str]:
@@ -256,6 +259,8 @@ class Trainer:
             if chief:
                 for split in self.eval_splits(epoch):
                     metrics.update({f"{split}/{k}": v for k, v in self.evaluate(split).items()})
+                if self.prefix_cache is not None:  # cumulative: how much the cache served
+                    metrics.update(self.prefix_cache.stats.as_metrics())
                 self.history.append(metrics)
             checkpoint = hooks.after_epoch(self, epoch, metrics)
             if chief:

@@ -1,0 +1,151 @@
+"""A CLIP tower's forward pass split at a block: the frozen prefix, then the rest.
+
+The paper trains "a few" blocks of each tower and searches "the number of frozen Transformer
+layers" (appendix C.2). When the N trainable blocks are the last ones (`model.trainable_side:
+last`), the embeddings and the blocks below them are frozen, so their output is a pure function
+of the input: it runs without autograd in training, and on deterministic evaluation transforms it
+is computed once and reused (vacsr/data/prefix_cache.py). `prefix` gives that output, `suffix`
+the features from it; `suffix(prefix(x))` is the tower's normalised feature.
+
+What a prefix holds: the tokens after its last block, (B, L, W). When every block is frozen and
+the pooling selects one token before a per-token head (a ViT's class token, the text's EOT
+token), only that token: (B, 1, W), since a LayerNorm of one token does not see the others.
+Only plain CLIP towers (open_clip's VisionTransformer without attention pooling, the built-in
+text transformer) split; for others `split_supported` is False and nothing is cached.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from open_clip.transformer import text_global_pool
+from torch import nn
+
+TOWERS = ("image", "text")
+
+
+def blocks(clip: nn.Module, tower: str) -> nn.ModuleList:
+    if tower == "image":
+        return clip.visual.transformer.resblocks
+    text = clip.text if hasattr(clip, "text") else clip
+    return text.transformer.resblocks
+
+
+def _image_stem(clip: nn.Module) -> list:
+    visual = clip.visual
+    return [visual.conv1, visual.ln_pre, visual.patch_dropout, visual.class_embedding,
+            visual.positional_embedding]
+
+
+def _text_stem(clip: nn.Module) -> list:
+    return [clip.token_embedding, clip.positional_embedding]
+
+
+def split_supported(backbone, tower: str) -> bool:
+    """True for the towers this module can split (plain CLIP ViTs and text transformers)."""
+    clip = backbone.clip
+    if tower == "image":
+        visual = clip.visual
+        return (getattr(visual, "attn_pool", None) is None
+                and not getattr(visual, "final_ln_after_pool", False)
+                and getattr(visual, "pool_type", "tok") in ("tok", "avg")
+                and hasattr(visual, "conv1"))
+    return not hasattr(clip, "text") and hasattr(clip, "token_embedding")
+
+
+def _trains(parts: list) -> bool:
+    for part in parts:
+        params = [part] if isinstance(part, nn.Parameter) else list(part.parameters())
+        if any(p.requires_grad for p in params):
+            return True
+    return False
+
+
+def frozen_depth(backbone, tower: str) -> int | None:
+    """Leading blocks of `tower` whose output is a constant of the input: those below the first
+    block with a trainable parameter, when nothing before them trains. None when the tower cannot
+    be split or its embeddings train (no constant prefix at all)."""
+    clip = backbone.clip
+    if not split_supported(backbone, tower):
+        return None
+    if _trains(_image_stem(clip) if tower == "image" else _text_stem(clip)):
+        return None
+    tower_blocks = blocks(clip, tower)
+    for index, block in enumerate(tower_blocks):
+        if _trains([block]):
+            return index
+    return len(tower_blocks)
+
+
+def compact(backbone, tower: str, depth: int) -> bool:
+    """True when the prefix keeps one token per input (see the module's docstring)."""
+    if backbone.use_gpo or depth < len(blocks(backbone.clip, tower)):
+        return False
+    return tower == "text" or backbone.clip.visual.pool_type == "tok"
+
+
+def _run_blocks(transformer: nn.Module, x: torch.Tensor, start: int, stop: int,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """x (B, L, W) through blocks [start, stop) of an open_clip Transformer."""
+    if start >= stop:
+        return x
+    if not getattr(transformer, "batch_first", True):
+        x = x.transpose(0, 1)  # (L, B, W)
+    for block in transformer.resblocks[start:stop]:
+        x = block(x, attn_mask=attn_mask)
+    return x if getattr(transformer, "batch_first", True) else x.transpose(0, 1)
+
+
+def image_prefix(backbone, images: torch.Tensor, depth: int) -> torch.Tensor:
+    """(B, 3, H, W) -> (B, L, W) tokens after `depth` blocks ((B, 1, W) when compact)."""
+    visual = backbone.clip.visual
+    x = visual.conv1(images)  # (B, W, g, g)
+    x = x.reshape(x.shape[0], x.shape[1], -1).permute(0, 2, 1)  # (B, g*g, W)
+    cls = visual.class_embedding.to(x.dtype).view(1, 1, -1).expand(x.shape[0], -1, -1)
+    x = torch.cat([cls, x], dim=1) + visual.positional_embedding.to(x.dtype)  # (B, L, W)
+    x = visual.ln_pre(visual.patch_dropout(x))
+    x = _run_blocks(visual.transformer, x, 0, depth)
+    return x[:, :1] if compact(backbone, "image", depth) else x
+
+
+def image_suffix(backbone, prefix: torch.Tensor, depth: int) -> torch.Tensor:
+    """image_prefix output -> (B, D) L2-normalised features (the tower's own head, or GPO)."""
+    visual = backbone.clip.visual
+    x = _run_blocks(visual.transformer, prefix, depth, len(visual.transformer.resblocks))
+    x = visual.ln_post(x)  # per token, (B, L, W)
+    if backbone.use_gpo:
+        x = x @ visual.proj  # (B, L, D)
+        lengths = torch.full((x.shape[0],), x.shape[1], device=x.device)
+        return F.normalize(backbone.image_gpo(x, lengths), dim=-1)
+    pooled = x[:, 1:].mean(dim=1) if visual.pool_type == "avg" else x[:, 0]  # (B, W)
+    if visual.proj is not None:
+        pooled = pooled @ visual.proj
+    return F.normalize(pooled, dim=-1)
+
+
+def text_prefix(backbone, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+    """(B, T) token ids -> (B, T, W) after `depth` blocks ((B, 1, W), the pooled token, when
+    compact)."""
+    clip = backbone.clip
+    cast = clip.transformer.get_cast_dtype()
+    x = clip.token_embedding(tokens).to(cast) + clip.positional_embedding.to(cast)
+    x = _run_blocks(clip.transformer, x, 0, depth, clip.attn_mask)
+    if compact(backbone, "text", depth):
+        return text_global_pool(x, tokens, clip.text_pool_type,
+                                eos_token_id=getattr(clip, "text_eos_id", None))[:, None]
+    return x
+
+
+def text_suffix(backbone, prefix: torch.Tensor, tokens: torch.Tensor,
+                depth: int) -> torch.Tensor:
+    """text_prefix output (and the token ids) -> (B, D) L2-normalised features."""
+    clip = backbone.clip
+    if compact(backbone, "text", depth):
+        return backbone.text_head(prefix[:, 0])
+    x = _run_blocks(clip.transformer, prefix, depth, len(clip.transformer.resblocks),
+                    clip.attn_mask)
+    if backbone.use_gpo:
+        features = backbone.text_head_unnormalised(x)  # (B, T, D)
+        return F.normalize(backbone.text_gpo(features, tokens.argmax(dim=-1) + 1), dim=-1)
+    pooled = text_global_pool(x, tokens, clip.text_pool_type,
+                              eos_token_id=getattr(clip, "text_eos_id", None))  # (B, W)
+    return backbone.text_head(pooled)
