@@ -6,8 +6,9 @@
 - classification: base-to-novel on synthetic datasets in their real layouts (2 shots, 8 epochs,
   cosine, batch 32; eurosat 10), base and novel test accuracy and H (paper Table 5 protocol).
 
-Every row runs the given seeds; VACSR rows take `--set` overrides (the loss formulation), the
-baseline is GPO + sigmoid loss ("w/o all components", Table 6). Runs go two at a time.
+Every row runs the given seeds; VACSR rows take `--set` overrides (the loss formulation), every
+row `--all-set` ones (the backbone's trainable blocks), the baseline is GPO + sigmoid loss ("w/o
+all components", Table 6). Runs go two at a time.
 
     .venv/bin/python benchmarks/bench_loss_paths.py --path retrieval
     .venv/bin/python benchmarks/bench_loss_paths.py --path classification --datasets caltech101,dtd
@@ -84,7 +85,7 @@ def _jobs(args, weights: Path, data_root: Path | None):
     datasets = args.datasets.split(",") if args.path == "classification" else [None]
     for setting in (noises if args.path == "retrieval" else datasets):
         for row in args.rows.split(","):
-            extra = ROWS[row] + ([] if row == "baseline" else list(args.set))
+            extra = [*args.all_set, *ROWS[row], *([] if row == "baseline" else args.set)]
             if args.path == "retrieval":
                 extra = [*extra, f"data.noise_ratio={setting}"]
             else:
@@ -135,6 +136,8 @@ def main(argv=None) -> int:
     p.add_argument("--datasets", default="caltech101,oxford_flowers,ucf101,food101,dtd,eurosat")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--set", action="append", default=[], help="override for the VACSR rows")
+    p.add_argument("--all-set", action="append", default=[],
+                   help="override for every row, the baseline's too (e.g. the trainable blocks)")
     p.add_argument("--workdir", type=Path, default=Path("bench_out/loss_paths"))
     p.add_argument("--processes", type=int, default=2)
     args = p.parse_args(argv)
@@ -151,8 +154,8 @@ def main(argv=None) -> int:
         data_root = args.workdir / "data"
         generate_all(data_root, datasets=args.datasets.split(","))
     jobs, keys = _jobs(args, weights, data_root)
-    print(f"{args.path}: {len(jobs)} runs, VACSR overrides {args.set or 'none (paper defaults)'}",
-          flush=True)
+    print(f"{args.path}: {len(jobs)} runs, VACSR overrides {args.set or 'none (paper defaults)'}"
+          f", every row's {args.all_set or 'none'}", flush=True)
     with ProcessPoolExecutor(args.processes) as pool:
         results = list(pool.map(_run, jobs))
     cols = RETRIEVAL_KEYS if args.path == "retrieval" else ("base", "novel", "H")

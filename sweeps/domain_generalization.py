@@ -27,6 +27,7 @@ SWEEP = SweepKind(
     space={**paper.ADAPTER_SPACE, "optim.lr": LogFloat(1e-4, 3e-3)},
     # C.2: the first 2 image and 3 text blocks train, 5 epochs, cosine annealing (not searched)
     protocol={"model.trainable_image_blocks": 2, "model.trainable_text_blocks": 3,
+              "model.trainable_side": "first",
               "train.epochs": 5, "optim.schedule": "cosine"},
     evaluations=tuple(Evaluation(f"{shift}_acc", dataset=shift) for shift in SHIFTS),
     averages={"ood_avg_acc": tuple(f"{shift}_acc" for shift in SHIFTS)},

@@ -31,6 +31,9 @@ class EncodedSplit:
     targets: dict[str, Any]  # retrieval: caption_to_image, ids, groups; classification: labels
     num_folds: int | None = None
     precision: str = "auto"  # the scorer's (bf16 where the features were encoded under autocast)
+    # inputs whose frozen-prefix outputs came from the prefix cache, and all inputs encoded
+    cache_served: int = 0
+    cache_evaluated: int = 0
 
     @property
     def items(self) -> torch.Tensor:
@@ -107,7 +110,11 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
     encoded = encode_split(model, part, task=data.task,
                            batch_size=max(config.train.batch_size, 64), autocast=precision,
                            num_folds=kind.num_folds(split, len(part.images)),
-                           precision=precision.scorer, cache=open_cache(config.data))
+                           precision=precision.scorer, cache=(cache := open_cache(config.data)))
+    if cache is not None:
+        counts = cache.stats.as_metrics()
+        encoded.cache_served = int(counts["prefix_cache/served"])
+        encoded.cache_evaluated = int(counts["prefix_cache/evaluated"])
     encoded.image_feats = encoded.image_feats.float().cpu()
     encoded.text_feats = encoded.text_feats.float().cpu()
     encoded.head = model.head.cpu().eval()

@@ -35,19 +35,21 @@ def final_config(best, plan: SweepPlan, dataset: str, seed: int, parent_run_id: 
 
 
 def test_metrics(plan: SweepPlan, config, checkpoint: Path,
-                 scorer: PoolScorer) -> dict[str, float]:
+                 scorer: PoolScorer) -> tuple[dict[str, float], tuple[int, int]]:
     """The test split, then the kind's extra evaluations (novel classes, domain shifts), then
-    the kind's per-seed averages."""
+    the kind's per-seed averages; and (inputs the prefix cache served, inputs encoded)."""
     test = scorer.encode(config, checkpoint)
     extra = [scorer.encode(config, checkpoint, dataset=evaluation.dataset,
                            subsample=evaluation.classes)
              for evaluation in plan.kind.evaluations]
+    cache = (sum(e.cache_served for e in (test, *extra)),
+             sum(e.cache_evaluated for e in (test, *extra)))
     metrics = scorer(test)
     for evaluation, encoded in zip(plan.kind.evaluations, extra):
         metrics[evaluation.metric] = scorer(encoded)[evaluation.key]
     for name, parts in plan.kind.averages.items():
         metrics[name] = mean(metrics[p] for p in parts)
-    return metrics
+    return metrics, cache
 
 
 def _reuse_trial(plan: SweepPlan, config, best: dict) -> Path | None:
@@ -93,11 +95,12 @@ def final_runs(plan: SweepPlan, dataset: str, best: dict, dataset_run_id: str,
             reused_trial = best["trial_id"] if reused else reused_trial
             if not reused:
                 checkpoint = fit_ray(config, name=f"{dataset}-seed{seed}").checkpoint
-            metrics = test_metrics(plan, config, checkpoint, scorer)
+            metrics, cache = test_metrics(plan, config, checkpoint, scorer)
             scorer.release_gpus()  # the next seed's run needs them
             _log_test(config, metrics, {"vacsr.reused_trial": best["trial_id"]} if reused else {})
             per_seed.append({"seed": seed, **metrics})
-            report({"event": "final", "dataset": dataset, "seed": seed, "metrics": metrics})
+            report({"event": "final", "dataset": dataset, "seed": seed, "metrics": metrics,
+                    "cache": cache})
     finally:
         scorer.shutdown()
     return {"per_seed": per_seed, "reused_trial": reused_trial}

@@ -21,7 +21,7 @@ from vacsr.sweep.plan.inputs import (check_datasets, check_devices, check_model,
 from vacsr.sweep.plan.plan import SweepPlan, build_config
 from vacsr.sweep.spec.space import (check_space_values, clamp_blocks, dataset_space, parse_range,
                                tower_depths)
-from vacsr.sweep.plan.folders import storage_filesystem, sweep_folder
+from vacsr.sweep.plan.folders import prefix_cache_folder, storage_filesystem, sweep_folder
 from vacsr.sweep.plan.studies import check_optuna_storage
 from vacsr.task_names import SWEEP_RUN_SETTINGS
 
@@ -259,8 +259,10 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
     pretrained = args.pretrained or (str(storage / "tiny-clip.pt") if tiny else None)
     shared = _base_values(kind, args, profile, root, model, pretrained)
     epochs = {"train.epochs": args.epochs} if args.epochs else {}
-    configs = {d: build_config([shared, {"data.dataset": d}, dict(kind.protocol),
-                                profile.get("set", {}), epochs, user], set(user))
+    own = {d: {"data.dataset": d, "data.prefix_cache_dir": str(prefix_cache_folder(storage, d))}
+           for d in datasets}
+    configs = {d: build_config([shared, own[d], dict(kind.protocol), profile.get("set", {}),
+                                epochs, user], set(user))
                for d in datasets}
     depths = tower_depths(model)
     spaces = {d: clamp_blocks(dataset_space(kind.space, kind.batch_sizes.get(d, ()), ranges,

@@ -12,6 +12,13 @@ def sweep_folder(root: str | os.PathLike, name: str) -> Path:
     return Path(root).expanduser().resolve() / name
 
 
+def prefix_cache_folder(storage: Path, dataset: str) -> Path:
+    """Where a dataset's runs keep their evaluation passes' frozen-prefix outputs
+    (data.prefix_cache_dir): every trial and final seed of the dataset on a node that sees the
+    sweep folder shares it."""
+    return storage / "prefix_cache" / dataset
+
+
 def join_storage(root: str, *parts: str) -> str:
     """`root`/parts for a local path or a URI (s3://, gs://, file://): pyarrow takes both."""
     if "://" in root:

@@ -23,6 +23,7 @@ class SweepProgress:
         self.best: dict[str, float] = {}
         self.interval_s, self.last_status = interval_s, time.monotonic()
         self.start, self.start_done = time.monotonic(), sum(self.trials.values())
+        self.cache = [0, 0]  # evaluation inputs the prefix cache served, of all encoded
         self.bar = None
         if getattr(self.stream, "isatty", lambda: False)():
             self.bar = tqdm(total=self.total, initial=sum(self.trials.values()), unit="trial",
@@ -53,6 +54,8 @@ class SweepProgress:
     def event(self, event: dict) -> None:
         """An event a dataset's task sent (vacsr/sweep/search/tune.py TrialEvents, final.py)."""
         dataset = event["dataset"]
+        served, evaluated = event.get("cache", (0, 0))
+        self.cache = [self.cache[0] + served, self.cache[1] + evaluated]
         if event["event"] == "trial":
             self.trials[dataset] += 1
             value = event.get("value")
@@ -97,3 +100,10 @@ class SweepProgress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
+        served, evaluated = self.cache
+        if evaluated:  # once: how much of the evaluation the frozen-prefix cache served
+            self.line(f"[{self.name}] prefix cache: served {served:,} of the {evaluated:,} "
+                      f"images and prompts that evaluation passes encoded "
+                      f"({served / evaluated:.0%})")
+            self.cache = [0, 0]

@@ -109,7 +109,9 @@ class TrialEvents(tune.Callback):
         value = result.get(self.metric)
         self.report({"event": "trial", "dataset": self.dataset, "trial": trial.trial_id,
                      "status": status, "epochs": result.get("epoch", 0),
-                     "value": value if isinstance(value, (int, float)) else None})
+                     "value": value if isinstance(value, (int, float)) else None,
+                     "cache": (int(result.get("prefix_cache/served", 0)),
+                               int(result.get("prefix_cache/evaluated", 0)))})
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         self._send(trial, "done")

@@ -16,8 +16,11 @@ ADAPTER_SPACE: dict[str, Domain] = {
 }
 
 BACKBONE_SPACE: dict[str, Domain] = {  # MMA's recipe: blocks and epochs searched (C.2)
-    "model.trainable_image_blocks": Int(0, 4),
+    "model.trainable_image_blocks": Int(0, 4),  # 0: the adapter and projections alone
     "model.trainable_text_blocks": Int(0, 4),
+    # C.2 searches "the number of frozen Transformer layers": frozen below the trainable ones
+    # (last) in common use, or above them (first), as C.2's domain generalisation reads
+    "model.trainable_side": Choice(("first", "last")),
     "train.epochs": Int(2, 10),
 }
 
