@@ -11,7 +11,10 @@
 #      target under 5 s on one H200-class GPU (PASS/FAIL);
 #   4. the embedded base2novel sweep on one dataset, its trials side by side (--concurrent-trials),
 #      each on a GPU of its own, with the most GPUs reserved at once and the GPU ids each search
-#      trial ran on (benchmarks/gpu_sweep.py).
+#      trial ran on (benchmarks/gpu_sweep.py);
+#   5. ViT-B/16 training steps with the first and with the last 2 blocks of each tower training,
+#      and a val pass over 256 images with the frozen prefix's cache cold and warm
+#      (benchmarks/bench_trainable_side.py).
 # It ends with one summary block (each check: ok/fail and its key figure) and exits 1 when a check
 # failed. Without CUDA it says so and exits 0, unless DRY_RUN=1.
 #
@@ -22,7 +25,7 @@
 # each, which Ray must run all at once, packed two per GPU (train.device=cpu keeps the tensors on
 # the CPU while Ray schedules and places the trials on the GPU ids).
 #
-# GPU_CHECK_STEPS="scorer sweep" runs only the steps named (default: all four, in this order).
+# GPU_CHECK_STEPS="scorer sweep" runs only the steps named (default: all five, in this order).
 #
 # The whole real run fits one 10-minute call: each step's timeout is the smaller of STEP_TIMEOUT
 # and what is left of TOTAL_TIMEOUT (default 540 s); see README "Real scale" for the estimate.
@@ -35,13 +38,13 @@ DRY_RUN=${DRY_RUN:-0}
 # a dry run on a busy CPU is slower than the GPU run it stands for
 TOTAL_TIMEOUT=${TOTAL_TIMEOUT:-$([ "$DRY_RUN" = 1 ] && echo 1500 || echo 540)}
 START=$SECONDS
-STEPS=${GPU_CHECK_STEPS:-gpu-tests train-step scorer sweep}
+STEPS=${GPU_CHECK_STEPS:-gpu-tests train-step scorer sweep trainable-side}
 export RAY_USAGE_STATS_ENABLED=0
 for step in $STEPS; do
     case $step in
-        gpu-tests|train-step|scorer|sweep) ;;
+        gpu-tests|train-step|scorer|sweep|trainable-side) ;;
         *) echo "gpu-check: GPU_CHECK_STEPS: unknown step '$step'" \
-                "(expected gpu-tests, train-step, scorer or sweep)" >&2
+                "(expected gpu-tests, train-step, scorer, sweep or trainable-side)" >&2
            exit 2 ;;
     esac
 done
@@ -140,6 +143,8 @@ torch.save(open_clip.create_model("vacsr-tiny").state_dict(), sys.argv[1])' "$OU
         "${SWEEP[@]}" --gpus-per-worker 0.5 --trials 4 --concurrent-trials 4 --seeds 1 --epochs 1 \
         --range train.epochs=choice:1 --pretrained "$OUT/tiny-random.pt" --cpus-per-worker 0.5 \
         --trial-cpus 0.5 --set train.device=cpu --set train.amp_on_cpu=true
+    run_check trainable-side summary_line "$PY" benchmarks/bench_trainable_side.py \
+        --model vacsr-tiny --batch-size 8 --blocks 1 --images 32
     TITLE="dry run on the CPU"
 else
     run_check gpu-tests pytest_line "$PY" -m pytest -q -m gpu -p no:cacheprovider "${GPU_TESTS[@]}"
@@ -148,6 +153,8 @@ else
     run_check scorer summary_line "$PY" benchmarks/gpu_scorer.py --repeats 2 --target-s 5
     run_check sweep summary_line "$PY" benchmarks/gpu_sweep.py -- "${SWEEP[@]}" \
         --gpus-per-worker 1 --trials 2 --concurrent-trials 2
+    run_check trainable-side summary_line "$PY" benchmarks/bench_trainable_side.py --device cuda \
+        --batch-size 128 --images 2048
     TITLE=$(timeout 60 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null \
             | head -n 1 || echo "GPU")
 fi

@@ -34,7 +34,8 @@ def _dry_run(tmp_path, steps: tuple[str, ...]) -> dict[str, str]:
     assert run.returncode == 0, (out[-3000:], run.stderr[-2000:])
     summary = out[out.index("==== gpu-check summary (dry run on the CPU"):].splitlines()[1:]
     rows = {line.split()[0]: line for line in summary
-            if line.split() and line.split()[0] in ("gpu-tests", "train-step", "scorer", "sweep")}
+            if line.split() and line.split()[0] in ("gpu-tests", "train-step", "scorer", "sweep",
+                                                    "trainable-side")}
     assert set(rows) == set(steps), summary  # the steps named, and only they
     for name, line in rows.items():
         assert re.search(rf"^{name}\s+ok \(\d+s\)\s+\S", line), line  # ok, then a figure
@@ -49,16 +50,18 @@ def test_an_unknown_step_is_one_line_and_exit_2_before_any_step(tmp_path):
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stderr.strip().splitlines() == [
         "gpu-check: GPU_CHECK_STEPS: unknown step 'sweeps' (expected gpu-tests, train-step, "
-        "scorer or sweep)"], run.stderr
+        "scorer, sweep or trainable-side)"], run.stderr
     assert run.stdout == "" and not any(tmp_path.iterdir())  # nothing ran, nothing written
 
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_executes_the_single_process_steps(tmp_path):
-    rows = _dry_run(tmp_path, ("gpu-tests", "train-step", "scorer"))
+    rows = _dry_run(tmp_path, ("gpu-tests", "train-step", "scorer", "trainable-side"))
     assert "skipped" in rows["gpu-tests"]  # collected and run; they need CUDA
     assert "bf16 on cpu (dry run)" in rows["train-step"] and "finite" in rows["train-step"]
     assert "PASS" in rows["scorer"]
+    assert "last/first step" in rows["trainable-side"] and "warm/cold val pass" in rows[
+        "trainable-side"]
 
 
 @pytest.mark.slow
