@@ -138,3 +138,27 @@ def test_a_split_over_the_budget_is_evaluated_without_the_cache_said_once(datase
     assert f"B per input x {len(split.images)} inputs" in notes[0]
     assert cache.stats.uncached == 2 * (len(split.images) + len(split.classnames))
     assert _files(tmp_path / "cache") == []
+
+
+def test_a_runs_val_passes_and_its_checkpoint_evaluation_share_the_cache(dataset_root,
+                                                                          tmp_path):
+    """The path a sweep takes: a trial's val passes store then read the prefix, the final
+    phase's base and novel test passes of the checkpoint read what the first seed stored."""
+    from vacsr.train.evaluate import encode_checkpoint
+    from vacsr.train.loop import Trainer
+
+    config = _config(dataset_root, "model.trainable_side=last", "model.trainable_image_blocks=1",
+                     "model.trainable_text_blocks=1", "model.use_gpo=false", "train.epochs=2",
+                     "train.batch_size=8", "train.progress=false", "train.eval_test=false",
+                     f"train.output_dir={tmp_path / 'run'}",
+                     f"data.prefix_cache_dir={tmp_path / 'cache'}")
+    result = Trainer(config).fit()
+    first, second = result.history
+    assert first["prefix_cache/served"] == 0 < first["prefix_cache/evaluated"]
+    assert second["prefix_cache/served"] == first["prefix_cache/evaluated"]  # epoch 2 read it
+    for seed in (1, 2):  # the test images are new to the first seed (the base prompts are val's)
+        encoded = [encode_checkpoint(config, result.checkpoint, subsample=part)
+                   for part in ("base", "novel")]
+        for split in encoded:
+            assert split.cache_evaluated == len(split.image_feats) + len(split.text_feats)
+            assert (split.cache_served == split.cache_evaluated) == (seed == 2)

@@ -21,13 +21,15 @@ def test_every_space_searches_the_negative_sigma_target(name):
 
 @pytest.mark.parametrize("embedded", [False, True])
 def test_domain_generalization_fixes_the_paper_protocol(tmp_path, monkeypatch, embedded):
-    fixed = {"model.trainable_image_blocks", "model.trainable_text_blocks", "train.epochs"}
+    fixed = {"model.trainable_image_blocks", "model.trainable_text_blocks", "train.epochs",
+             "model.trainable_side"}
     # embedded: the profile without writing data or pretraining the tiny CLIP
     plan = sweep_plan(DG, tmp_path, data=None if embedded else tmp_path / "data",
                       monkeypatch=monkeypatch)
     assert not fixed & set(plan.spaces["imagenet"])  # not searched, even by the profile
     config = plan.configs["imagenet"]
     assert (config.model.trainable_image_blocks, config.model.trainable_text_blocks) == (2, 3)
+    assert config.model.trainable_side == "first"  # C.2: "the first two layers ... first three"
     assert (config.train.epochs, config.optim.schedule) == (5, "cosine")
     assert config.data.subsample_classes == "all"
     assert [e.dataset for e in DG.evaluations] == ["imagenetv2", "imagenet_sketch",
@@ -66,6 +68,26 @@ def test_base_to_novel_keeps_cosine_and_trains_on_base_classes(tmp_path):
     config = plan.configs["eurosat"]
     assert config.optim.schedule == "cosine" and config.data.subsample_classes == "base"
     assert config.model.use_gpo is False  # classification: pooled CLIP features
+
+
+@pytest.mark.parametrize("embedded", [False, True])
+def test_base_to_novel_searches_the_trainable_side_from_todays_start(tmp_path, monkeypatch,
+                                                                      embedded):
+    """C.2 searches "the number of frozen Transformer layers": the side with the counts (0 =
+    adapter and projections only); the first trial keeps the paper's defaults, `first`; each
+    dataset's runs share a frozen-prefix cache folder in the sweep folder."""
+    from vacsr.sweep.spec.space import start_point
+
+    plan = sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat,dtd"],
+                      data=None if embedded else tmp_path / "data", monkeypatch=monkeypatch)
+    for dataset in ("eurosat", "dtd"):
+        space = plan.spaces[dataset]
+        assert space["model.trainable_side"] == Choice(("first", "last"))
+        assert space["model.trainable_image_blocks"].low == 0
+        assert start_point(space, plan.configs[dataset])["model.trainable_side"] == "first"
+        assert plan.configs[dataset].data.prefix_cache_dir == str(
+            plan.storage / "prefix_cache" / dataset)
+    assert "model.trainable_side" not in RETRIEVAL.space  # every block trains there
 
 
 def test_eurosat_batch_sizes_include_five(tmp_path):

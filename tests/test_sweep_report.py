@@ -49,9 +49,10 @@ def test_progress_in_a_log_has_no_control_characters():
                              interval_s=0.0)
     progress.started("eurosat")
     progress.event({"event": "trial", "dataset": "eurosat", "trial": "t1", "status": "done",
-                    "epochs": 4, "value": 55.0})
+                    "epochs": 4, "value": 55.0, "cache": (300, 400)})
     progress.event({"event": "final", "dataset": "eurosat", "seed": 1,
-                    "metrics": {"acc": 60.0, "novel_acc": 40.0, "eval_seconds": 0.1}})
+                    "metrics": {"acc": 60.0, "novel_acc": 40.0, "eval_seconds": 0.1},
+                    "cache": (1200, 1600)})
     progress.finished("eurosat")
     progress.finished("dtd", "none of 2 trial(s) reported val/acc")
     progress.close()
@@ -61,3 +62,7 @@ def test_progress_in_a_log_has_no_control_characters():
     assert "[demo] eurosat final seed 1: acc=60.00, novel_acc=40.00\n" in text
     assert "progress: 1/4 trials, ETA" in text and "best val/acc: eurosat=55.0" in text
     assert "[demo] dtd: FAILED: none of 2 trial(s) reported val/acc" in text
+    # once, at the end: the trials' and final seeds' evaluation inputs the prefix cache served
+    assert text.count("prefix cache:") == 1 and text.endswith(
+        "[demo] prefix cache: served 1,500 of the 2,000 images and prompts that evaluation "
+        "passes encoded (75%)\n")
