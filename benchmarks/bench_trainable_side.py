@@ -33,6 +33,9 @@ from vacsr.data.prefix_cache import PrefixCache  # noqa: E402
 from vacsr.threads import torch_threads  # noqa: E402
 from vacsr.train.loop import Trainer  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_train_step import train_step as step  # noqa: E402
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -69,14 +72,6 @@ class Clock:
             torch.cuda.synchronize()
         self.wall = time.perf_counter() - self.wall
         self.cpu = time.process_time() - self.cpu
-
-
-def step(run: Trainer, batch: list[torch.Tensor], seed: int) -> None:
-    loss, _ = run.compute_loss(batch, None, seed)
-    run.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.config.optim.grad_clip)
-    run.optimizer.step()
 
 
 def step_costs(args, runs: dict[str, Trainer]) -> dict[str, tuple[float, float]]:
