@@ -103,3 +103,21 @@ def test_class_prompts_pass_the_frozen_prefix_once_with_the_last_text_blocks_tra
         feats.sum().backward()
     assert len(calls) == 1  # the frozen block once, the last block every step
     assert prefix.blocks(model.backbone.clip, "text")[2].mlp.c_fc.weight.grad is not None
+
+
+def test_a_sweep_whose_fixed_block_count_exceeds_the_tower_is_refused_before_ray(tmp_path,
+                                                                                capsys):
+    import ray
+    from conftest import make_dataset_folders, nothing_written, one_line
+
+    from sweeps.base2novel import SWEEP
+    from vacsr.sweep import cli
+
+    data = make_dataset_folders(tmp_path / "data")
+    line = one_line(["--datasets", "eurosat", "--data-root", data, "--storage", tmp_path / "out",
+                     "--set", "model.trainable_text_blocks=5"], capsys,
+                    entry=lambda argv: cli.main(SWEEP, argv))
+    assert line == ("vacsr: error: model.trainable_text_blocks: 5 exceeds the 3 blocks of the "
+                    "text tower of vacsr-tiny (eurosat)")
+    assert not ray.is_initialized()
+    nothing_written(tmp_path / "out")

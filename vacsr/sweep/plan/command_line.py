@@ -19,8 +19,8 @@ from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.plan.inputs import (check_datasets, check_devices, check_model, check_pretrained,
                                 check_ray_address, check_sweep_name)
 from vacsr.sweep.plan.plan import SweepPlan, build_config
-from vacsr.sweep.spec.space import (check_space_values, clamp_blocks, dataset_space, parse_range,
-                               tower_depths)
+from vacsr.sweep.spec.space import (check_blocks, check_space_values, clamp_blocks,
+                                    dataset_space, parse_range, tower_depths)
 from vacsr.sweep.plan.folders import prefix_cache_folder, storage_filesystem, sweep_folder
 from vacsr.sweep.plan.studies import check_optuna_storage
 from vacsr.task_names import SWEEP_RUN_SETTINGS
@@ -269,6 +269,7 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
                                             configs[d].train.workers, d), depths)
               for d in datasets}
     for d in datasets:  # a value the runs refuse fails here, before Ray starts
+        check_blocks(configs[d], depths, d)
         check_space_values(spaces[d], configs[d], d)
     # a local instance of the sweep's own (the GPUs torch sees); one the caller started has its own
     ray = sys.modules.get("ray")  # not imported: not started either

@@ -184,12 +184,24 @@ def tower_depths(model_name: str) -> tuple[int, int] | None:
     return int(config["vision_cfg"]["layers"]), int(config["text_cfg"]["layers"])
 
 
+BLOCK_KEYS = ("model.trainable_image_blocks", "model.trainable_text_blocks")
+
+
 def clamp_blocks(space: dict[str, Domain], depths: tuple[int, int] | None) -> dict[str, Domain]:
     """Trainable-block ranges cut to the backbone's depth (a 3-block model cannot train 4)."""
     result = dict(space)
-    for key, depth in zip(("model.trainable_image_blocks", "model.trainable_text_blocks"),
-                          depths or ()):
+    for key, depth in zip(BLOCK_KEYS, depths or ()):
         if isinstance(result.get(key), Int):
             result[key] = replace(result[key], low=min(result[key].low, depth),
                                   high=min(result[key].high, depth))
     return result
+
+
+def check_blocks(config: Config, depths: tuple[int, int] | None, dataset: str) -> None:
+    """A fixed trainable-block count (--set, a protocol) deeper than its tower: one line before
+    Ray starts, not a failure in every trial."""
+    values = flatten(config)
+    for key, depth, tower in zip(BLOCK_KEYS, depths or (), ("image", "text")):
+        if values[key] > depth:
+            raise ConfigError(f"{key}: {values[key]} exceeds the {depth} blocks of the {tower} "
+                              f"tower of {config.model.name} ({dataset})")
