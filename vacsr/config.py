@@ -48,6 +48,11 @@ MAX_CAPTIONS_PER_IMAGE = 100
 ADAPTER_KINDS = ("vacsr", "sigmoid_baseline")
 ADAPTER_INITS = ("random", "cosine")
 TRAINABLE_SIDES = ("first", "last")
+BACKBONE_GRADS = ("auto", "all", "recon")
+# loss.backbone_grad "auto": few-shot classification trains the backbone's blocks with L_recon
+# alone (L_sigma's gradient there cost H with the first blocks training); retrieval with every
+# term (with L_recon alone its adapter degenerated, RSUM at chance)
+AUTO_BACKBONE_GRAD = {"retrieval": "all", "classification": "recon"}
 
 
 @dataclass
@@ -92,6 +97,10 @@ class LossConfig:
     # correspondence. Measured in benchmarks/bench_loss_paths.py; see losses._reduce.
     reduction: str = "per_query"
     neg_columns: str = "all"  # L_sigma^N column terms: "all" columns | "with_positive" only
+    # the terms whose gradient reaches the backbone: "all" | "recon" (only beta L_recon; the
+    # adapter learns from the whole loss either way) | "auto", the task's AUTO_BACKBONE_GRAD
+    # (measured in docs/method.md, "Trainable blocks"): model/backbone_grad.py
+    backbone_grad: str = "auto"
 
 
 @dataclass
@@ -482,6 +491,7 @@ def validate(config: Config) -> Config:
     _one_of("loss.neg_sigma_target", l.neg_sigma_target, ("label", "positive"))
     _one_of("loss.reduction", l.reduction, ("pair_mean", "per_query", "balanced"))
     _one_of("loss.neg_columns", l.neg_columns, ("all", "with_positive"))
+    _one_of("loss.backbone_grad", l.backbone_grad, BACKBONE_GRADS)
     _validate_optim(o)
     _one_of("data.task", d.task, TASK_NAMES)
     _validate_synthetic_sizes(d)
