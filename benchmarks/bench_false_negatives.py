@@ -95,6 +95,7 @@ def train_run(data: ConceptData, config: Config, *, seed: int, epochs: int, batc
     optim = AdamP([{"params": towers.parameters(), "lr": lr * tower_lr_mult},
                    {"params": head.parameters(), "lr": lr * head_lr_mult}], weight_decay=1e-4)
     split, loss_kwargs = data.train, asdict(config.loss)
+    loss_kwargs.pop("backbone_grad")  # the towers here always take every term's gradient
     gen = torch.Generator().manual_seed(seed)
     last, steps = {}, 0
     for epoch in range(epochs):

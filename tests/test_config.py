@@ -33,6 +33,7 @@ def test_yaml_then_overrides(tmp_path):
     ("loss.neg_sigma_target=maybe", "loss.neg_sigma_target"),
     ("loss.reduction=sum", "loss.reduction"),
     ("loss.neg_columns=some", "loss.neg_columns"),
+    ("loss.backbone_grad=sigma", "loss.backbone_grad"),
     ("loss.beta=.inf", "loss.beta"),
     ("loss.gamma=.nan", "loss.gamma"),
     ("adapter.logvar_bound=0", "adapter.logvar_bound"),

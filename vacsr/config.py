@@ -48,6 +48,7 @@ MAX_CAPTIONS_PER_IMAGE = 100
 ADAPTER_KINDS = ("vacsr", "sigmoid_baseline")
 ADAPTER_INITS = ("random", "cosine")
 TRAINABLE_SIDES = ("first", "last")
+BACKBONE_GRADS = ("all", "recon")
 
 
 @dataclass
@@ -92,6 +93,10 @@ class LossConfig:
     # correspondence. Measured in benchmarks/bench_loss_paths.py; see losses._reduce.
     reduction: str = "per_query"
     neg_columns: str = "all"  # L_sigma^N column terms: "all" columns | "with_positive" only
+    # the terms whose gradient reaches the backbone: "all" (the paper's one objective, sec. 3.2)
+    # | "recon" (only beta L_recon; the adapter learns from the whole loss either way), an
+    # ablation: model/backbone_grad.py, measured in docs/method.md ("Trainable blocks")
+    backbone_grad: str = "all"
 
 
 @dataclass
@@ -482,6 +487,7 @@ def validate(config: Config) -> Config:
     _one_of("loss.neg_sigma_target", l.neg_sigma_target, ("label", "positive"))
     _one_of("loss.reduction", l.reduction, ("pair_mean", "per_query", "balanced"))
     _one_of("loss.neg_columns", l.neg_columns, ("all", "with_positive"))
+    _one_of("loss.backbone_grad", l.backbone_grad, BACKBONE_GRADS)
     _validate_optim(o)
     _one_of("data.task", d.task, TASK_NAMES)
     _validate_synthetic_sizes(d)

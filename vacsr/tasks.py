@@ -20,6 +20,8 @@ from vacsr.data.encoding import encode_texts
 from vacsr.model.prefix import text_prefix, text_suffix
 from vacsr.errors import ConfigError
 from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval
+from vacsr.model.adapter import SigmoidBaselineHead
+from vacsr.model.backbone_grad import vacsr_loss_recon_to_backbone
 from vacsr.model.losses import sigmoid_loss, vacsr_loss
 from vacsr.model.vacsr import VACSRModel
 
@@ -59,13 +61,18 @@ class _Task:
     def __init__(self, model: VACSRModel, loss_config) -> None:
         self.model = model
         self.loss_kwargs = asdict(loss_config)
+        self.backbone_grad = self.loss_kwargs.pop("backbone_grad")  # the terms training it
 
     def loss_from_pairs(self, pairs: PairBatch):
         """All B x B' pairs of the (gathered) batch -> (loss, parts)."""
-        output = self.model.head(pairs.image_feats, pairs.text_feats)
-        if output.sigma_hat is None:  # the sigmoid baseline head
-            return sigmoid_loss(output.logits, pairs.labels())
-        return vacsr_loss(output, pairs.labels(), **self.loss_kwargs)
+        head = self.model.head
+        if isinstance(head, SigmoidBaselineHead):
+            return sigmoid_loss(head(pairs.image_feats, pairs.text_feats).logits, pairs.labels())
+        if self.backbone_grad == "recon":  # only L_recon trains the backbone: backbone_grad.py
+            return vacsr_loss_recon_to_backbone(head, pairs.image_feats, pairs.text_feats,
+                                                pairs.labels(), **self.loss_kwargs)
+        return vacsr_loss(head(pairs.image_feats, pairs.text_feats), pairs.labels(),
+                          **self.loss_kwargs)
 
     def loss(self, batch):
         return self.loss_from_pairs(self.features(batch))
