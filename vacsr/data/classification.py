@@ -192,6 +192,26 @@ def load_domain_shift(root: str | Path, name: str) -> dict[str, ClassificationDa
     return {"test": to_data(items, dataset_dir, classnames, spec.template)}
 
 
+def check_dataset_files(root: str | Path, name: str) -> None:
+    """Every image any phase of a job may read from `name`, checked before the job starts:
+    train and val (each seed's few-shot sample is drawn from them), and the whole test split
+    (base and novel classes), with the entry checks of `load_classification`. A run loads only
+    its subsample; a missing novel test image would otherwise surface after the training.
+    ImageNet and its variants are class-folder listings: reading them is their check."""
+    spec = _spec(name)
+    root = Path(root).expanduser().absolute()
+    if name in VARIANTS:
+        load_domain_shift(root, name)
+        return
+    dataset_dir, splits = _read_splits(root, name, spec)
+    files = split_files(dataset_dir, name, spec)
+    check_splits(splits, spec.num_classes, files, dataset_dir)
+    _check_class_count(splits["train"], spec.num_classes, files["train"])
+    if name != "imagenet":  # see load_classification
+        for split, items in splits.items():
+            _check_images(dataset_dir, files[split], items)
+
+
 def load_classification(root: str | Path, name: str, *, shots: int, seed: int,
                         subsample: str = "base") -> dict[str, ClassificationData]:
     """The protocol's splits of a base-to-novel dataset (or the test split of a variant).

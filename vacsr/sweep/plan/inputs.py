@@ -60,20 +60,26 @@ def check_pretrained(text: str, model: str) -> None:
 
 
 def check_datasets(root: Path, task: str, names: list[str]) -> None:
-    """Each dataset's folder is where its layout puts it under --data-root (the readers check
-    the files inside when the runs load them)."""
+    """Each dataset's folder is where its layout puts it under --data-root, and every image any
+    phase of the sweep reads is there: a classification run loads only its subsample, and a
+    missing image of a later phase would otherwise end the dataset after its trials."""
     from vacsr.data.files import require_dir
 
     require_dir(root, "--data-root: the folder holding the datasets")
     if task == "retrieval":
+        from vacsr.data.coco import check_coco_files
+
         for name in names:
             require_dir(root / name, f"the {name} layout (--data-root {root})")
+        check_coco_files(root)  # the only retrieval layout (vacsr.data.RETRIEVAL_DATASETS)
         return
-    from vacsr.data.classification import DATASETS
+    from vacsr.data.classification import DATASETS, check_dataset_files
 
     for name in names:
         require_dir(root / DATASETS[name].folder,
                     f"the {name} dataset folder under --data-root (CoOp's DATASETS.md layout)")
+    for name in names:  # one listdir per image folder (data/files.py: check_files_exist)
+        check_dataset_files(root, name)
 
 
 def check_devices(configs: dict, local: bool) -> None:
