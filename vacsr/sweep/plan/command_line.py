@@ -57,6 +57,25 @@ def _nonempty(text: str) -> str:
     return text
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value <= cfg.MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {cfg.MAX_SEED}, got {text}")
+    return value
+
+
+def _seed_list(text: str) -> tuple[int, ...]:
+    """--seeds: comma-separated seeds, each in the range every seeded library takes."""
+    try:
+        return tuple(dict.fromkeys(_seed(part) for part in _nonempty(text).split(",")))
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (in {text!r})" if text.strip() else str(exc)
+                                         ) from None
+
+
 def _sweep_name(text: str) -> str:
     try:
         return check_sweep_name(text)
@@ -99,7 +118,7 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=_positive(int),
                    help="epochs when not searched (default: the config's)")
     p.add_argument("--shots", type=_positive(int), help=f"few-shot K ({default('shots')})")
-    p.add_argument("--seeds", type=_nonempty,
+    p.add_argument("--seeds", type=_seed_list,
                    help=f"seeds of the final re-runs ({default('seeds')})")
     p.add_argument("--name", type=_sweep_name, default=kind.name,
                    help="sweep name: its folder under --storage (letters, digits, . _ -)")
@@ -139,7 +158,7 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override applied to every run")
     p.add_argument("--resume", action="store_true", help="continue a sweep whose driver died")
-    p.add_argument("--seed", type=int, default=0, help="Optuna sampler seed")
+    p.add_argument("--seed", type=_seed, default=0, help="Optuna sampler seed")
     p.add_argument("--verbose", action="store_true",
                    help="show Ray, Tune and Optuna output on the console (default: log files)")
     return p
@@ -163,16 +182,6 @@ def _datasets(kind: SweepKind, text: str | None) -> list[str]:
     if not names:
         raise ConfigError("--datasets: expected at least one dataset name")
     return list(dict.fromkeys(names))
-
-
-def _seeds(text: str | None, default: list[int]) -> tuple[int, ...]:
-    if text is None:
-        return tuple(default)
-    try:
-        seeds = tuple(int(s) for s in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--seeds: expected comma-separated integers, got {text!r}") from None
-    return tuple(dict.fromkeys(seeds))
 
 
 def _ray_storage(text: str | None) -> str:
@@ -278,7 +287,7 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
         kind=kind, name=args.name, configs=configs, spaces=spaces, storage=storage,
         tracking_uri=tracking_uri,
         trials=_pick(args.trials, profile, "trials"),
-        seeds=_seeds(args.seeds, _pick(None, profile, "seeds")), sampler_seed=args.seed,
+        seeds=args.seeds or tuple(_pick(None, profile, "seeds")), sampler_seed=args.seed,
         resume=args.resume, parallel=args.parallel_datasets,
         concurrent_trials=args.concurrent_trials,
         trial_cpus=_pick(args.trial_cpus, profile, "trial_cpus"),
