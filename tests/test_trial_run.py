@@ -39,6 +39,27 @@ def test_a_recorded_run_error_ends_the_retry_and_a_storage_error_does_not(tmp_pa
     assert recorded_failure(tmp_path) is None and not record.exists()  # retrained after a fix
 
 
+@pytest.mark.parametrize("content", [b"", b"\x00\x9f garbage", b'{"error": 7}', b"[1, 2]",
+                                     b'{"type": "TrainingDiverged"}'])
+def test_a_damaged_failure_record_is_one_line_to_both_of_its_readers(tmp_path, content):
+    """The run's driver (after Ray Train returns) and a Tune retry of the trial (before it trains)
+    read the record alike: damaged, it is the run's failure, naming the file, never a success
+    nor a silent retrain."""
+    from vacsr.errors import RunFailed
+    from vacsr.sweep.search.trial_run import recorded_failure
+    from vacsr.train.failure import raise_if_run_failed
+    from vacsr.train.files import FAILED_FILE
+
+    record = tmp_path / FAILED_FILE
+    record.write_bytes(content)
+    with pytest.raises(RunFailed) as raised:
+        raise_if_run_failed(tmp_path)
+    line = str(raised.value)
+    assert line.startswith(f"{record}: a damaged failure record (") and "\n" not in line
+    assert line.endswith("delete it to train the run again")
+    assert recorded_failure(tmp_path) == line and record.read_bytes() == content
+
+
 def test_a_trial_that_trained_in_its_actor_gets_its_tune_checkpoint_path():
     from vacsr.sweep.search.tune import _with_checkpoint_path
 
