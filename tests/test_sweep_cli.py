@@ -154,3 +154,42 @@ def test_a_seed_run_records_its_test_metrics_once_across_driver_restarts(tmp_pat
 
 
 
+
+
+@pytest.mark.parametrize("damage", [b"", bytes(range(256)) * 4], ids=["empty", "garbage"])
+def test_a_damaged_trial_checkpoint_is_said_and_the_retrained_seed_run_tagged(tmp_path, damage,
+                                                                              capsys):
+    """Final seed 1 reuses the selected trial's checkpoint; a zero-byte or garbage one is
+    retrained: one console line names the trial's file, and the seed's run says why."""
+    import io
+
+    from vacsr.config import load_config
+    from vacsr.records import MlflowTracker
+    from vacsr.sweep.final.seeds import RETRAINED_TAG, _log_test, _reuse_trial, final_config
+    from vacsr.sweep.plan.plan import SweepPlan
+    from vacsr.sweep.report.progress import SweepProgress
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    plan = SweepPlan(kind=BASE2NOVEL, name="t", configs={}, spaces={},
+                     storage=tmp_path / "sweep", tracking_uri=uri)
+    trial_checkpoint = plan.storage / "tune" / "eurosat" / "t1" / "checkpoint_2" / "last.ckpt"
+    trial_checkpoint.parent.mkdir(parents=True)
+    trial_checkpoint.write_bytes(damage)
+    parent = MlflowTracker(uri)
+    config = final_config(load_config(overrides=["train.epochs=3"]), plan, "eurosat", 1,
+                          parent.start(BASE2NOVEL.experiment, "eurosat"))
+    console = io.StringIO()
+    progress = SweepProgress("t", ["eurosat"], 2, [], "val/acc", stream=console)
+    checkpoint, tags = _reuse_trial(plan, config, {"checkpoint": str(trial_checkpoint),
+                                                   "trial_id": "t1"}, "eurosat", progress.event)
+    assert checkpoint is None and not (plan.storage / "final" / "eurosat" / "seed1" /
+                                       "last.ckpt").exists()  # no copy left to be mistaken
+    [line] = [text for text in console.getvalue().splitlines() if "eurosat:" in text]
+    assert line.startswith(f"[t] eurosat: {trial_checkpoint}: ") and "checkpoint" in line
+    assert line.endswith("; final seed 1 is trained again instead of reusing trial t1")
+    _log_test(config, {"acc": 42.0}, tags)
+    [run] = parent.client.search_runs([parent.experiment_id(BASE2NOVEL.experiment)],
+                                      filter_string="tags.`mlflow.runName` = "
+                                                    "'eurosat-final-seed1'")
+    assert run.data.tags[RETRAINED_TAG].startswith(f"{trial_checkpoint}: ")
+    assert "vacsr.reused_trial" not in run.data.tags
