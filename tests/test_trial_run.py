@@ -4,6 +4,7 @@ is not trained again by Tune's retry, a storage error is."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -96,7 +97,7 @@ def test_a_damaged_reported_checkpoint_trains_the_run_again(tmp_path, capsys, at
     filesystem = filesystem if atomic_storage else pafs.LocalFileSystem()
     reported = Reported(path=path, filesystem=filesystem)
     loaded = []
-    trainer = SimpleNamespace(device="cpu", load_state=loaded.append)
+    trainer = SimpleNamespace(device="cpu", load_state=loaded.append, output_dir=tmp_path / "run")
     assert restore_reported(trainer, None) is False
     for content in (None, b"", b"not a checkpoint"):
         if content is not None:
@@ -107,3 +108,28 @@ def test_a_damaged_reported_checkpoint_trains_the_run_again(tmp_path, capsys, at
     assert loaded == []
     save_checkpoint(tmp_path / "last.ckpt", {"epoch": 2})
     assert restore_reported(trainer, reported) is True and loaded == [{"epoch": 2}]
+    assert not (tmp_path / "run").exists() or list((tmp_path / "run").iterdir()) == []
+
+
+def test_a_reported_checkpoint_is_written_in_the_run_folder_and_cleared_after(tmp_path):
+    """The copy Ray takes each epoch's checkpoint from lives in the run's folder, not in /tmp:
+    a process killed while it exists leaves it where the next start clears it."""
+    from vacsr.distributed.ray_hooks import RayRun
+    from vacsr.train.scratch import SCRATCH_PREFIX, clear_scratch
+
+    sent = []
+
+    class Run(RayRun):
+        def send(self, metrics, folder):
+            sent.append((metrics, sorted(p.name for p in Path(folder).iterdir())))
+            assert Path(folder).parent == tmp_path / "run"  # where the run's files are
+
+    trainer = SimpleNamespace(output_dir=tmp_path / "run", state=lambda epoch: {"epoch": epoch})
+    Run().report(trainer, 3, {"val/acc": 1.0})
+    assert sent == [({"val/acc": 1.0}, ["last.ckpt"])]
+    assert list((tmp_path / "run").iterdir()) == []  # removed once Ray has its copy
+    left = tmp_path / "final" / "eurosat" / "seed1" / f"{SCRATCH_PREFIX}x1"  # a killed worker's
+    left.mkdir(parents=True)
+    (left / "last.ckpt").write_bytes(b"partial")
+    assert clear_scratch(tmp_path / "trials", tmp_path / "final") == [left]
+    assert not left.exists() and left.parent.is_dir()

@@ -97,7 +97,7 @@ def result_from_checkpoint(checkpoint, output_dir: Path) -> TrainResult:
     from vacsr.train.checkpoint import save_checkpoint
     from vacsr.train.loop import TrainResult
 
-    state = read_reported(checkpoint)
+    state = read_reported(checkpoint, output_dir)
     save_checkpoint(output_dir / CHECKPOINT_FILE, state)
     return TrainResult.of_history(list(state["history"]), output_dir / CHECKPOINT_FILE)
 

@@ -26,6 +26,7 @@ from vacsr.config import flatten, save_config
 from vacsr.distributed.cluster import ensure_ray, quiet_logging
 from vacsr.errors import StorageError, VacsrError
 from vacsr.stop import SIGNALS, Stopped
+from vacsr.train.scratch import clear_scratch
 from vacsr.model.pretrained_cache import weights_record
 from vacsr.sweep.flow.events import EventSink, start_event_log
 from vacsr.sweep.report.importance import importance_section, record_sensitivity
@@ -255,6 +256,8 @@ def _start(plan: SweepPlan, stop: StopRequest) -> SweepState:
     try:
         plan.storage.mkdir(parents=True, exist_ok=True)
         state = claim_state(plan)  # a used folder takes only --resume, with its own settings
+        # what killed runs left of their temporary copies (train/scratch.py): nothing trains yet
+        clear_scratch(plan.storage / "trials", plan.storage / "final")
         state.update(weights=weights_record(plan.configs[plan.datasets[0]].model.pretrained))
         quiet_logging(plan.verbose)
         ensure_ray(address=plan.ray_address, log_to_driver=plan.verbose)
