@@ -16,6 +16,7 @@ import torch
 
 from vacsr.data import build_classification, build_retrieval
 from vacsr.data.datasets import CaptionPairDataset, LabelledImageDataset
+from vacsr.data.fewshot import shots_per_class
 from vacsr.data.encoding import encode_texts
 from vacsr.errors import ConfigError
 from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval
@@ -54,6 +55,9 @@ class PairBatch:
                        text_feats=self.text_feats.float())
 
 
+# the images per class a classification run trained on (run_tags)
+SHOTS_MIN_TAG, SHOTS_MAX_TAG = "vacsr.shots_min", "vacsr.shots_max"
+
 class _Task:
     def __init__(self, model: VACSRModel, loss_config) -> None:
         self.model = model
@@ -68,6 +72,11 @@ class _Task:
 
     def loss(self, batch):
         return self.loss_from_pairs(self.features(batch))
+
+    @staticmethod
+    def run_tags(data_config, train) -> dict[str, Any]:
+        """Tags of what the run's training data turned out to be, beside the config asked."""
+        return {}
 
     def score(self, queries: torch.Tensor, items: torch.Tensor):
         """Inference (logits, sigma_hat) of a (queries x items) block."""
@@ -148,6 +157,14 @@ class ClassificationTask(_Task):
     def train_size(data_config, train) -> tuple[int, str, str]:
         return (len(train.labels), f"images ({data_config.shots} per class)",
                 "more shots (data.shots)")
+
+    @staticmethod
+    def run_tags(data_config, train) -> dict[str, Any]:
+        """The fewest and most images a class trains on: data.shots asks for K, and a class
+        with fewer training images trains on all of them (CoOp's sampling), which the config's
+        data.shots does not say."""
+        fewest, most = shots_per_class(train.labels)
+        return {SHOTS_MIN_TAG: fewest, SHOTS_MAX_TAG: most}
 
     @staticmethod
     def collate(backbone) -> None:

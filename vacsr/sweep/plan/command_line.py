@@ -17,7 +17,7 @@ from vacsr.help_format import DefaultsHelp, flag_error
 from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
 from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.plan.inputs import (check_datasets, check_devices, check_model, check_pretrained,
-                                check_ray_address, check_sweep_name)
+                                check_ray_address, check_sweep_name, note_fewer_shots)
 from vacsr.sweep.plan.plan import SweepPlan, build_config
 from vacsr.sweep.spec.space import (check_space_values, clamp_blocks, dataset_space, parse_range,
                                tower_depths)
@@ -261,9 +261,8 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
     ranges.update(parse_range(text) for text in args.range)
     storage = sweep_folder(args.storage, args.name)
     root = storage / "data" if embedded else Path(args.data_root).expanduser().resolve()
-    if not embedded:
-        check_datasets(root, kind.task, [d for d in kind.data_needed(datasets)
-                                         if d not in kind.also_accepts])
+    train_counts = {} if embedded else check_datasets(
+        root, kind.task, [d for d in kind.data_needed(datasets) if d not in kind.also_accepts])
     tiny = embedded and profile.get("pretrain_tiny") and model == profile["model"]
     pretrained = args.pretrained or (str(storage / "tiny-clip.pt") if tiny else None)
     shared = _base_values(kind, args, profile, root, model, pretrained)
@@ -277,6 +276,7 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
               for d in datasets}
     for d in datasets:  # a value the runs refuse fails here, before Ray starts
         check_space_values(spaces[d], configs[d], d)
+    note_fewer_shots(train_counts, configs)
     # a local instance of the sweep's own (the GPUs torch sees); one the caller started has its own
     ray = sys.modules.get("ray")  # not imported: not started either
     started = ray is not None and ray.is_initialized()

@@ -59,10 +59,11 @@ def check_pretrained(text: str, model: str) -> None:
                           f"of {model} (tags: {', '.join(tags) or 'none'})")
 
 
-def check_datasets(root: Path, task: str, names: list[str]) -> None:
+def check_datasets(root: Path, task: str, names: list[str]) -> dict[str, dict[int, int]]:
     """Each dataset's folder is where its layout puts it under --data-root, and every image any
     phase of the sweep reads is there: a classification run loads only its subsample, and a
-    missing image of a later phase would otherwise end the dataset after its trials."""
+    missing image of a later phase would otherwise end the dataset after its trials. Returns
+    each classification dataset's training images per label."""
     from vacsr.data.files import require_dir
 
     require_dir(root, "--data-root: the folder holding the datasets")
@@ -72,14 +73,33 @@ def check_datasets(root: Path, task: str, names: list[str]) -> None:
         for name in names:
             require_dir(root / name, f"the {name} layout (--data-root {root})")
         check_coco_files(root)  # the only retrieval layout (vacsr.data.RETRIEVAL_DATASETS)
-        return
+        return {}
     from vacsr.data.classification import DATASETS, check_dataset_files
 
     for name in names:
         require_dir(root / DATASETS[name].folder,
                     f"the {name} dataset folder under --data-root (CoOp's DATASETS.md layout)")
-    for name in names:  # one listdir per image folder (data/files.py: check_files_exist)
-        check_dataset_files(root, name)
+    counts = {name: check_dataset_files(root, name) for name in names}  # a listdir per folder
+    return {name: per_label for name, per_label in counts.items() if per_label}
+
+
+def note_fewer_shots(train_counts: dict[str, dict[int, int]], configs: dict) -> None:
+    """One line per dataset where a class the runs train on has fewer training images than
+    data.shots: it trains on all of them (CoOp's sampling), while the config records the shots
+    asked for; each run's tags record those it got (vacsr/tasks.py run_tags)."""
+    from vacsr.data.fewshot import subsample_labels
+    from vacsr.tasks import SHOTS_MAX_TAG, SHOTS_MIN_TAG
+
+    for dataset, config in configs.items():
+        per_label, shots = train_counts.get(dataset), config.data.shots
+        if not per_label:
+            continue
+        taken = [min(per_label[label], shots)
+                 for label in subsample_labels(per_label, config.data.subsample_classes)]
+        if min(taken) < shots:
+            print(f"{dataset}: data.shots={shots}, but a class with fewer training images trains "
+                  f"on all of them: {min(taken)} to {max(taken)} per class (each run's tags "
+                  f"{SHOTS_MIN_TAG} / {SHOTS_MAX_TAG})", flush=True)
 
 
 def check_devices(configs: dict, local: bool) -> None:
@@ -123,4 +143,4 @@ def check_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) ->
 
 
 __all__ = ["check_datasets", "check_devices", "check_model", "check_pretrained",
-           "check_ray_address", "check_sweep_name"]
+           "check_ray_address", "check_sweep_name", "note_fewer_shots"]
