@@ -193,3 +193,26 @@ def test_a_damaged_trial_checkpoint_is_said_and_the_retrained_seed_run_tagged(tm
                                                     "'eurosat-final-seed1'")
     assert run.data.tags[RETRAINED_TAG].startswith(f"{trial_checkpoint}: ")
     assert "vacsr.reused_trial" not in run.data.tags
+
+
+def test_a_trial_the_local_instance_can_never_schedule_is_refused(tmp_path):
+    """A local Ray has this machine's CPUs and no autoscaler: Ray would wait for such a trial
+    forever, without a word."""
+    import os
+
+    cpus = os.cpu_count()
+    with pytest.raises(ConfigError) as refused:
+        sweep_plan(BASE2NOVEL, tmp_path / "store", ["--datasets", "eurosat",
+                                                    "--cpus-per-worker", "100"],
+                   data=tmp_path / "data")
+    assert str(refused.value) == (
+        f"--cpus-per-worker 100: one trial needs 100 CPUs (1 worker(s)), the local Ray instance "
+        f"has {cpus} (this machine's); lower it, or join a cluster with --ray-address")
+    with pytest.raises(ConfigError, match=f"one trial needs {cpus + 1} CPUs \\(2 worker"):
+        sweep_plan(BASE2NOVEL, tmp_path / "store",
+                   ["--datasets", "eurosat", "--workers", "2", "--trial-cpus", "1",
+                    "--cpus-per-worker", f"{cpus / 2:g}", "--set", "train.batch_size=16"],
+                   data=tmp_path / "data")
+    assert not (tmp_path / "store").exists()
+    sweep_plan(BASE2NOVEL, tmp_path / "store", ["--datasets", "eurosat", "--cpus-per-worker",
+                                                str(cpus)], data=tmp_path / "data")  # fits

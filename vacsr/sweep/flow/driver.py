@@ -31,7 +31,7 @@ from vacsr.model.pretrained_cache import weights_record
 from vacsr.sweep.flow.events import EventSink, start_event_log
 from vacsr.sweep.report.importance import importance_section, record_sensitivity
 from vacsr.sweep.plan.ownership import claim_state
-from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism
+from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism, short_of, trial_needs
 from vacsr.sweep.report.progress import SweepProgress
 from vacsr.sweep.report.table import readable, table_spec, write_report
 from vacsr.sweep.flow.recovery import SpaceReserve, storage_failure, tracking_failure
@@ -148,7 +148,14 @@ class StopRequest:
 def _run_datasets(plan: SweepPlan, state: SweepState, parent_id: str,
                   progress: SweepProgress, stop: StopRequest) -> dict[str, str]:
     """Every pending dataset as a Ray task, `parallel` at a time; returns the failed ones."""
-    parallel, per_dataset = plan_parallelism(plan, ray.cluster_resources())
+    resources = ray.cluster_resources()
+    parallel, per_dataset = plan_parallelism(plan, resources)
+    train = plan.configs[plan.datasets[0]].train
+    short = short_of(trial_needs(train, plan.trial_cpus), resources)
+    if short:  # a cluster's autoscaler may add such a node (a local instance is refused earlier)
+        progress.line(f"[{plan.name}] note: one trial needs " + ", ".join(
+            f"{need:g} {name}s, the cluster has {held:g}" for name, (need, held) in short.items())
+            + " now: the sweep waits for the autoscaler to add nodes")
     pending = [d for d in plan.datasets if not state.dataset(d).get("done")]
     progress.line(f"[{plan.name}] {len(pending)} dataset(s) to search, {parallel} at a time, "
                   f"{per_dataset} concurrent trial(s) each, {plan.trials} trials per dataset")

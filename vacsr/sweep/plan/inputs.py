@@ -124,6 +124,30 @@ def check_devices(configs: dict, local: bool) -> None:
                                   "cluster with --ray-address, or use --gpus-per-worker 0")
 
 
+def check_trials_fit(configs: dict, trial_cpus: float) -> None:
+    """A local instance has this machine's CPUs and GPUs and no autoscaler: a trial needing more
+    would wait forever. Refused here, naming the flag."""
+    import os
+
+    from vacsr.sweep.plan.plan import short_of, trial_needs
+
+    have = {"CPU": float(os.cpu_count() or 1)}
+    if any(config.train.gpus_per_worker > 0 for config in configs.values()):
+        import torch
+
+        have["GPU"] = float(torch.cuda.device_count())
+    for config in configs.values():
+        train = config.train
+        for name, (need, held) in short_of(trial_needs(train, trial_cpus), have).items():
+            flag = "--cpus-per-worker" if name == "CPU" else "--gpus-per-worker"
+            given = train.cpus_per_worker if name == "CPU" else train.gpus_per_worker
+            raise ConfigError(f"{flag} {given:g}: one trial needs {need:g} {name}s "
+                              f"({train.workers} worker(s)"
+                              f"{'' if train.workers == 1 else ' and the trial driver'}), the "
+                              f"local Ray instance has {held:g} (this machine's); lower it, or "
+                              "join a cluster with --ray-address")
+
+
 def check_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
     """A head node answers at `address` (host:port or ray://host:port) within `timeout_s`:
     ray.init waits much longer for a cluster that is not there. "auto" and "local" pass."""
@@ -143,4 +167,4 @@ def check_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) ->
 
 
 __all__ = ["check_datasets", "check_devices", "check_model", "check_pretrained",
-           "check_ray_address", "check_sweep_name", "note_fewer_shots"]
+           "check_ray_address", "check_sweep_name", "check_trials_fit", "note_fewer_shots"]
