@@ -234,6 +234,20 @@ def make_dataset_folders(root: Path) -> Path:
     return root
 
 
+def tracked_train(tmp_path: Path, weights: Path, capsys, *overrides: str) -> str:
+    """A one-epoch `vacsr train` of the tiny CLIP on the CPU, tracked in a new SQLite store
+    `tmp_path/mlflow.db`, its run in `tmp_path/run`; its stderr (it must exit 0)."""
+    from vacsr.cli import main
+
+    code = main(["train", f"model.pretrained={weights}", "train.epochs=1", "adapter.hidden_dim=16",
+                 "train.progress=false", "train.device=cpu", "tracking.enabled=true",
+                 f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+                 f"train.output_dir={tmp_path / 'run'}", *overrides])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    return err
+
+
 def one_line(argv, capsys, entry=None) -> str:
     """The one stderr line `vacsr: error: ...` of a command that must fail with exit status 2
     (`entry`: the `vacsr` command's main unless given)."""

@@ -48,25 +48,20 @@ def test_a_run_records_the_shots_its_classes_got_when_fewer_than_asked(tmp_path,
                                                                         capsys):
     """data.shots=16 on 3 training images per class trains on the 3 (CoOp's sampling): the run's
     tags say so beside the param that records what was asked, and the console once."""
+    from conftest import tracked_train
     from mlflow import MlflowClient
 
-    from vacsr.cli import main
     from vacsr.data.generate import generate_all
 
     root = generate_all(tmp_path / "data", datasets=["eurosat"], per_class=(3, 1, 1))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    code = main(["train", "data.task=classification", "data.dataset=eurosat", f"data.root={root}",
-                 "data.shots=16", "data.subsample_classes=base", f"model.pretrained={weights}",
-                 "model.use_gpo=false", "train.batch_size=4", "train.epochs=1",
-                 "train.progress=false", "train.device=cpu", "adapter.hidden_dim=16",
-                 "tracking.enabled=true", f"tracking.uri={uri}",
-                 f"train.output_dir={tmp_path / 'run'}"])
-    err = capsys.readouterr().err
-    assert code == 0, err
+    err = tracked_train(tmp_path, weights, capsys, "data.task=classification",
+                        "data.dataset=eurosat", f"data.root={root}", "data.shots=16",
+                        "data.subsample_classes=base", "model.use_gpo=false",
+                        "train.batch_size=4")
     assert [line for line in err.splitlines() if "data.shots" in line] == [
         "vacsr: note: eurosat: data.shots=16, but a class with fewer training images trains on "
         "all of them: 3 to 3 per class (tags vacsr.shots_min / vacsr.shots_max)"]
-    client = MlflowClient(uri)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     [run] = client.search_runs([client.get_experiment_by_name("vacsr-train").experiment_id])
     assert run.data.params["data.shots"] == "16"
     assert (run.data.tags["vacsr.shots_min"], run.data.tags["vacsr.shots_max"]) == ("3", "3")

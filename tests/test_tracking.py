@@ -394,13 +394,8 @@ def test_a_dead_tracking_server_is_said_within_about_30_s(monkeypatch):
 def test_a_tracked_train_writes_no_mlflow_info_lines(tmp_path, weights, capsys):
     """Creating the store, MLflow and alembic logged INFO lines to stderr: the console of a
     tracked `vacsr train` holds its results and warnings only."""
-    from vacsr.cli import main
+    from conftest import tracked_train
 
-    code = main(["train", f"model.pretrained={weights}", "data.num_train=16", "data.num_test=10",
-                 "train.batch_size=16", "train.epochs=1", "adapter.hidden_dim=16",
-                 "data.augment=false", "train.progress=false", "train.device=cpu",
-                 "tracking.enabled=true", f"tracking.uri=sqlite:///{tmp_path / 'new.db'}",
-                 f"train.output_dir={tmp_path / 'run'}"])
-    err = capsys.readouterr().err
-    assert code == 0, err
+    err = tracked_train(tmp_path, weights, capsys, "data.num_train=16", "data.num_test=10",
+                        "train.batch_size=16", "data.augment=false")
     assert [line for line in err.splitlines() if " INFO " in line] == []
