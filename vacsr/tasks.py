@@ -17,6 +17,7 @@ import torch
 from vacsr.data import build_classification, build_retrieval
 from vacsr.data.datasets import CaptionPairDataset, LabelledImageDataset
 from vacsr.data.fewshot import shots_per_class
+from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG
 from vacsr.data.encoding import encode_texts
 from vacsr.errors import ConfigError
 from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval
@@ -54,9 +55,6 @@ class PairBatch:
         return replace(self, image_feats=self.image_feats.float(),
                        text_feats=self.text_feats.float())
 
-
-# the images per class a classification run trained on (run_tags)
-SHOTS_MIN_TAG, SHOTS_MAX_TAG = "vacsr.shots_min", "vacsr.shots_max"
 
 class _Task:
     def __init__(self, model: VACSRModel, loss_config) -> None:

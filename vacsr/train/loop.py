@@ -24,7 +24,8 @@ from vacsr.device import resolve_device
 from vacsr.errors import CheckpointError, TrainingDiverged
 from vacsr.model.vacsr import VACSRModel, build_model
 from vacsr.seed import epoch_seed, seed_everything
-from vacsr.tasks import SHOTS_MAX_TAG, SHOTS_MIN_TAG, task_type
+from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG
+from vacsr.tasks import task_type
 from vacsr.train.checkpoint import (ARCHITECTURE_KEYS, TRAINABLE_KEYS, load_checkpoint,
                                     load_model_state)
 from vacsr.train.evaluate import evaluate_split

@@ -87,8 +87,10 @@ def note_fewer_shots(train_counts: dict[str, dict[int, int]], configs: dict) -> 
     """One line per dataset where a class the runs train on has fewer training images than
     data.shots: it trains on all of them (CoOp's sampling), while the config records the shots
     asked for; each run's tags record those it got (vacsr/tasks.py run_tags)."""
+    if not train_counts:  # the embedded profile, retrieval: and no data stack imported for it
+        return
     from vacsr.data.fewshot import subsample_labels
-    from vacsr.tasks import SHOTS_MAX_TAG, SHOTS_MIN_TAG
+    from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG
 
     for dataset, config in configs.items():
         per_label, shots = train_counts.get(dataset), config.data.shots
