@@ -225,12 +225,17 @@ def test_a_stopped_and_resumed_sweep_gives_the_uninterrupted_table_and_choices(t
     time.sleep(2)
     driver.send_signal(signal.SIGKILL)
     driver.wait(timeout=60)
+    # a killed worker's temporary checkpoint copy in its run folder: --resume clears it
+    left = sorted(_trial_folders(root))[0] / ".scratch-killed"
+    left.mkdir()
+    (left / "last.ckpt").write_bytes(b"partial")
 
     # SIGTERM one second after the first dataset's last trial: its search is done, its final
     # phase starting, the other dataset's trial training
     resumed, log = _sweep(storage, weights, "--resume")
     _wait_for(resumed, log, lambda: any((root / "trials" / d / "selection.json").is_file()
                                         for d in DATASETS))
+    assert not left.exists()
     time.sleep(1)
     _stopped_cleanly(resumed, log)
 
