@@ -17,8 +17,7 @@ from vacsr.help_format import DefaultsHelp, flag_error
 from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
 from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.plan.inputs import (check_datasets, check_devices, check_model, check_pretrained,
-                                check_ray_address, check_sweep_name, check_trials_fit,
-                                note_fewer_shots)
+                                check_ray_address, check_sweep_name, note_fewer_shots)
 from vacsr.sweep.plan.plan import SweepPlan, build_config
 from vacsr.sweep.spec.space import (check_space_values, clamp_blocks, dataset_space, parse_range,
                                tower_depths)
@@ -281,9 +280,8 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
     # a local instance of the sweep's own (the GPUs torch sees); one the caller started has its own
     ray = sys.modules.get("ray")  # not imported: not started either
     started = ray is not None and ray.is_initialized()
-    check_devices(configs, local=not args.ray_address and not started)
-    if not args.ray_address and not started:  # no autoscaler adds a node to a local instance
-        check_trials_fit(configs, _pick(args.trial_cpus, profile, "trial_cpus"))
+    check_devices(configs, local=not args.ray_address and not started,
+                  trial_cpus=_pick(args.trial_cpus, profile, "trial_cpus"))
     tracking_uri = resolve_tracking_uri(args.tracking_uri, default_dir=storage)
     check_tracking_uri(tracking_uri)  # unreachable or refused: one line before any trial
     plan = SweepPlan(

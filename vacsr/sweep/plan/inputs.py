@@ -104,9 +104,10 @@ def note_fewer_shots(train_counts: dict[str, dict[int, int]], configs: dict) -> 
                   f"{SHOTS_MIN_TAG} / {SHOTS_MAX_TAG})", flush=True)
 
 
-def check_devices(configs: dict, local: bool) -> None:
+def check_devices(configs: dict, local: bool, trial_cpus: float = 1.0) -> None:
     """train.device against the GPUs the runs reserve: under Ray a worker computes on the GPU
-    Ray assigns it, so cuda needs --gpus-per-worker; a local instance has the GPUs torch sees."""
+    Ray assigns it, so cuda needs --gpus-per-worker; a local instance has the GPUs torch sees,
+    and must hold one trial (check_trials_fit)."""
     from vacsr.device import parse_device
 
     for dataset, config in configs.items():
@@ -124,6 +125,8 @@ def check_devices(configs: dict, local: bool) -> None:
                 raise ConfigError(f"--gpus-per-worker {gpus:g}: the local Ray instance would have "
                                   "no GPU (torch finds no CUDA device on this machine); join a "
                                   "cluster with --ray-address, or use --gpus-per-worker 0")
+    if local:  # no autoscaler adds a node to a local instance
+        check_trials_fit(configs, trial_cpus)
 
 
 def check_trials_fit(configs: dict, trial_cpus: float) -> None:
