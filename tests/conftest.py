@@ -216,13 +216,36 @@ def weights(tmp_path_factory) -> Path:
 
 
 def make_dataset_folders(root: Path) -> Path:
-    """An empty folder for every dataset under `root`, where its layout puts it: what a sweep
-    checks for before Ray starts, for the tests that only plan a sweep."""
-    from vacsr.data.classification import DATASETS
+    """Every dataset's layout under `root`, one synthetic image per class and split: what a sweep
+    checks before Ray starts (every image it will read), for the tests that only plan a sweep.
+    Links to one copy per test run, written by the first test that needs it."""
+    from vacsr.data.generate import generate_all
 
-    for folder in [spec.folder for spec in DATASETS.values()] + ["coco"]:
-        (root / folder).mkdir(parents=True, exist_ok=True)
+    shared = Path(os.environ["VACSR_CACHE_DIR"]).parent / "layouts"
+    shared.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(shared.parent / "layouts.lock"):
+        if not (shared / ".generated").is_file():
+            generate_all(shared, per_class=(1, 1, 1))
+            (shared / ".generated").write_text("ok\n")
+    root.mkdir(parents=True, exist_ok=True)
+    for layout in shared.iterdir():
+        if not layout.name.startswith(".") and not (root / layout.name).exists():
+            (root / layout.name).symlink_to(layout, target_is_directory=True)
     return root
+
+
+def tracked_train(tmp_path: Path, weights: Path, capsys, *overrides: str) -> str:
+    """A one-epoch `vacsr train` of the tiny CLIP on the CPU, tracked in a new SQLite store
+    `tmp_path/mlflow.db`, its run in `tmp_path/run`; its stderr (it must exit 0)."""
+    from vacsr.cli import main
+
+    code = main(["train", f"model.pretrained={weights}", "train.epochs=1", "adapter.hidden_dim=16",
+                 "train.progress=false", "train.device=cpu", "tracking.enabled=true",
+                 f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+                 f"train.output_dir={tmp_path / 'run'}", *overrides])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    return err
 
 
 def one_line(argv, capsys, entry=None) -> str:
@@ -475,7 +498,7 @@ def small_adapter(seed: int | None = None, *, embed_dim: int = 16, hidden_dim: i
 
 def sweep_plan(kind, storage: Path, argv=(), *, data: Path | None = None, monkeypatch=None):
     """A sweep's plan as its command line makes it from `argv` and --storage `storage`. `data`:
-    an empty folder for every dataset made there (make_dataset_folders), passed as --data-root.
+    every dataset's layout linked there (make_dataset_folders), passed as --data-root.
     Without it, the embedded profile: with `monkeypatch`, without writing its data or
     pretraining the tiny CLIP."""
     from vacsr.sweep.plan import command_line as cli

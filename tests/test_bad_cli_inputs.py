@@ -85,6 +85,15 @@ def test_deeply_nested_override_is_one_line(tmp_path, capsys):
     assert len(line) < 400 and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("seed", ["99999999999999999999", "-1", "4294967296"])
+def test_a_seed_out_of_every_librarys_range_is_one_line(tmp_path, capsys, seed):
+    """numpy seeds from 0 to 2**32 - 1: a larger seed failed in the run (or every trial)."""
+    line = one_line(["train", f"train.seed={seed}", f"train.output_dir={tmp_path / 'run'}"],
+                    capsys)
+    assert line == f"vacsr: error: train.seed: expected 0 to 4294967295, got {seed}"
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---------------------------------------------------------------- B: the run folder
 @pytest.mark.parametrize("kind", ["file", "dev-null", "below-a-file"])
 def test_output_dir_that_is_no_folder(tmp_path, capsys, weights, no_model_built, kind):

@@ -42,3 +42,42 @@ def test_dataset_inputs_name_source_and_digest_of_each_split(tmp_path):
     mine = {p.split: p.digest for p in prints}
     assert other["train"] != mine["train"] and other["val"] != mine["val"]
     assert other["test"] == mine["test"]
+
+
+def test_a_run_records_the_shots_its_classes_got_when_fewer_than_asked(tmp_path, weights,
+                                                                        capsys):
+    """data.shots=16 on 3 training images per class trains on the 3 (CoOp's sampling): the run's
+    tags say so beside the param that records what was asked, and the console once."""
+    from conftest import tracked_train
+    from mlflow import MlflowClient
+
+    from vacsr.data.generate import generate_all
+
+    root = generate_all(tmp_path / "data", datasets=["eurosat"], per_class=(3, 1, 1))
+    err = tracked_train(tmp_path, weights, capsys, "data.task=classification",
+                        "data.dataset=eurosat", f"data.root={root}", "data.shots=16",
+                        "data.subsample_classes=base", "model.use_gpo=false",
+                        "train.batch_size=4")
+    assert [line for line in err.splitlines() if "data.shots" in line] == [
+        "vacsr: note: eurosat: data.shots=16, but a class with fewer training images trains on "
+        "all of them: 3 to 3 per class (tags vacsr.shots_min / vacsr.shots_max)"]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    [run] = client.search_runs([client.get_experiment_by_name("vacsr-train").experiment_id])
+    assert run.data.params["data.shots"] == "16"
+    assert (run.data.tags["vacsr.shots_min"], run.data.tags["vacsr.shots_max"]) == ("3", "3")
+
+
+def test_a_sweep_says_once_before_ray_when_classes_have_fewer_shots(tmp_path, capsys):
+    from conftest import sweep_plan
+
+    from sweeps.base2novel import SWEEP as BASE2NOVEL
+
+    sweep_plan(BASE2NOVEL, tmp_path / "store", ["--datasets", "eurosat,dtd", "--shots", "1"],
+               data=tmp_path / "data")
+    assert capsys.readouterr().out == ""  # one training image per class: 1 shot is all there
+    sweep_plan(BASE2NOVEL, tmp_path / "store", ["--datasets", "eurosat,dtd", "--shots", "1000"],
+               data=tmp_path / "data")
+    assert capsys.readouterr().out.splitlines() == [
+        f"{name}: data.shots=1000, but a class with fewer training images trains on all of them: "
+        "1 to 1 per class (each run's tags vacsr.shots_min / vacsr.shots_max)"
+        for name in ("eurosat", "dtd")]

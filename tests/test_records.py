@@ -147,3 +147,26 @@ def test_the_view_is_skipped_on_an_mlflow_whose_view_format_is_unknown(tmp_path,
     assert command[:4] == [sys.executable, "-m", "mlflow", "ui"], command
     shown = subprocess.run(command[:4] + ["--help"], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and "--backend-store-uri" in shown.stdout, shown.stderr[-2000:]
+
+
+def test_reading_a_run_artifact_leaves_no_temporary_copy(tmp_path, monkeypatch):
+    """MLflow downloads an artifact into a new temporary folder of its own unless told where:
+    `vacsr best` and the sweep's report left a best_config.yaml in /tmp per dataset read."""
+    import tempfile
+
+    from vacsr.records import MlflowTracker
+    from vacsr.records.sweep_records import SweepRecords
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = MlflowTracker(uri)
+    run_id = tracker.start(BASE2NOVEL.experiment, "eurosat")
+    (tmp_path / "best_config.yaml").write_text("train:\n  epochs: 3\n")
+    tracker.log_artifact(tmp_path / "best_config.yaml")
+    tracker.log_json("final_runs.json", {"reused_trial": None})
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    records = SweepRecords(uri, BASE2NOVEL.experiment)
+    assert records.artifact(run_id, "best_config.yaml") == b"train:\n  epochs: 3\n"
+    assert records.artifact_json(run_id, "final_runs.json") == {"reused_trial": None}
+    assert list(temporary.iterdir()) == []

@@ -53,6 +53,26 @@ def test_a_data_root_without_the_dataset_is_refused(tmp_path, capsys):
     _nothing_written(tmp_path, tmp_path / "data")
 
 
+def test_a_missing_novel_test_image_of_a_later_dataset_is_refused_before_ray(tmp_path, capsys):
+    """Trials read only base-class images; the final phase reads the novel test split. A missing
+    one is named before the first trial, not after every dataset's search."""
+    import json
+
+    from vacsr.data.generate import generate_all
+
+    data = generate_all(tmp_path / "data", datasets=["eurosat", "dtd"], per_class=(2, 1, 1))
+    split_file = data / "dtd" / "split_zhou_DescribableTextures.json"
+    novel = max(entry[1] for entry in json.loads(split_file.read_text())["test"])
+    image = next(entry[0] for entry in json.loads(split_file.read_text())["test"]
+                 if entry[1] == novel)
+    (data / "dtd" / "images" / image).unlink()
+    line = _refused(["--datasets", "eurosat,dtd", "--data-root", str(data), "--trials", "1",
+                     "--seeds", "1"], tmp_path / "store", capsys)
+    assert line == (f"vacsr: error: {data / 'dtd' / 'images' / image}: image file not found "
+                    f"(listed in {split_file}); expected the image the split file names")
+    _nothing_written(tmp_path, data)
+
+
 def test_an_unknown_model_is_refused(tmp_path, capsys, data_root):
     line = _refused(["--datasets", "eurosat", "--data-root", str(data_root), "--model",
                      "ViT-Q-99"], tmp_path / "store", capsys)

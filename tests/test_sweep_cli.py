@@ -48,8 +48,14 @@ def test_bad_cluster_settings_fail_before_any_trial(tmp_path):
     (["--trial-cpus", "0"], "--trial-cpus: expected a value > 0"),
     (["--epochs", "-1"], "--epochs: expected a value > 0"),
     (["--storage", ""], "--storage: expected a value"),
+    # numpy takes seeds up to 2**32 - 1: a larger one failed inside every trial, after Ray
+    (["--seeds", "1,x"], "--seeds: expected an integer, got 'x' (in '1,x')"),
+    (["--seeds", "1,99999999999999999999"], "--seeds: expected a seed from 0 to 4294967295, got "
+                                            "99999999999999999999 (in '1,99999999999999999999')"),
+    (["--seeds", "-1"], "--seeds: expected a seed from 0 to 4294967295, got -1 (in '-1')"),
+    (["--seed", "4294967296"], "--seed: expected a seed from 0 to 4294967295, got 4294967296"),
 ])
-def test_empty_or_zero_flags_are_errors_not_defaults(argv, fragment, capsys):
+def test_empty_zero_or_out_of_range_flags_are_errors_not_defaults(argv, fragment, capsys):
     with pytest.raises(SystemExit) as stop:
         cli.build_parser(BASE2NOVEL).parse_args(argv)
     err = capsys.readouterr().err
@@ -57,10 +63,10 @@ def test_empty_or_zero_flags_are_errors_not_defaults(argv, fragment, capsys):
     assert err.startswith("vacsr: error: ") and fragment in err
 
 
-def test_seeds_must_be_integers(tmp_path):
-    with pytest.raises(ConfigError, match="--seeds: expected comma-separated integers"):
-        sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat", "--seeds", "1,x"],
-                   data=tmp_path)
+def test_the_largest_seed_is_taken(tmp_path):
+    args = cli.build_parser(BASE2NOVEL).parse_args(["--seeds", "4294967295,0,0", "--seed",
+                                                    "4294967295"])
+    assert (args.seeds, args.seed) == ((4294967295, 0), 4294967295)
 
 
 def test_cluster_settings_come_from_the_environment(tmp_path, monkeypatch):
@@ -148,3 +154,65 @@ def test_a_seed_run_records_its_test_metrics_once_across_driver_restarts(tmp_pat
 
 
 
+
+
+@pytest.mark.parametrize("damage", [b"", bytes(range(256)) * 4], ids=["empty", "garbage"])
+def test_a_damaged_trial_checkpoint_is_said_and_the_retrained_seed_run_tagged(tmp_path, damage,
+                                                                              capsys):
+    """Final seed 1 reuses the selected trial's checkpoint; a zero-byte or garbage one is
+    retrained: one console line names the trial's file, and the seed's run says why."""
+    import io
+
+    from vacsr.config import load_config
+    from vacsr.records import MlflowTracker
+    from vacsr.sweep.final.seeds import RETRAINED_TAG, _log_test, _reuse_trial, final_config
+    from vacsr.sweep.plan.plan import SweepPlan
+    from vacsr.sweep.report.progress import SweepProgress
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    plan = SweepPlan(kind=BASE2NOVEL, name="t", configs={}, spaces={},
+                     storage=tmp_path / "sweep", tracking_uri=uri)
+    trial_checkpoint = plan.storage / "tune" / "eurosat" / "t1" / "checkpoint_2" / "last.ckpt"
+    trial_checkpoint.parent.mkdir(parents=True)
+    trial_checkpoint.write_bytes(damage)
+    parent = MlflowTracker(uri)
+    config = final_config(load_config(overrides=["train.epochs=3"]), plan, "eurosat", 1,
+                          parent.start(BASE2NOVEL.experiment, "eurosat"))
+    console = io.StringIO()
+    progress = SweepProgress("t", ["eurosat"], 2, [], "val/acc", stream=console)
+    checkpoint, tags = _reuse_trial(plan, config, {"checkpoint": str(trial_checkpoint),
+                                                   "trial_id": "t1"}, "eurosat", progress.event)
+    assert checkpoint is None and not (plan.storage / "final" / "eurosat" / "seed1" /
+                                       "last.ckpt").exists()  # no copy left to be mistaken
+    [line] = [text for text in console.getvalue().splitlines() if "eurosat:" in text]
+    assert line.startswith(f"[t] eurosat: {trial_checkpoint}: ") and "checkpoint" in line
+    assert line.endswith("; final seed 1 is trained again instead of reusing trial t1")
+    _log_test(config, {"acc": 42.0}, tags)
+    [run] = parent.client.search_runs([parent.experiment_id(BASE2NOVEL.experiment)],
+                                      filter_string="tags.`mlflow.runName` = "
+                                                    "'eurosat-final-seed1'")
+    assert run.data.tags[RETRAINED_TAG].startswith(f"{trial_checkpoint}: ")
+    assert "vacsr.reused_trial" not in run.data.tags
+
+
+def test_a_trial_the_local_instance_can_never_schedule_is_refused(tmp_path):
+    """A local Ray has this machine's CPUs and no autoscaler: Ray would wait for such a trial
+    forever, without a word."""
+    import os
+
+    cpus = os.cpu_count()
+    with pytest.raises(ConfigError) as refused:
+        sweep_plan(BASE2NOVEL, tmp_path / "store", ["--datasets", "eurosat",
+                                                    "--cpus-per-worker", "100"],
+                   data=tmp_path / "data")
+    assert str(refused.value) == (
+        f"--cpus-per-worker 100: one trial needs 100 CPUs (1 worker(s)), the local Ray instance "
+        f"has {cpus} (this machine's); lower it, or join a cluster with --ray-address")
+    with pytest.raises(ConfigError, match=f"one trial needs {cpus + 1} CPUs \\(2 worker"):
+        sweep_plan(BASE2NOVEL, tmp_path / "store",
+                   ["--datasets", "eurosat", "--workers", "2", "--trial-cpus", "1",
+                    "--cpus-per-worker", f"{cpus / 2:g}", "--set", "train.batch_size=16"],
+                   data=tmp_path / "data")
+    assert not (tmp_path / "store").exists()
+    sweep_plan(BASE2NOVEL, tmp_path / "store", ["--datasets", "eurosat", "--cpus-per-worker",
+                                                str(cpus)], data=tmp_path / "data")  # fits

@@ -1,6 +1,7 @@
-"""A stopped sweep resumes to what one uninterrupted run gives: SIGTERM stops the driver cleanly
-(runs closed, Optuna trials failed, its own Ray instance gone with every process), SIGKILL leaves
-what `--resume` repairs, and the resumed sweep's table and chosen configs equal the clean run's."""
+"""A stopped sweep resumes to what one uninterrupted run gives: SIGTERM or SIGHUP stops the driver
+cleanly, while Ray starts as well (runs closed, Optuna trials failed, its own Ray instance gone
+with every process), SIGKILL leaves what `--resume` repairs, and the resumed sweep's table and
+chosen configs equal the clean run's."""
 from __future__ import annotations
 
 import os
@@ -173,18 +174,23 @@ def _no_open_records(root: Path) -> None:
         assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
 
 
-def _sigterm_cleanly(driver, log: str) -> None:
-    """SIGTERM: exit 128 + 15, one line, no traceback, and the driver's Ray processes gone."""
+def _stopped_cleanly(driver, log: str, signum=signal.SIGTERM, then: str = "runs closed as "
+                     "KILLED, continue with --resume") -> None:
+    """SIGTERM (or SIGHUP, a closed terminal): exit 128 + its number, one line, no traceback,
+    and within 10 s of the exit every process of the driver's Ray instance gone."""
     ray_processes = _descendants(driver.pid)
     assert ray_processes, "the embedded Ray runs under the driver"
-    driver.send_signal(signal.SIGTERM)
+    driver.send_signal(signum)
     code = driver.wait(timeout=120)
+    ray_processes |= _descendants(driver.pid)  # any it started meanwhile
     output = Path(log).read_text()
-    assert code == 128 + signal.SIGTERM, output[-3000:]
-    assert "vacsr: stopped by SIGTERM" in output and "Traceback" not in output, output[-3000:]
-    deadline = time.time() + 30
+    assert code == 128 + signum, output[-3000:]
+    assert output.strip().splitlines()[-1] == f"vacsr: stopped by {signum.name}; {then}", \
+        output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    deadline = time.time() + 10
     while _alive(ray_processes) and time.time() < deadline:
-        time.sleep(1)
+        time.sleep(0.5)
     assert not _alive(ray_processes), "processes of the driver's Ray instance left running"
 
 
@@ -196,8 +202,8 @@ def _trial_folders(root: Path) -> set[Path]:
 def test_a_stopped_and_resumed_sweep_gives_the_uninterrupted_table_and_choices(tmp_path,
                                                                                weights):
     """The same sweep command, run once without a stop and once stopped twice, each stop
-    followed by --resume: SIGKILL of the driver during a trial, then SIGTERM one second after
-    the first dataset's last trial (the other dataset still training). Both end with the same results.md and the
+    followed by --resume: SIGKILL of the driver during a trial, SIGTERM one second after
+    the first dataset's last trial (the other dataset still training), then SIGHUP as it trains. Both end with the same results.md and the
     same chosen config for each dataset (the dataset run's params, best_config.yaml). On the
     way: a second driver on the folder is refused, each stop leaves nothing RUNNING, and a new
     sweep in the used folder is refused with the records unchanged."""
@@ -219,20 +225,32 @@ def test_a_stopped_and_resumed_sweep_gives_the_uninterrupted_table_and_choices(t
     time.sleep(2)
     driver.send_signal(signal.SIGKILL)
     driver.wait(timeout=60)
+    # a killed worker's temporary checkpoint copy in its run folder: --resume clears it
+    left = sorted(_trial_folders(root))[0] / ".scratch-killed"
+    left.mkdir()
+    (left / "last.ckpt").write_bytes(b"partial")
 
     # SIGTERM one second after the first dataset's last trial: its search is done, its final
     # phase starting, the other dataset's trial training
     resumed, log = _sweep(storage, weights, "--resume")
     _wait_for(resumed, log, lambda: any((root / "trials" / d / "selection.json").is_file()
                                         for d in DATASETS))
+    assert not left.exists()
     time.sleep(1)
-    _sigterm_cleanly(resumed, log)
+    _stopped_cleanly(resumed, log)
 
     import mlflow
 
     mlflow.set_tracking_uri(_uri(root))
     runs = mlflow.search_runs(experiment_names=["vacsr-base2novel"])
     assert "KILLED" in set(runs.status)
+    _no_open_records(root)
+
+    # SIGHUP (the terminal closed) while the other dataset trains: a stop like SIGTERM
+    resumed, log = _sweep(storage, weights, "--resume")
+    _wait_for(resumed, log, lambda: "dataset(s) to search" in Path(log).read_text())
+    time.sleep(3)
+    _stopped_cleanly(resumed, log, signal.SIGHUP)
     _no_open_records(root)
 
     resumed, log = _sweep(storage, weights, "--resume")
@@ -252,3 +270,17 @@ def test_a_stopped_and_resumed_sweep_gives_the_uninterrupted_table_and_choices(t
     assert again.wait(timeout=180) == 2, Path(log).read_text()[-3000:]
     assert "holds the sweep 'base2novel' already" in Path(log).read_text()
     assert _records(_uri(root)) == before  # the earlier sweep's MLflow runs are unchanged
+
+
+def test_a_stop_while_ray_starts_is_one_line_and_ray_goes(tmp_path, weights):
+    """ray.init sets a SIGTERM handler of its own, which exited with status 15 and no word: the
+    sweep's handler wins during the start as well, and what Ray had started goes."""
+    driver, log = _sweep(tmp_path, weights)
+    deadline = time.time() + 300
+    while not _descendants(driver.pid):  # Ray's first process: ray.init is running
+        assert driver.poll() is None and time.time() < deadline, Path(log).read_text()[-3000:]
+        time.sleep(0.02)
+    assert "dataset(s) to search" not in Path(log).read_text()
+    _stopped_cleanly(driver, log, then="while Ray started, before any run, continue with "
+                                       "--resume")
+    assert (tmp_path / "base2novel" / "sweep_state.json").is_file()  # what --resume continues

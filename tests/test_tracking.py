@@ -13,6 +13,7 @@ with pytest.MonkeyPatch.context() as _env:  # no telemetry thread calling out fr
     _env.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
 
 from vacsr.config import flatten, load_config, to_dict  # noqa: E402
 from vacsr.errors import ConfigError  # noqa: E402
@@ -371,3 +372,30 @@ def test_a_sweep_driver_killed_before_recording_a_run_continues_it_on_resume(
     assert recorded.get("run_id", recorded.get("parent_run_id")) == orphan
     again = SweepState(path, fresh=False)  # what the next resume reads: the id, then its run
     assert start_recorded_run(MlflowTracker(), again, dataset, "killed-sweep", name) == orphan
+
+
+@pytest.mark.timeout(150)
+def test_a_dead_tracking_server_is_said_within_about_30_s(monkeypatch):
+    """MLflow retried 7 times with doubling waits: a sweep stopped ~250 s after its server died."""
+    import socket
+    import time
+
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"):
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket() as sock:  # a port that was free a moment ago, now closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(MlflowException, match="Max retries exceeded"):
+        MlflowTracker(f"http://127.0.0.1:{port}").client.get_experiment_by_name("vacsr-train")
+    assert 20 < time.monotonic() - start < 45
+
+
+def test_a_tracked_train_writes_no_mlflow_info_lines(tmp_path, weights, capsys):
+    """Creating the store, MLflow and alembic logged INFO lines to stderr: the console of a
+    tracked `vacsr train` holds its results and warnings only."""
+    from conftest import tracked_train
+
+    err = tracked_train(tmp_path, weights, capsys, "data.num_train=16", "data.num_test=10",
+                        "train.batch_size=16", "data.augment=false")
+    assert [line for line in err.splitlines() if " INFO " in line] == []

@@ -99,3 +99,40 @@ def test_closed_port_is_notanswering():
     message = _error(f"http://127.0.0.1:{port}")
     assert message.startswith(f"MLflow tracking URI http://127.0.0.1:{port}: server not answering "
                               "within 2 s")
+
+
+@pytest.mark.parametrize("uri, shown", [
+    ("http://user:pw0rd@host:5000/p", "http://user:***@host:5000/p"),
+    ("http://user:@host", "http://user:***@host"),
+    ("http://UserT0k444@host:5000", "http://***@host:5000"),
+    ("https://host/?token=QueryT0k333", "https://host/?token=***"),
+    ("https://host/mlflow?access_token=a1&view=x&api_key=k2",
+     "https://host/mlflow?access_token=***&view=x&api_key=***"),
+    ("https://bucket.host/o?X-Amz-Credential=AKIA9%2F&X-Amz-Signature=f00d&X-Amz-Expires=60",
+     "https://bucket.host/o?X-Amz-Credential=***&X-Amz-Signature=***&X-Amz-Expires=60"),
+    ("postgresql://vacsr:dbPw9@db:5432/runs?password=dbPw9&sslmode=require",
+     "postgresql://vacsr:***@db:5432/runs?password=***&sslmode=require"),
+    ("http://u:p4ss@host:notaport/?secret=s3", "http://u:***@host:notaport/?secret=***"),
+    ("http://u:p4ss@[::1/?secret=s3", "http://***@[::1/?secret=***"),  # urllib cannot split it
+    ("sqlite:////data/runs/mlflow.db", "sqlite:////data/runs/mlflow.db"),
+    ("http://127.0.0.1:5000/?experiment=1", "http://127.0.0.1:5000/?experiment=1"),
+])
+def test_every_credential_form_of_a_uri_is_masked(uri, shown):
+    from vacsr.redact import redact_uri
+
+    assert redact_uri(uri) == shown
+
+
+@pytest.mark.parametrize("secret, carrying", [
+    ("QueryT0k333", lambda url, secret: f"{url}/?token={secret}"),
+    ("UserT0k444", lambda url, secret: url.replace("//", f"//{secret}@")),  # a token as user
+])
+def test_refused_credentials_line_hides_a_token_in_the_query_or_the_user(monkeypatch, secret,
+                                                                         carrying):
+    for name in ("MLFLOW_TRACKING_AUTH", "MLFLOW_TRACKING_AWS_SIGV4"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "envPw")  # the URI's user name gets sent
+    with http_serving(answering(401, "text/plain", b"You are not authenticated")) as uri:
+        message = _error(carrying(uri, secret))
+    assert "the server refused the credentials (HTTP 401" in message
+    assert secret not in message and "***" in message and "envPw" not in message

@@ -1,4 +1,5 @@
-"""`vacsr train` stopped by SIGTERM or Ctrl-C: its MLflow run KILLED, one line, exit 143 / 130."""
+"""`vacsr train` stopped by SIGTERM, SIGHUP or Ctrl-C: its MLflow run KILLED, one line, exit
+143 / 129 / 130."""
 from __future__ import annotations
 
 import json
@@ -51,20 +52,23 @@ def _status(uri: str, run: Path) -> str:
     return MlflowClient(uri).get_run(run_id).info.status
 
 
-def test_sigterm_closes_the_run_as_killed_and_exits_143(tmp_path, weights, template_db):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_closes_the_run_as_killed_and_exits_128_plus_it(tmp_path, weights,
+                                                                          template_db, signum):
+    """SIGHUP (a closed terminal, a dropped ssh session) stops the run as SIGTERM does."""
     argv, uri, run = _argv(tmp_path, weights, template_db)
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     driver = subprocess.Popen([sys.executable, "-m", "vacsr.cli", *argv], cwd=REPO, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_training(run, alive=lambda: driver.poll() is None)
-        driver.send_signal(signal.SIGTERM)
+        driver.send_signal(signum)
         _, err = driver.communicate(timeout=120)
     finally:
         driver.kill()
-    assert driver.returncode == 143, err
+    assert driver.returncode == 128 + signum, err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
-        "vacsr: stopped by SIGTERM; an MLflow run it had open is closed as KILLED"), err
+        f"vacsr: stopped by {signum.name}; an MLflow run it had open is closed as KILLED"), err
     assert _status(uri, run) == "KILLED"
 
 

@@ -4,6 +4,7 @@ is not trained again by Tune's retry, a storage error is."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -37,6 +38,27 @@ def test_a_recorded_run_error_ends_the_retry_and_a_storage_error_does_not(tmp_pa
     record.write_text(json.dumps({"error": "last.ckpt: no space left on the device",
                                   "type": "StorageError"}))
     assert recorded_failure(tmp_path) is None and not record.exists()  # retrained after a fix
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\x9f garbage", b'{"error": 7}', b"[1, 2]",
+                                     b'{"type": "TrainingDiverged"}'])
+def test_a_damaged_failure_record_is_one_line_to_both_of_its_readers(tmp_path, content):
+    """The run's driver (after Ray Train returns) and a Tune retry of the trial (before it trains)
+    read the record alike: damaged, it is the run's failure, naming the file, never a success
+    nor a silent retrain."""
+    from vacsr.errors import RunFailed
+    from vacsr.sweep.search.trial_run import recorded_failure
+    from vacsr.train.failure import raise_if_run_failed
+    from vacsr.train.files import FAILED_FILE
+
+    record = tmp_path / FAILED_FILE
+    record.write_bytes(content)
+    with pytest.raises(RunFailed) as raised:
+        raise_if_run_failed(tmp_path)
+    line = str(raised.value)
+    assert line.startswith(f"{record}: a damaged failure record (") and "\n" not in line
+    assert line.endswith("delete it to train the run again")
+    assert recorded_failure(tmp_path) == line and record.read_bytes() == content
 
 
 def test_a_trial_that_trained_in_its_actor_gets_its_tune_checkpoint_path():
@@ -75,7 +97,7 @@ def test_a_damaged_reported_checkpoint_trains_the_run_again(tmp_path, capsys, at
     filesystem = filesystem if atomic_storage else pafs.LocalFileSystem()
     reported = Reported(path=path, filesystem=filesystem)
     loaded = []
-    trainer = SimpleNamespace(device="cpu", load_state=loaded.append)
+    trainer = SimpleNamespace(device="cpu", load_state=loaded.append, output_dir=tmp_path / "run")
     assert restore_reported(trainer, None) is False
     for content in (None, b"", b"not a checkpoint"):
         if content is not None:
@@ -86,3 +108,28 @@ def test_a_damaged_reported_checkpoint_trains_the_run_again(tmp_path, capsys, at
     assert loaded == []
     save_checkpoint(tmp_path / "last.ckpt", {"epoch": 2})
     assert restore_reported(trainer, reported) is True and loaded == [{"epoch": 2}]
+    assert not (tmp_path / "run").exists() or list((tmp_path / "run").iterdir()) == []
+
+
+def test_a_reported_checkpoint_is_written_in_the_run_folder_and_cleared_after(tmp_path):
+    """The copy Ray takes each epoch's checkpoint from lives in the run's folder, not in /tmp:
+    a process killed while it exists leaves it where the next start clears it."""
+    from vacsr.distributed.ray_hooks import RayRun
+    from vacsr.train.scratch import SCRATCH_PREFIX, clear_scratch
+
+    sent = []
+
+    class Run(RayRun):
+        def send(self, metrics, folder):
+            sent.append((metrics, sorted(p.name for p in Path(folder).iterdir())))
+            assert Path(folder).parent == tmp_path / "run"  # where the run's files are
+
+    trainer = SimpleNamespace(output_dir=tmp_path / "run", state=lambda epoch: {"epoch": epoch})
+    Run().report(trainer, 3, {"val/acc": 1.0})
+    assert sent == [({"val/acc": 1.0}, ["last.ckpt"])]
+    assert list((tmp_path / "run").iterdir()) == []  # removed once Ray has its copy
+    left = tmp_path / "final" / "eurosat" / "seed1" / f"{SCRATCH_PREFIX}x1"  # a killed worker's
+    left.mkdir(parents=True)
+    (left / "last.ckpt").write_bytes(b"partial")
+    assert clear_scratch(tmp_path / "trials", tmp_path / "final") == [left]
+    assert not left.exists() and left.parent.is_dir()

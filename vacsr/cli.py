@@ -64,6 +64,7 @@ def cmd_train(args) -> int:
     from vacsr.config import load_config
     from vacsr.stop import stop_on_signals
     from vacsr.train.run_folder import check_run_output, claim_run_folder
+    from vacsr.train.scratch import clear_scratch
 
     overrides = list(args.overrides)
     if args.ray:
@@ -81,7 +82,8 @@ def cmd_train(args) -> int:
         open_logger = mlflow_logger(config)
     # held for the whole run (its Ray workers write it for this process); a finished or stopped
     # run continues only with its own settings
-    with claim_run_folder(config):
+    with claim_run_folder(config) as folder:
+        clear_scratch(folder)  # a killed run's temporary copies (held: nothing trains there)
         if config.train.ray:
             from vacsr.distributed.train import fit_ray
 

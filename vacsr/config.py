@@ -44,6 +44,9 @@ class ModelConfig:
 MAX_IMAGE_SIZE = 1024
 MAX_SPLIT_PIXEL_BYTES = 2 << 30  # 2 GiB of RGB pixels in one split
 MAX_CAPTIONS_PER_IMAGE = 100
+# the seeds every seeded library takes (numpy's legacy seeding stops at 2**32 - 1): one larger
+# fails inside each trial instead of in one line before the first
+MAX_SEED = 2**32 - 1
 
 ADAPTER_KINDS = ("vacsr", "sigmoid_baseline")
 ADAPTER_INITS = ("random", "cosine")
@@ -498,6 +501,7 @@ def validate(config: Config) -> Config:
     _one_of("data.subsample_classes", d.subsample_classes, ("all", "base", "novel"))
     _check(0 <= d.noise_ratio < 1, "data.noise_ratio", "in [0, 1)", d.noise_ratio)
     _check(t.epochs >= 1, "train.epochs", ">= 1", t.epochs)
+    _check(0 <= t.seed <= MAX_SEED, "train.seed", f"0 to {MAX_SEED}", t.seed)
     _check(t.batch_size >= 2, "train.batch_size", ">= 2", t.batch_size)
     _check(t.eval_every >= 1, "train.eval_every", ">= 1", t.eval_every)
     _check(t.workers >= 1, "train.workers", ">= 1", t.workers)

@@ -1,5 +1,7 @@
-"""SIGTERM and SIGINT as one exception, so that a stopped `vacsr train` closes what it opened
-(its MLflow run as KILLED) and exits 128 + the signal's number with one line."""
+"""SIGTERM, SIGINT and SIGHUP as one exception, so that a stopped `vacsr train` closes what it
+opened (its MLflow run as KILLED) and exits 128 + the signal's number with one line. SIGHUP is a
+closed terminal or a dropped ssh session: a stop like SIGTERM, not a crash that leaves runs
+RUNNING. The sweep driver notes the same signals (vacsr/sweep/flow/driver.py)."""
 from __future__ import annotations
 
 import signal
@@ -7,7 +9,7 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _held = 0  # depth of signals_held() blocks in the main thread, where Python runs handlers
 _pending: int | None = None  # a stop signal that arrived inside such a block
 
@@ -24,8 +26,8 @@ class Stopped(KeyboardInterrupt):
 
 @contextmanager
 def stop_on_signals() -> Iterator[None]:
-    """Within the block SIGTERM / SIGINT raise Stopped in the main thread; a second signal while
-    the first is being handled (runs closing) is ignored."""
+    """Within the block SIGTERM / SIGINT / SIGHUP raise Stopped in the main thread; a second
+    signal while the first is being handled (runs closing) is ignored."""
     def stop(signum, frame) -> None:
         global _pending
         for other in SIGNALS:

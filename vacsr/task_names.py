@@ -14,3 +14,6 @@ SWEEP_RUN_SETTINGS: dict[str, dict[str, Any]] = {
     "classification": {"model.use_gpo": False},
 }
 TASK_NAMES = tuple(SWEEP_RUN_SETTINGS)
+# the tags of the fewest and most images a class of a classification run trained on
+# (ClassificationTask.run_tags), named here for the sweep's plan to say them
+SHOTS_MIN_TAG, SHOTS_MAX_TAG = "vacsr.shots_min", "vacsr.shots_max"

@@ -16,6 +16,8 @@ import torch
 
 from vacsr.data import build_classification, build_retrieval
 from vacsr.data.datasets import CaptionPairDataset, LabelledImageDataset
+from vacsr.data.fewshot import shots_per_class
+from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG
 from vacsr.data.encoding import encode_texts
 from vacsr.model.prefix import text_prefix, text_suffix
 from vacsr.errors import ConfigError
@@ -76,6 +78,11 @@ class _Task:
 
     def loss(self, batch):
         return self.loss_from_pairs(self.features(batch))
+
+    @staticmethod
+    def run_tags(data_config, train) -> dict[str, Any]:
+        """Tags of what the run's training data turned out to be, beside the config asked."""
+        return {}
 
     def score(self, queries: torch.Tensor, items: torch.Tensor):
         """Inference (logits, sigma_hat) of a (queries x items) block."""
@@ -156,6 +163,14 @@ class ClassificationTask(_Task):
     def train_size(data_config, train) -> tuple[int, str, str]:
         return (len(train.labels), f"images ({data_config.shots} per class)",
                 "more shots (data.shots)")
+
+    @staticmethod
+    def run_tags(data_config, train) -> dict[str, Any]:
+        """The fewest and most images a class trains on: data.shots asks for K, and a class
+        with fewer training images trains on all of them (CoOp's sampling), which the config's
+        data.shots does not say."""
+        fewest, most = shots_per_class(train.labels)
+        return {SHOTS_MIN_TAG: fewest, SHOTS_MAX_TAG: most}
 
     @staticmethod
     def collate(backbone) -> None:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Sequence
 
 from vacsr.data.base import ClassificationData
-from vacsr.data.fewshot import Item, label_set, load_or_sample, subsample_classes
+from vacsr.data.fewshot import (Item, group_by_label, label_set, load_or_sample,
+                                subsample_classes)
 from vacsr.data.files import check_files_exist, dataset_path, read_json, read_lines, require_dir
 from vacsr.data.imagenet import VARIANTS, read_imagenet, read_variant
 from vacsr.data.validate import check_splits
@@ -190,6 +191,28 @@ def load_domain_shift(root: str | Path, name: str) -> dict[str, ClassificationDa
     image_dir = str(dataset_dir / VARIANTS[name][1])
     check_splits({"test": items}, spec.num_classes, {"test": image_dir}, dataset_dir)
     return {"test": to_data(items, dataset_dir, classnames, spec.template)}
+
+
+def check_dataset_files(root: str | Path, name: str) -> dict[int, int] | None:
+    """Every image any phase of a job may read from `name`, checked before the job starts:
+    train and val (each seed's few-shot sample is drawn from them), and the whole test split
+    (base and novel classes), with the entry checks of `load_classification`. A run loads only
+    its subsample; a missing novel test image would otherwise surface after the training.
+    ImageNet and its variants are class-folder listings: reading them is their check.
+    Returns the train split's images per label (None for a variant, which has no train split)."""
+    spec = _spec(name)
+    root = Path(root).expanduser().absolute()
+    if name in VARIANTS:
+        load_domain_shift(root, name)
+        return None
+    dataset_dir, splits = _read_splits(root, name, spec)
+    files = split_files(dataset_dir, name, spec)
+    check_splits(splits, spec.num_classes, files, dataset_dir)
+    _check_class_count(splits["train"], spec.num_classes, files["train"])
+    if name != "imagenet":  # see load_classification
+        for split, items in splits.items():
+            _check_images(dataset_dir, files[split], items)
+    return {label: len(items) for label, items in group_by_label(splits["train"]).items()}
 
 
 def load_classification(root: str | Path, name: str, *, shots: int, seed: int,

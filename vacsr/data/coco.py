@@ -98,14 +98,9 @@ def to_retrieval(images: list[KarpathyImage], root: Path) -> RetrievalData:
                          image_groups=None if None in groups else groups)
 
 
-def load_coco(root: str | Path, *, noise_ratio: float = 0.0, seed: int = 0,
-              noise_file: str | Path | None = None,
-              cache_dir: str | Path | None = None) -> dict[str, RetrievalData]:
-    """{"train", "val", "test"} Karpathy splits; train captions noisy when noise_ratio > 0.
-
-    The noise index is read from / written to `noise_file`, by default
-    `<cache_dir or coco folder>/noise_index/coco_noise{r}_seed{s}.npy`.
-    """
+def check_coco_files(root: str | Path) -> tuple[Path, list[KarpathyImage]]:
+    """(the coco folder, its Karpathy images) once every image of every split is known to be
+    on disk: what each load reads, and what a sweep checks before its first trial."""
     root = Path(root).expanduser().absolute()  # trials may change the working directory (Ray)
     dataset_dir = require_dir(root / "coco", f"the COCO layout coco/{KARPATHY_FILE} "
                               "+ coco/images/<filepath>/<filename>")
@@ -118,6 +113,19 @@ def load_coco(root: str | Path, *, noise_ratio: float = 0.0, seed: int = 0,
                         "val or test")
     folder = image_root(dataset_dir)
     check_files_exist((folder / image.path for image in images), str(json_path))
+    return dataset_dir, images
+
+
+def load_coco(root: str | Path, *, noise_ratio: float = 0.0, seed: int = 0,
+              noise_file: str | Path | None = None,
+              cache_dir: str | Path | None = None) -> dict[str, RetrievalData]:
+    """{"train", "val", "test"} Karpathy splits; train captions noisy when noise_ratio > 0.
+
+    The noise index is read from / written to `noise_file`, by default
+    `<cache_dir or coco folder>/noise_index/coco_noise{r}_seed{s}.npy`.
+    """
+    dataset_dir, images = check_coco_files(root)
+    folder = image_root(dataset_dir)
     splits = {name: to_retrieval([im for im in images if im.split in members], folder)
               for name, members in SPLITS.items()}
     if noise_ratio > 0:

@@ -24,10 +24,10 @@ import pickle
 import pickletools
 import random
 import warnings
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Iterable, Protocol, Sequence, runtime_checkable
 
 from vacsr.data.files import atomic_pickle
 from vacsr.errors import DataError, StorageError
@@ -73,6 +73,13 @@ def group_by_label(items: Sequence[Item]) -> dict[int, Sequence[Item]]:
     for item in items:
         groups[item.label].append(item)
     return groups
+
+
+def shots_per_class(labels: Iterable[int]) -> tuple[int, int]:
+    """(fewest, most) images of one class among `labels`: what a K-shot sample gave each class
+    (K, or all of a class's images where it has fewer, as CoOp samples); (0, 0) for none."""
+    counts = Counter(labels).values()
+    return (min(counts), max(counts)) if counts else (0, 0)
 
 
 def sample_few_shot(items: Sequence[Item], shots: int, rng: random.Random) -> list[Item]:
@@ -292,16 +299,22 @@ def load_or_sample(dataset_dir: Path, train: Sequence[Item], val: Sequence[Item]
 
 
 # ---------------------------------------------------------------- base / novel
+def subsample_labels(labels: Iterable[int], subsample: str) -> list[int]:
+    """The labels of the `subsample` ("all", "base" or "novel"), sorted: base the first ceil(n/2)
+    of the sorted labels, novel the rest (CoOp)."""
+    if subsample not in ("all", "base", "novel"):
+        raise ValueError(f"subsample must be all, base or novel, got {subsample!r}")
+    labels = sorted(labels)
+    half = math.ceil(len(labels) / 2)
+    return labels if subsample == "all" else labels[:half] if subsample == "base" else labels[half:]
+
+
 def subsample_classes(*splits: Sequence[Item], subsample: str) -> tuple[list[Item], ...]:
     """CoOp's split: sort the labels of the first split, base = first ceil(n/2), novel = rest,
     each relabelled 0..k-1 in sorted order; every split is filtered with the same classes."""
-    if subsample not in ("all", "base", "novel"):
-        raise ValueError(f"subsample must be all, base or novel, got {subsample!r}")
     if subsample == "all":
         return tuple(list(split) for split in splits)
-    labels = sorted({item.label for item in splits[0]})
-    half = math.ceil(len(labels) / 2)
-    selected = labels[:half] if subsample == "base" else labels[half:]
+    selected = subsample_labels({item.label for item in splits[0]}, subsample)
     relabel = {old: new for new, old in enumerate(selected)}
     return tuple([Item(i.path, relabel[i.label], i.classname) for i in split if i.label in relabel]
                  for split in splits)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import warnings
 
 import ray
 
 from vacsr.distributed.leftovers import reap_dead_instances, record_instance
+from vacsr.stop import Stopped
 
 # Loggers whose INFO output (Tune's tables and hints, Train's per-report lines, Optuna's study
 # notices) belongs in the log files, not on the researcher's console.
@@ -55,12 +58,34 @@ def ensure_ray(num_cpus: int | None = None, num_gpus: int | None = None,
     address = address or os.environ.get("RAY_ADDRESS")
     quiet = {} if log_to_driver else {"logging_level": logging.WARNING}
     if address:
-        ray.init(address=address, log_to_driver=log_to_driver, **quiet)
+        _init_keeping_stop_handler(address=address, log_to_driver=log_to_driver, **quiet)
         return
     # one machine is never preempted: skip Ray Train's per-run preemption-watcher actor
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     reap_dead_instances()  # what a SIGKILLed driver's own instance left (distributed/leftovers.py)
-    context = ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1,
-                       num_gpus=num_gpus, include_dashboard=include_dashboard,
-                       dashboard_host="127.0.0.1", log_to_driver=log_to_driver, **quiet)
+    context = _init_keeping_stop_handler(
+        address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus,
+        include_dashboard=include_dashboard, dashboard_host="127.0.0.1",
+        log_to_driver=log_to_driver, **quiet)
     record_instance(context.address_info["session_dir"])
+
+
+def _init_keeping_stop_handler(**kwargs):
+    """ray.init, and after it the SIGTERM handler the caller had set (the sweep driver's, `vacsr
+    train`'s): ray.init sets one of its own first thing, which ends the process with status 15
+    and no word, during the start and for good after it. A SIGTERM that Ray's handler caught while
+    starting becomes Stopped, once what had started is shut down. A process without a handler of
+    its own keeps Ray's (its exit runs Ray's shutdown)."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    ours = callable(previous)
+    try:
+        return ray.init(**kwargs)
+    except SystemExit as exc:
+        if not ours or exc.code != signal.SIGTERM:
+            raise
+        ray.shutdown()
+        raise Stopped(signal.SIGTERM) from None
+    finally:
+        if ours:
+            signal.signal(signal.SIGTERM, previous)

@@ -1,15 +1,14 @@
 """What the two places a run trains under Ray share: `RayRun`, the base of the Ray Train worker's
 hooks (`vacsr.distributed.worker.RayTrainRun`) and of the one-worker Tune trial's
 (`vacsr.sweep.search.trial_run.TuneTrialRun`). Either restores from the checkpoint Ray reported
-last, reports every epoch with its checkpoint (written to a temporary folder Ray copies into its
-storage), reports a restored finished run's result again, and continues its MLflow run when
-restarted. What differs is Ray's API (`ray.train` or `tune`), when the report goes out, and ranks.
+last, reports every epoch with its checkpoint (written to a scratch folder in the run's own
+folder, which Ray copies into its storage), reports a restored finished run's result again, and
+continues its MLflow run when restarted. What differs is Ray's API (`ray.train` or `tune`), when the report goes out, and ranks.
 """
 from __future__ import annotations
 
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,24 +17,26 @@ from vacsr.errors import CheckpointError
 from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
 from vacsr.train.files import CHECKPOINT_FILE
 from vacsr.train.run_hooks import RunHooks
+from vacsr.train.scratch import scratch_folder
 
 if TYPE_CHECKING:
     from vacsr.train.loop import Trainer
 
 
-def read_reported(checkpoint, device="cpu") -> dict:
+def read_reported(checkpoint, output_dir: str | Path, device="cpu") -> dict:
     """The vacsr checkpoint in a checkpoint Ray reported (a Ray Train or Tune `Checkpoint`),
-    read from a copy of this process's own. `Checkpoint.as_directory` shares one temporary
-    download among the processes of a node, and a Train rank that reads it while another rank
-    downloads it again sees a torn file: the two ranks would then resume from different epochs
-    and wait for each other in DDP forever. CheckpointError names the file on Ray's storage."""
+    read from a copy of this process's own in the run folder `output_dir` (train/scratch.py).
+    `Checkpoint.as_directory` shares one temporary download among the processes of a node, and a
+    Train rank that reads it while another rank downloads it again sees a torn file: the two
+    ranks would then resume from different epochs and wait for each other in DDP forever.
+    CheckpointError names the file on Ray's storage."""
     import pyarrow.fs as pafs
 
     source = f"{checkpoint.path.rstrip('/')}/{CHECKPOINT_FILE}"
     if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
         return load_checkpoint(source, device)
-    with tempfile.TemporaryDirectory() as folder:
-        local = Path(folder) / CHECKPOINT_FILE
+    with scratch_folder(output_dir) as folder:
+        local = folder / CHECKPOINT_FILE
         try:
             with checkpoint.filesystem.open_input_stream(source) as stream, \
                     open(local, "wb") as out:
@@ -56,7 +57,7 @@ def restore_reported(trainer: Trainer, checkpoint) -> bool:
     if checkpoint is None:
         return False
     try:
-        state = read_reported(checkpoint, trainer.device)
+        state = read_reported(checkpoint, trainer.output_dir, trainer.device)
     except CheckpointError as exc:
         print(f"vacsr: {exc}; training the run again from its first epoch", file=sys.stderr,
               flush=True)
@@ -82,11 +83,14 @@ class RayRun(RunHooks):
         restore_reported(trainer, self.reported_checkpoint())
 
     def report(self, trainer: Trainer, epoch: int, metrics: dict) -> None:
-        """Report the epoch; rank 0 writes its checkpoint for Ray to copy into its storage."""
-        with tempfile.TemporaryDirectory() as folder:
-            if self.rank == 0:
-                save_checkpoint(Path(folder) / CHECKPOINT_FILE, trainer.state(epoch))
-            self.send(metrics, folder if self.rank == 0 else None)
+        """Report the epoch; rank 0 writes its checkpoint for Ray to copy into its storage, in a
+        scratch folder of the run's own (train/scratch.py)."""
+        if self.rank != 0:
+            self.send(metrics, None)
+            return
+        with scratch_folder(trainer.output_dir) as folder:
+            save_checkpoint(folder / CHECKPOINT_FILE, trainer.state(epoch))
+            self.send(metrics, str(folder))
 
     def after_restored_finished_run(self, trainer: Trainer) -> None:
         # restarted after its last epoch (a Tune trial resumed by a new driver): report the final

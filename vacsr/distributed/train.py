@@ -7,7 +7,6 @@ the last reported checkpoint. The worker side is `vacsr.distributed.worker`.
 from __future__ import annotations
 
 import gc
-import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,11 +16,11 @@ import ray
 import ray.train
 from ray.train.torch import TorchTrainer
 
-from vacsr.atomic import atomic_write_json
 from vacsr.config import Config, from_dict, to_dict
 from vacsr.distributed.backend import torch_config
 from vacsr.distributed.storage_fs import ray_storage
-from vacsr.train.files import CHECKPOINT_FILE, FAILED_FILE
+from vacsr.train.failure import clear_run_failure, raise_if_run_failed, record_run_failure
+from vacsr.train.files import CHECKPOINT_FILE
 
 if TYPE_CHECKING:
     from vacsr.train.loop import TrainResult
@@ -56,27 +55,12 @@ def train_loop_per_worker(loop_config: dict) -> None:
         if config.tracking.enabled:
             import vacsr.records  # noqa: F401  (mlflow)
     output_dir = Path(config.train.output_dir)
-    (output_dir / FAILED_FILE).unlink(missing_ok=True)
+    clear_run_failure(output_dir)
     try:
         train_worker(config, fail_once=loop_config.get("fail_once"))
     except VacsrError as exc:
         if ray.train.get_context().get_world_rank() == 0:
             record_run_failure(output_dir, exc)
-
-
-def record_run_failure(output_dir: str | Path, exc: Exception) -> None:
-    """Record a run's own error in FAILED_FILE (atomically), for its caller to raise."""
-    atomic_write_json(Path(output_dir) / FAILED_FILE, {"error": str(exc),
-                                                       "type": type(exc).__name__})
-
-
-def raise_if_run_failed(output_dir: str | Path) -> None:
-    """Raise the error a run recorded in FAILED_FILE (one line), if any."""
-    path = Path(output_dir) / FAILED_FILE
-    if path.is_file():
-        from vacsr.errors import RunFailed
-
-        raise RunFailed(json.loads(path.read_text())["error"])
 
 
 def build_torch_trainer(config: Config, *, name: str | None = None,
@@ -113,7 +97,7 @@ def result_from_checkpoint(checkpoint, output_dir: Path) -> TrainResult:
     from vacsr.train.checkpoint import save_checkpoint
     from vacsr.train.loop import TrainResult
 
-    state = read_reported(checkpoint)
+    state = read_reported(checkpoint, output_dir)
     save_checkpoint(output_dir / CHECKPOINT_FILE, state)
     return TrainResult.of_history(list(state["history"]), output_dir / CHECKPOINT_FILE)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -143,14 +144,16 @@ class SweepRecords:
                           f"and tags.`{DATASET_TAG}` != ''",
             order_by=["attributes.start_time ASC"])
 
-    def artifact(self, run_id: str, name: str) -> Path:
-        """A local copy of the run's artifact `name`."""
+    def artifact(self, run_id: str, name: str) -> bytes:
+        """The content of the run's artifact `name`. Downloaded into a folder removed at once:
+        MLflow's own default is a new temporary folder per download, left behind for good."""
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per file
-        return Path(self.store.client.download_artifacts(run_id, name))
+        with tempfile.TemporaryDirectory() as folder:
+            return Path(self.store.client.download_artifacts(run_id, name, folder)).read_bytes()
 
     def artifact_json(self, run_id: str, name: str) -> dict | None:
         """The run's JSON artifact `name`; None when absent (its dataset did not finish)."""
         try:
-            return json.loads(self.artifact(run_id, name).read_text())
+            return json.loads(self.artifact(run_id, name))
         except Exception:
             return None

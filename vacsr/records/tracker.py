@@ -24,6 +24,7 @@ from mlflow.exceptions import MlflowException
 
 from vacsr.config import Config, public_dict, save_config
 from vacsr.errors import ConfigError
+from vacsr.records.client_settings import apply_client_settings
 from vacsr.redact import split_credentials
 from vacsr.stop import signals_held
 from vacsr.records.uri import (_absolute, redact_uri, resolve_tracking_uri, sqlite_path,
@@ -154,6 +155,7 @@ class MlflowTracker:
 
     def __init__(self, tracking_uri: str | None = None, *, default_dir: str | Path = ".") -> None:
         self.tracking_uri = resolve_tracking_uri(tracking_uri, default_dir)
+        apply_client_settings()  # bounded retries, quiet store notes (records/client_settings.py)
         with store_creation_lock(self.tracking_uri):  # the client creates a new store
             self.client = HeldClient(MlflowClient(tracking_uri=client_uri(self.tracking_uri)))
         self.run_id: str | None = None

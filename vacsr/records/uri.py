@@ -184,13 +184,15 @@ def _credentials(uri: str) -> tuple[str | None, str]:
     """(the Authorization header MLflow's client would send to `uri`, what it holds in words):
     user:password of the URI (vacsr hands them to MLflow's variables), else of MLflow's
     variables or credentials file, else the token variable (mlflow.utils.rest_utils)."""
-    _, user, password = split_credentials(uri)
+    _, uri_user, password = split_credentials(uri)
     from_file = _mlflow_file_credentials()
-    user = user or os.environ.get(USER_ENV) or from_file[0]
+    user = uri_user or os.environ.get(USER_ENV) or from_file[0]
+    # a user name the URI gives without a password may be a token (redact_uri hides it too)
+    named = "the URI's user name" if uri_user and not password else f"user {user!r}"
     password = password or os.environ.get(PASSWORD_ENV) or from_file[1]
     if user and password:
         basic = base64.standard_b64encode(f"{user}:{password}".encode()).decode()
-        return f"Basic {basic}", f"user {user!r} and a password"
+        return f"Basic {basic}", f"{named} and a password"
     if os.environ.get(TOKEN_ENV):
         return f"Bearer {os.environ[TOKEN_ENV]}", f"the token in {TOKEN_ENV}"
     return None, "no credentials"

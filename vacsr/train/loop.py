@@ -25,6 +25,7 @@ from vacsr.device import resolve_device
 from vacsr.errors import CheckpointError, TrainingDiverged
 from vacsr.model.vacsr import VACSRModel, build_model
 from vacsr.seed import epoch_seed, seed_everything
+from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG
 from vacsr.tasks import task_type
 from vacsr.train.checkpoint import (ARCHITECTURE_KEYS, TRAINABLE_KEYS, load_checkpoint,
                                     load_model_state)
@@ -63,6 +64,8 @@ class Trainer:
         kind = task_type(config.data.task)
         self.splits = kind.build_splits(config.data, config.train.seed)
         self._require_one_batch(kind)
+        self.run_tags = kind.run_tags(config.data, self.splits["train"])  # MLflow tags
+        self._note_fewer_shots()
         seed_everything(config.train.seed)
         self.model: VACSRModel = build_model(config).to(self.device)
         self.task = kind.for_run(self.model, config.loss, self.splits)
@@ -82,6 +85,15 @@ class Trainer:
         require_one_batch(size, self.config.train.batch_size,
                           what=f"{data.dataset}: the training split has {size} {unit}",
                           remedy=remedy)
+
+    def _note_fewer_shots(self) -> None:
+        """Said once: the config records the shots asked for, the run's tags those it got."""
+        fewest, most = self.run_tags.get(SHOTS_MIN_TAG), self.run_tags.get(SHOTS_MAX_TAG)
+        if fewest is not None and fewest < self.config.data.shots:
+            print(f"vacsr: note: {self.config.data.dataset}: data.shots={self.config.data.shots}"
+                  f", but a class with fewer training images trains on all of them: {fewest} to "
+                  f"{most} per class (tags {SHOTS_MIN_TAG} / {SHOTS_MAX_TAG})", file=sys.stderr,
+                  flush=True)
 
     def train_dataset(self):
         backbone = self.model.backbone

@@ -71,7 +71,8 @@ class RunHooks:
         after `restore`: a restarted worker continues the run it logged to."""
         if opener is None:
             return None
-        return opener(resume=self.tracking_resume(trainer), tags=self.tracking_tags())
+        return opener(resume=self.tracking_resume(trainer),
+                      tags={**trainer.run_tags, **self.tracking_tags()})
 
     def tracking_resume(self, trainer: Trainer) -> bool | None:
         """Whether MLflow continues the output folder's run (None: config.train.resume)."""

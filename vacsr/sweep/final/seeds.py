@@ -23,6 +23,10 @@ from vacsr.records.sweep_records import place_child_run
 from vacsr.train.files import CHECKPOINT_FILE
 
 
+REUSED_TAG = "vacsr.reused_trial"  # the seed's checkpoint is this trial's
+RETRAINED_TAG = "vacsr.retrained"  # why the trial's checkpoint was not reused (damaged)
+
+
 def final_config(best, plan: SweepPlan, dataset: str, seed: int, parent_run_id: str):
     config = copy.deepcopy(best)
     config.train.seed = seed
@@ -52,10 +56,12 @@ def test_metrics(plan: SweepPlan, config, checkpoint: Path,
     return metrics, cache
 
 
-def _reuse_trial(plan: SweepPlan, config, best: dict) -> Path | None:
-    """The best trial trained this very config on this seed to the end: its checkpoint is the
-    seed's final checkpoint (runs are seeded, so a re-run would repeat it). None when that
-    checkpoint is damaged: the seed is then trained again."""
+def _reuse_trial(plan: SweepPlan, config, best: dict, dataset: str,
+                 report: Callable[[dict], None]) -> tuple[Path | None, dict[str, str]]:
+    """(the seed's final checkpoint, tags of its run). The best trial trained this very config on
+    this seed to the end: its checkpoint is the seed's final one (runs are seeded, so a re-run
+    would repeat it). When that checkpoint is damaged the seed is trained again: one line on the
+    driver's console names the file, and the retrained run's RETRAINED_TAG says why."""
     from vacsr.errors import CheckpointError
     from vacsr.train.checkpoint import load_checkpoint
 
@@ -64,11 +70,14 @@ def _reuse_trial(plan: SweepPlan, config, best: dict) -> Path | None:
     try:
         load_checkpoint(copy)
     except CheckpointError as exc:
-        print(f"vacsr: {exc}; training seed {config.train.seed} again", file=sys.stderr,
-              flush=True)
         copy.unlink()
-        return None
-    return copy
+        why = f"{best['checkpoint']}: {str(exc).removeprefix(f'{copy}: ')}"  # the trial's file
+        text = (f"{why}; final seed {config.train.seed} is trained again instead of reusing "
+                f"trial {best['trial_id']}")
+        print(f"vacsr: {text}", file=sys.stderr, flush=True)  # the dataset task's log
+        report({"event": "note", "dataset": dataset, "text": text})
+        return None, {RETRAINED_TAG: why}
+    return copy, {REUSED_TAG: best["trial_id"]}
 
 
 def _log_test(config, metrics: dict, tags: dict) -> None:
@@ -90,14 +99,14 @@ def final_runs(plan: SweepPlan, dataset: str, best: dict, dataset_run_id: str,
     try:
         for seed in plan.seeds:
             config = final_config(cfg, plan, dataset, seed, dataset_run_id)
-            checkpoint = _reuse_trial(plan, config, best) if seed == reused_seed else None
-            reused = checkpoint is not None
-            reused_trial = best["trial_id"] if reused else reused_trial
-            if not reused:
+            checkpoint, tags = (_reuse_trial(plan, config, best, dataset, report)
+                                if seed == reused_seed else (None, {}))
+            reused_trial = tags.get(REUSED_TAG, reused_trial)
+            if checkpoint is None:
                 checkpoint = fit_ray(config, name=f"{dataset}-seed{seed}").checkpoint
             metrics, cache = test_metrics(plan, config, checkpoint, scorer)
             scorer.release_gpus()  # the next seed's run needs them
-            _log_test(config, metrics, {"vacsr.reused_trial": best["trial_id"]} if reused else {})
+            _log_test(config, metrics, tags)
             per_seed.append({"seed": seed, **metrics})
             report({"event": "final", "dataset": dataset, "seed": seed, "metrics": metrics,
                     "cache": cache})

@@ -4,7 +4,7 @@ trials, the best config re-run on seeds and evaluated, then the table, all recor
 Each dataset runs as a Ray task of its own (its Tuner, Optuna sampler and final runs in one
 process); the driver starts as many as the cluster holds, shows their progress, records each
 finished dataset in sweep_state.json at once (so a killed driver resumes after it), and on
-SIGTERM / Ctrl-C cancels them and closes everything it opened.
+SIGTERM / Ctrl-C / SIGHUP cancels them and closes everything it opened.
 
 MLflow layout: experiment `vacsr-<kind>`; a parent run per sweep (the table's average row); a
 child per dataset (searched keys as params, per-seed test metrics `test_seed/*`, its table row
@@ -25,11 +25,13 @@ from vacsr.atomic import atomic_write_text
 from vacsr.config import flatten, save_config
 from vacsr.distributed.cluster import ensure_ray, quiet_logging
 from vacsr.errors import StorageError, VacsrError
+from vacsr.stop import SIGNALS, Stopped
+from vacsr.train.scratch import clear_scratch
 from vacsr.model.pretrained_cache import weights_record
 from vacsr.sweep.flow.events import EventSink, start_event_log
 from vacsr.sweep.report.importance import importance_section, record_sensitivity
 from vacsr.sweep.plan.ownership import claim_state
-from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism
+from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism, short_of, trial_needs
 from vacsr.sweep.report.progress import SweepProgress
 from vacsr.sweep.report.table import readable, table_spec, write_report
 from vacsr.sweep.flow.recovery import SpaceReserve, storage_failure, tracking_failure
@@ -43,11 +45,12 @@ from vacsr.records.view import publish_table, runs_link
 
 
 class SweepInterrupted(VacsrError):
-    """SIGTERM or SIGINT reached the driver; exit status 128 + the signal's number."""
+    """SIGTERM, SIGINT or SIGHUP reached the driver; exit status 128 + the signal's number."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name}; runs closed as KILLED, "
-                         "continue with --resume")
+    def __init__(self, signum: int, starting: bool = False) -> None:
+        done = "while Ray started, before any run" if starting else "runs closed as KILLED"
+        super().__init__(f"stopped by {signal.Signals(signum).name}; {done}, continue with "
+                         "--resume")
         self.exit_code = 128 + signum
 
 
@@ -122,12 +125,13 @@ def run_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurre
 
 
 class StopRequest:
-    """SIGTERM / SIGINT noted by the handler and raised by the driver's loop: an exception raised
-    inside the handler would surface within Ray's C++ wait and come out as a SystemError."""
+    """SIGTERM / SIGINT / SIGHUP (vacsr.stop.SIGNALS) noted by the handler and raised by the
+    driver's loop: an exception raised inside the handler would surface within Ray's C++ wait and
+    come out as a SystemError."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self.previous = {s: signal.signal(s, self._note) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.previous = {s: signal.signal(s, self._note) for s in SIGNALS}
 
     def _note(self, signum, frame) -> None:
         self.signum = signum
@@ -144,7 +148,14 @@ class StopRequest:
 def _run_datasets(plan: SweepPlan, state: SweepState, parent_id: str,
                   progress: SweepProgress, stop: StopRequest) -> dict[str, str]:
     """Every pending dataset as a Ray task, `parallel` at a time; returns the failed ones."""
-    parallel, per_dataset = plan_parallelism(plan, ray.cluster_resources())
+    resources = ray.cluster_resources()
+    parallel, per_dataset = plan_parallelism(plan, resources)
+    train = plan.configs[plan.datasets[0]].train
+    short = short_of(trial_needs(train, plan.trial_cpus), resources)
+    if short:  # a cluster's autoscaler may add such a node (a local instance is refused earlier)
+        progress.line(f"[{plan.name}] note: one trial needs " + ", ".join(
+            f"{need:g} {name}s, the cluster has {held:g}" for name, (need, held) in short.items())
+            + " now: the sweep waits for the autoscaler to add nodes")
     pending = [d for d in plan.datasets if not state.dataset(d).get("done")]
     progress.line(f"[{plan.name}] {len(pending)} dataset(s) to search, {parallel} at a time, "
                   f"{per_dataset} concurrent trial(s) each, {plan.trials} trials per dataset")
@@ -246,22 +257,45 @@ def _close_records(plan: SweepPlan, state: SweepState, parent: MlflowTracker, st
     return True
 
 
+def _start(plan: SweepPlan, stop: StopRequest) -> SweepState:
+    """The sweep's folder claimed and Ray started; a stop meanwhile (noted by `stop`, or caught
+    by Ray's own handler within ray.init: distributed/cluster.py) shuts down what started."""
+    try:
+        plan.storage.mkdir(parents=True, exist_ok=True)
+        state = claim_state(plan)  # a used folder takes only --resume, with its own settings
+        # what killed runs left of their temporary copies (train/scratch.py): nothing trains yet
+        clear_scratch(plan.storage / "trials", plan.storage / "final")
+        state.update(weights=weights_record(plan.configs[plan.datasets[0]].model.pretrained))
+        quiet_logging(plan.verbose)
+        ensure_ray(address=plan.ray_address, log_to_driver=plan.verbose)
+        stop.check()
+        return state
+    except BaseException as exc:
+        stop.restore()
+        if not plan.ray_address:
+            ray.shutdown()
+        signum = getattr(exc, "signum", None) or stop.signum
+        if isinstance(exc, (Stopped, SweepInterrupted)) and signum:
+            raise SweepInterrupted(signum, starting=True) from None
+        raise
+
+
 def run_sweep(plan: SweepPlan) -> SweepOutcome:
     """The whole sweep; returns the table rows (also printed and logged to the parent run)."""
-    plan.storage.mkdir(parents=True, exist_ok=True)
-    state = claim_state(plan)  # a used folder takes only --resume, with its own settings
-    state.update(weights=weights_record(plan.configs[plan.datasets[0]].model.pretrained))
-    quiet_logging(plan.verbose)
-    ensure_ray(address=plan.ray_address, log_to_driver=plan.verbose)
-    check_optuna_storage(plan)  # the schema is created here once, not by racing dataset tasks
-    parent = SweepRecords(plan.tracking_uri, plan.kind.experiment).start_sweep_run(
-        state, plan.name, plan.kind.name)
+    stop = StopRequest()  # first: a stop while Ray starts is the sweep's too, said in one line
+    state = _start(plan, stop)
+    try:
+        check_optuna_storage(plan)  # the schema is created here once, not by racing dataset tasks
+        parent = SweepRecords(plan.tracking_uri, plan.kind.experiment).start_sweep_run(
+            state, plan.name, plan.kind.name)
+    except BaseException:
+        stop.restore()
+        raise
     parent_id = parent.run_id
     parent.log_json(SWEEP_INFO, {"kind": plan.kind.name, "metric": plan.kind.metric,
                                  "table": table_spec(plan.kind.table)})
     done = [d for d in plan.datasets if state.dataset(d).get("done")]
     progress = SweepProgress(plan.name, plan.datasets, plan.trials, done, plan.kind.metric)
-    stop = StopRequest()
     reserve = SpaceReserve(plan.storage)
     try:
         reserve.hold()  # room to close the records if the disk fills up (sweep/reserve.py)

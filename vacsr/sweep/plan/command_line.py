@@ -17,7 +17,7 @@ from vacsr.help_format import DefaultsHelp, flag_error
 from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
 from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.plan.inputs import (check_datasets, check_devices, check_model, check_pretrained,
-                                check_ray_address, check_sweep_name)
+                                check_ray_address, check_sweep_name, note_fewer_shots)
 from vacsr.sweep.plan.plan import SweepPlan, build_config
 from vacsr.sweep.spec.space import (check_blocks, check_space_values, clamp_blocks,
                                     dataset_space, parse_range, tower_depths)
@@ -55,6 +55,25 @@ def _nonempty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a value, got an empty string")
     return text
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value <= cfg.MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {cfg.MAX_SEED}, got {text}")
+    return value
+
+
+def _seed_list(text: str) -> tuple[int, ...]:
+    """--seeds: comma-separated seeds, each in the range every seeded library takes."""
+    try:
+        return tuple(dict.fromkeys(_seed(part) for part in _nonempty(text).split(",")))
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (in {text!r})" if text.strip() else str(exc)
+                                         ) from None
 
 
 def _sweep_name(text: str) -> str:
@@ -99,7 +118,7 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=_positive(int),
                    help="epochs when not searched (default: the config's)")
     p.add_argument("--shots", type=_positive(int), help=f"few-shot K ({default('shots')})")
-    p.add_argument("--seeds", type=_nonempty,
+    p.add_argument("--seeds", type=_seed_list,
                    help=f"seeds of the final re-runs ({default('seeds')})")
     p.add_argument("--name", type=_sweep_name, default=kind.name,
                    help="sweep name: its folder under --storage (letters, digits, . _ -)")
@@ -139,7 +158,7 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override applied to every run")
     p.add_argument("--resume", action="store_true", help="continue a sweep whose driver died")
-    p.add_argument("--seed", type=int, default=0, help="Optuna sampler seed")
+    p.add_argument("--seed", type=_seed, default=0, help="Optuna sampler seed")
     p.add_argument("--verbose", action="store_true",
                    help="show Ray, Tune and Optuna output on the console (default: log files)")
     return p
@@ -163,16 +182,6 @@ def _datasets(kind: SweepKind, text: str | None) -> list[str]:
     if not names:
         raise ConfigError("--datasets: expected at least one dataset name")
     return list(dict.fromkeys(names))
-
-
-def _seeds(text: str | None, default: list[int]) -> tuple[int, ...]:
-    if text is None:
-        return tuple(default)
-    try:
-        seeds = tuple(int(s) for s in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--seeds: expected comma-separated integers, got {text!r}") from None
-    return tuple(dict.fromkeys(seeds))
 
 
 def _ray_storage(text: str | None) -> str:
@@ -252,9 +261,8 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
     ranges.update(parse_range(text) for text in args.range)
     storage = sweep_folder(args.storage, args.name)
     root = storage / "data" if embedded else Path(args.data_root).expanduser().resolve()
-    if not embedded:
-        check_datasets(root, kind.task, [d for d in kind.data_needed(datasets)
-                                         if d not in kind.also_accepts])
+    train_counts = {} if embedded else check_datasets(
+        root, kind.task, [d for d in kind.data_needed(datasets) if d not in kind.also_accepts])
     tiny = embedded and profile.get("pretrain_tiny") and model == profile["model"]
     pretrained = args.pretrained or (str(storage / "tiny-clip.pt") if tiny else None)
     shared = _base_values(kind, args, profile, root, model, pretrained)
@@ -271,17 +279,19 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
     for d in datasets:  # a value the runs refuse fails here, before Ray starts
         check_blocks(configs[d], depths, d)
         check_space_values(spaces[d], configs[d], d)
+    note_fewer_shots(train_counts, configs)
     # a local instance of the sweep's own (the GPUs torch sees); one the caller started has its own
     ray = sys.modules.get("ray")  # not imported: not started either
     started = ray is not None and ray.is_initialized()
-    check_devices(configs, local=not args.ray_address and not started)
+    check_devices(configs, local=not args.ray_address and not started,
+                  trial_cpus=_pick(args.trial_cpus, profile, "trial_cpus"))
     tracking_uri = resolve_tracking_uri(args.tracking_uri, default_dir=storage)
     check_tracking_uri(tracking_uri)  # unreachable or refused: one line before any trial
     plan = SweepPlan(
         kind=kind, name=args.name, configs=configs, spaces=spaces, storage=storage,
         tracking_uri=tracking_uri,
         trials=_pick(args.trials, profile, "trials"),
-        seeds=_seeds(args.seeds, _pick(None, profile, "seeds")), sampler_seed=args.seed,
+        seeds=args.seeds or tuple(_pick(None, profile, "seeds")), sampler_seed=args.seed,
         resume=args.resume, parallel=args.parallel_datasets,
         concurrent_trials=args.concurrent_trials,
         trial_cpus=_pick(args.trial_cpus, profile, "trial_cpus"),

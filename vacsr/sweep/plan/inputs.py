@@ -59,26 +59,55 @@ def check_pretrained(text: str, model: str) -> None:
                           f"of {model} (tags: {', '.join(tags) or 'none'})")
 
 
-def check_datasets(root: Path, task: str, names: list[str]) -> None:
-    """Each dataset's folder is where its layout puts it under --data-root (the readers check
-    the files inside when the runs load them)."""
+def check_datasets(root: Path, task: str, names: list[str]) -> dict[str, dict[int, int]]:
+    """Each dataset's folder is where its layout puts it under --data-root, and every image any
+    phase of the sweep reads is there: a classification run loads only its subsample, and a
+    missing image of a later phase would otherwise end the dataset after its trials. Returns
+    each classification dataset's training images per label."""
     from vacsr.data.files import require_dir
 
     require_dir(root, "--data-root: the folder holding the datasets")
     if task == "retrieval":
+        from vacsr.data.coco import check_coco_files
+
         for name in names:
             require_dir(root / name, f"the {name} layout (--data-root {root})")
-        return
-    from vacsr.data.classification import DATASETS
+        check_coco_files(root)  # the only retrieval layout (vacsr.data.RETRIEVAL_DATASETS)
+        return {}
+    from vacsr.data.classification import DATASETS, check_dataset_files
 
     for name in names:
         require_dir(root / DATASETS[name].folder,
                     f"the {name} dataset folder under --data-root (CoOp's DATASETS.md layout)")
+    counts = {name: check_dataset_files(root, name) for name in names}  # a listdir per folder
+    return {name: per_label for name, per_label in counts.items() if per_label}
 
 
-def check_devices(configs: dict, local: bool) -> None:
+def note_fewer_shots(train_counts: dict[str, dict[int, int]], configs: dict) -> None:
+    """One line per dataset where a class the runs train on has fewer training images than
+    data.shots: it trains on all of them (CoOp's sampling), while the config records the shots
+    asked for; each run's tags record those it got (vacsr/tasks.py run_tags)."""
+    if not train_counts:  # the embedded profile, retrieval: and no data stack imported for it
+        return
+    from vacsr.data.fewshot import subsample_labels
+    from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG
+
+    for dataset, config in configs.items():
+        per_label, shots = train_counts.get(dataset), config.data.shots
+        if not per_label:
+            continue
+        taken = [min(per_label[label], shots)
+                 for label in subsample_labels(per_label, config.data.subsample_classes)]
+        if min(taken) < shots:
+            print(f"{dataset}: data.shots={shots}, but a class with fewer training images trains "
+                  f"on all of them: {min(taken)} to {max(taken)} per class (each run's tags "
+                  f"{SHOTS_MIN_TAG} / {SHOTS_MAX_TAG})", flush=True)
+
+
+def check_devices(configs: dict, local: bool, trial_cpus: float = 1.0) -> None:
     """train.device against the GPUs the runs reserve: under Ray a worker computes on the GPU
-    Ray assigns it, so cuda needs --gpus-per-worker; a local instance has the GPUs torch sees."""
+    Ray assigns it, so cuda needs --gpus-per-worker; a local instance has the GPUs torch sees,
+    and must hold one trial (check_trials_fit)."""
     from vacsr.device import parse_device
 
     for dataset, config in configs.items():
@@ -96,6 +125,32 @@ def check_devices(configs: dict, local: bool) -> None:
                 raise ConfigError(f"--gpus-per-worker {gpus:g}: the local Ray instance would have "
                                   "no GPU (torch finds no CUDA device on this machine); join a "
                                   "cluster with --ray-address, or use --gpus-per-worker 0")
+    if local:  # no autoscaler adds a node to a local instance
+        check_trials_fit(configs, trial_cpus)
+
+
+def check_trials_fit(configs: dict, trial_cpus: float) -> None:
+    """A local instance has this machine's CPUs and GPUs and no autoscaler: a trial needing more
+    would wait forever. Refused here, naming the flag."""
+    import os
+
+    from vacsr.sweep.plan.plan import short_of, trial_needs
+
+    have = {"CPU": float(os.cpu_count() or 1)}
+    if any(config.train.gpus_per_worker > 0 for config in configs.values()):
+        import torch
+
+        have["GPU"] = float(torch.cuda.device_count())
+    for config in configs.values():
+        train = config.train
+        for name, (need, held) in short_of(trial_needs(train, trial_cpus), have).items():
+            flag = "--cpus-per-worker" if name == "CPU" else "--gpus-per-worker"
+            given = train.cpus_per_worker if name == "CPU" else train.gpus_per_worker
+            raise ConfigError(f"{flag} {given:g}: one trial needs {need:g} {name}s "
+                              f"({train.workers} worker(s)"
+                              f"{'' if train.workers == 1 else ' and the trial driver'}), the "
+                              f"local Ray instance has {held:g} (this machine's); lower it, or "
+                              "join a cluster with --ray-address")
 
 
 def check_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
@@ -117,4 +172,4 @@ def check_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) ->
 
 
 __all__ = ["check_datasets", "check_devices", "check_model", "check_pretrained",
-           "check_ray_address", "check_sweep_name"]
+           "check_ray_address", "check_sweep_name", "check_trials_fit", "note_fewer_shots"]

@@ -97,6 +97,23 @@ def trial_resources(train, trial_cpus: float) -> dict[str, float]:
     return resources
 
 
+def trial_needs(train, trial_cpus: float) -> dict[str, float]:
+    """All one trial reserves at once: its actor, plus its Train workers where it drives them."""
+    if trains_in_trial(train):
+        return trial_resources(train, trial_cpus)
+    needs = {"CPU": trial_cpus + train.workers * train.cpus_per_worker}
+    if train.gpus_per_worker > 0:
+        needs["GPU"] = train.workers * train.gpus_per_worker
+    return needs
+
+
+def short_of(needs: dict[str, float], resources: dict) -> dict[str, tuple[float, float]]:
+    """Resource -> (what one trial needs, what `resources` hold) where they hold too little: such
+    a trial is never scheduled, and Ray waits for it without a word."""
+    return {name: (need, resources.get(name, 0.0)) for name, need in needs.items()
+            if need > resources.get(name, 0.0) + 1e-9}
+
+
 def concurrency(resources: dict, workers: int, cpus_per_worker: float, gpus_per_worker: float,
                 driver_cpus: float = 1.0) -> int:
     """Trials `resources` (Ray's cluster resources) hold at once: each needs its driver plus its

@@ -46,13 +46,13 @@ def best_configs(tracking_uri: str | None, experiment: str, sweep: str | None,
             rows.append({"dataset": dataset, "status": run.info.status, "metrics": {},
                          "params": {}, "config": None, "run_id": run.info.run_id})
             continue
-        local = records.artifact(run.info.run_id, BEST_CONFIG)
+        best_config = records.artifact(run.info.run_id, BEST_CONFIG)
         if export is not None:
-            atomic_write_bytes(export / f"{dataset}.yaml", local.read_bytes())
+            atomic_write_bytes(export / f"{dataset}.yaml", best_config)
         metrics = _shown_metrics(run.data.metrics)
         rows.append({"dataset": dataset, "run_id": run.info.run_id, "status": run.info.status,
                      "metrics": metrics, "params": dict(run.data.params),
-                     "config": yaml.safe_load(local.read_text())})
+                     "config": yaml.safe_load(best_config)})
     return rows
 
 

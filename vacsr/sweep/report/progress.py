@@ -70,6 +70,8 @@ class SweepProgress:
             metrics = ", ".join(f"{k}={v:.2f}" for k, v in event["metrics"].items()
                                 if not k.startswith(("eval_", "num_", "uncertainty_", "sigma_")))
             self.line(f"[{self.name}] {dataset} final seed {event['seed']}: {metrics}")
+        elif event["event"] == "note":  # something the task did otherwise than asked, and why
+            self.line(f"[{self.name}] {dataset}: {event['text']}")
         self._refresh()
         self.tick()
 

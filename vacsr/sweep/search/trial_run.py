@@ -15,7 +15,6 @@ Runs of several workers stay on Ray Train (vacsr/sweep/search/trial.py).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import ray
@@ -24,24 +23,17 @@ from ray import tune
 from vacsr.config import Config
 from vacsr.distributed.ray_hooks import RayRun
 from vacsr.records.logger import mlflow_logger
-from vacsr.distributed.train import record_run_failure
+from vacsr.train.failure import clear_run_failure, read_run_failure, record_run_failure
 from vacsr.errors import RunFailed, VacsrError
 from vacsr.sweep.flow.recovery import outage
-from vacsr.train.files import FAILED_FILE
 
 
 def recorded_failure(output_dir: Path) -> str | None:
     """The error an earlier attempt of this trial recorded, unless another try cures it (a full
     disk, a tracking server that did not answer: the resume retrains those, sweep/repair.py)."""
-    path = output_dir / FAILED_FILE
-    if not path.is_file():
-        return None
-    try:
-        error = json.loads(path.read_text())["error"]
-    except (OSError, ValueError, UnicodeDecodeError, TypeError, KeyError):
-        error = None  # not the record a failed attempt writes: the trial trains again
-    if not isinstance(error, str) or outage(error):
-        path.unlink()
+    error = read_run_failure(output_dir)
+    if error is not None and outage(error):
+        clear_run_failure(output_dir)
         return None
     return error
 
