@@ -29,14 +29,16 @@ from vacsr.model.pretrained_cache import weights_record
 from vacsr.sweep.flow.events import EventSink, start_event_log
 from vacsr.sweep.report.importance import importance_section, record_sensitivity
 from vacsr.sweep.plan.ownership import claim_state
+from vacsr.sweep.plan.cost_plan import trial_pace
 from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism
+from vacsr.sweep.plan.preview import preview_costs
 from vacsr.sweep.report.progress import SweepProgress
 from vacsr.sweep.report.table import readable, table_spec, write_report
 from vacsr.sweep.flow.recovery import SpaceReserve, storage_failure, tracking_failure
 from vacsr.sweep.plan.studies import (check_optuna_storage, fail_running_trials,
                                       open_optuna_storage)
 from vacsr.records import MlflowTracker, redact_uri
-from vacsr.records.artifacts import BEST_CONFIG, FINAL_RUNS, SWEEP_INFO
+from vacsr.records.artifacts import BEST_CONFIG, FINAL_RUNS, SWEEP_INFO, SWEEP_PLAN
 from vacsr.records.sweep_records import SweepRecords
 from vacsr.records.sweep_state import SweepState
 from vacsr.records.view import publish_table, runs_link
@@ -254,13 +256,17 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     quiet_logging(plan.verbose)
     ensure_ray(address=plan.ray_address, log_to_driver=plan.verbose)
     check_optuna_storage(plan)  # the schema is created here once, not by racing dataset tasks
+    # measured where the trials run; a configuration too large for the device ends it here
+    cost = preview_costs(plan)
     parent = SweepRecords(plan.tracking_uri, plan.kind.experiment).start_sweep_run(
         state, plan.name, plan.kind.name)
     parent_id = parent.run_id
     parent.log_json(SWEEP_INFO, {"kind": plan.kind.name, "metric": plan.kind.metric,
                                  "table": table_spec(plan.kind.table)})
+    parent.log_json(SWEEP_PLAN, cost)
     done = [d for d in plan.datasets if state.dataset(d).get("done")]
-    progress = SweepProgress(plan.name, plan.datasets, plan.trials, done, plan.kind.metric)
+    progress = SweepProgress(plan.name, plan.datasets, plan.trials, done, plan.kind.metric,
+                             trial_estimate_s=trial_pace(cost))
     stop = StopRequest()
     reserve = SpaceReserve(plan.storage)
     try:
