@@ -164,9 +164,11 @@ def trial_pace(cost: dict) -> float:
 def format_cost_plan(cost: dict) -> str:
     """The plan as the console shows it: one row per dataset, then the totals."""
     m = cost["measured_on"]
-    lines = [f"plan of sweep {cost['sweep']} ({cost['kind']}, {cost['model']}); step costs "
-             f"measured on {m['device']}; {cost['parallel_datasets']} dataset(s) at a time, "
-             f"{cost['concurrent_trials']} trial(s) each, on {cost['resources']}",
+    resources = ", ".join(f"{v:g} {k}" for k, v in cost["resources"].items())
+    lines = [f"plan of sweep {cost['sweep']} ({cost['kind']}, {cost['model']}), costs measured "
+             f"on {m['device']}",
+             f"{cost['parallel_datasets']} dataset(s) at a time, {cost['concurrent_trials']} "
+             f"trial(s) each, on {resources}",
              f"{'dataset':<16}{'train':>7}{'val':>6}{'test':>7}{'novel':>7}{'steps/ep':>10}"
              f"{'trials':>7}{'epochs':>8}{'trial s':>9}{'final s':>9}{'peak GiB':>9}"]
     for r in cost["datasets"]:
@@ -176,10 +178,10 @@ def format_cost_plan(cost: dict) -> str:
                      f"{steps:>10}{r['trials']:>7}{'%d-%d' % tuple(r['epochs']):>8}"
                      f"{r['trial_s']:>9.1f}{r['final_s']:>9.1f}{r['peak_gib']:>9.2f}")
     t = cost["totals"]
-    lines.append(f"search: {t['search_device_h']:.2f} device-h with ASHA's expected stops "
-                 f"({t['search_no_stop_device_h']:.2f} without stops); final seeds "
-                 f"{t['final_device_h']:.2f} device-h; wall time {_hours(t['wall_h'])} "
-                 f"(at most {_hours(t['wall_no_stop_h'])})")
+    lines.append(f"search {t['search_device_h']:.2f} device-h with ASHA's expected stops "
+                 f"({t['search_no_stop_device_h']:.2f} without); final seeds "
+                 f"{t['final_device_h']:.2f} device-h")
+    lines.append(f"wall time {_hours(t['wall_h'])} (at most {_hours(t['wall_no_stop_h'])})")
     return "\n".join(lines)
 
 
