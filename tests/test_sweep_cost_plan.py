@@ -92,3 +92,29 @@ def test_plan_on_the_embedded_profile_prints_every_dataset_and_writes_nothing(tm
     assert (rows["dtd"]["train"], rows["dtd"]["val"], rows["dtd"]["prompts"]) == (48, 48, 24)
     assert rows["dtd"]["search_s"] <= rows["dtd"]["search_no_stop_s"]
     assert plan["totals"]["search_device_h"] > 0 and "dtd" in printed and "eurosat" in printed
+
+
+@pytest.mark.timeout(300)
+def test_plan_on_a_locked_used_folder_still_plans_and_changes_nothing(tmp_path, capsys):
+    from vacsr.sweep.plan.ownership import DriverLock
+
+    folder = tmp_path / "sweeps" / "base2novel"
+    folder.mkdir(parents=True)
+    (folder / "sweep_state.json").write_text("{}\n")  # a used folder
+    lock = DriverLock(folder)  # and a driver running in it
+    try:
+        before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+        code = main(BASE2NOVEL, ["--plan", "--datasets", "eurosat", "--storage",
+                                 str(tmp_path / "sweeps")])
+        assert code == 0, capsys.readouterr().err
+        assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+    finally:
+        lock.release()
+    assert "eurosat" in capsys.readouterr().out
+
+
+def test_plan_out_in_a_missing_folder_is_one_line(tmp_path, capsys):
+    line = one_line(["--plan", "--plan-out", tmp_path / "nosuch" / "plan.json", "--storage",
+                     tmp_path / "sweeps"], capsys, entry=lambda argv: main(BASE2NOVEL, argv))
+    assert "--plan-out" in line and "nosuch" in line
+    nothing_written(tmp_path / "sweeps")
