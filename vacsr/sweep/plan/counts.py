@@ -1,6 +1,7 @@
 """How many images a sweep's runs read per dataset, counted from the same listings a run reads and
 by the same rules (paper appendix C.1, CoOp's protocol), without writing anything: no few-shot
-split cache (split_fewshot/*.pkl) and no listing cache (VACSR_LISTING_CACHE=off while counting).
+split cache (split_fewshot/*.pkl) and no listing cache (VACSR_LISTING_CACHE=read while counting:
+a cache a run wrote is read, none is written).
 
 The counts do not depend on the seed: the few-shot draw keeps min(K, n_c) training images of each
 class and min(K, 4) val images, whichever images it picks; base classes are the first ceil(n/2)
@@ -37,10 +38,10 @@ class DatasetCounts:
 
 
 @contextlib.contextmanager
-def listing_cache_off() -> Iterator[None]:
-    """List folders without writing the listing cache (vacsr/data/listing_cache.py)."""
+def listing_cache_read_only() -> Iterator[None]:
+    """List folders reading the listing cache but never writing it (data/listing_cache.py)."""
     before = os.environ.get("VACSR_LISTING_CACHE")
-    os.environ["VACSR_LISTING_CACHE"] = "off"
+    os.environ["VACSR_LISTING_CACHE"] = "read"
     try:
         yield
     finally:
@@ -65,10 +66,10 @@ def class_halves(labels: set[int], subsample: str) -> set[int]:
 def classification_counts(root: Path, name: str, shots: int, subsample: str,
                           evaluations: dict[str, tuple[str | None, str]]) -> DatasetCounts:
     """Counts of a base-to-novel dataset; `evaluations`: metric -> (dataset or None, classes)."""
-    from vacsr.data.classification import _read_splits, _spec
+    from vacsr.data.classification import read_dataset_splits
 
-    with listing_cache_off():
-        folder, splits = _read_splits(root, name, _spec(name))
+    with listing_cache_read_only():
+        folder, splits = read_dataset_splits(root, name)
     train = per_class(splits["train"])
     kept = {label: min(shots, n) for label, n in train.items()}
     if splits["val"] is None:  # ImageNet: val drawn from the train images not drawn for train
@@ -99,7 +100,7 @@ def variant_count(root: Path, name: str) -> int:
     """Test images of an ImageNet variant (domain generalisation)."""
     from vacsr.data.imagenet import read_variant
 
-    with listing_cache_off():
+    with listing_cache_read_only():
         return len(read_variant(root, name)[1])
 
 
