@@ -118,3 +118,26 @@ def test_plan_out_in_a_missing_folder_is_one_line(tmp_path, capsys):
                      tmp_path / "sweeps"], capsys, entry=lambda argv: main(BASE2NOVEL, argv))
     assert "--plan-out" in line and "nosuch" in line
     nothing_written(tmp_path / "sweeps")
+
+
+@pytest.mark.timeout(300)
+def test_a_run_refused_by_its_measured_plan_leaves_its_folder_unused(tmp_path, monkeypatch):
+    """The run's own check, after its calibration and before the first trial (the device
+    memory as a GPU's would come from the calibration, here stated on the plan)."""
+    import ray
+    from conftest import sweep_plan
+
+    from vacsr.errors import ConfigError
+    from vacsr.records.sweep_state import state_path
+    from vacsr.sweep.flow.driver import run_sweep
+
+    plan = sweep_plan(BASE2NOVEL, tmp_path / "sweeps", ["--datasets", "dtd", "--range",
+                      "train.batch_size=choice:8,4096"], monkeypatch=monkeypatch)
+    plan.device_memory_gib = 0.25
+    try:
+        with pytest.raises(ConfigError, match="dtd: train.batch_size=4096 needs an estimated"):
+            run_sweep(plan)
+    finally:
+        ray.shutdown()
+    assert not state_path(plan.storage).exists()  # a fixed command may start the sweep there
+    assert not (plan.storage / "tune").exists()

@@ -37,7 +37,7 @@ def print_plan(kind: SweepKind, args) -> int:
             raise ConfigError(f"--plan-out {args.plan_out}: no folder {out.parent}; expected a "
                               "file path in an existing folder")
         plan = plan_from_args(kind, args)
-        cost = preview_costs(plan, plan.synthetic_per_class)
+        cost = preview_costs(plan)
     except VacsrError as exc:
         print(f"vacsr: error: {exc}", file=sys.stderr)
         return 2

@@ -40,7 +40,7 @@ from vacsr.sweep.plan.studies import (check_optuna_storage, fail_running_trials,
 from vacsr.records import MlflowTracker, redact_uri
 from vacsr.records.artifacts import BEST_CONFIG, FINAL_RUNS, SWEEP_INFO, SWEEP_PLAN
 from vacsr.records.sweep_records import SweepRecords
-from vacsr.records.sweep_state import SweepState
+from vacsr.records.sweep_state import SweepState, state_path
 from vacsr.records.view import publish_table, runs_link
 
 
@@ -248,6 +248,17 @@ def _close_records(plan: SweepPlan, state: SweepState, parent: MlflowTracker, st
     return True
 
 
+def _measured_plan(plan: SweepPlan) -> dict:
+    """The plan, measured where the trials run; a configuration too large for the device ends
+    the sweep here, its folder left unused (a new sweep may start there once it is fixed)."""
+    try:
+        return preview_costs(plan)
+    except VacsrError:
+        if not plan.resume:
+            state_path(plan.storage).unlink(missing_ok=True)
+        raise
+
+
 def run_sweep(plan: SweepPlan) -> SweepOutcome:
     """The whole sweep; returns the table rows (also printed and logged to the parent run)."""
     plan.storage.mkdir(parents=True, exist_ok=True)
@@ -256,8 +267,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     quiet_logging(plan.verbose)
     ensure_ray(address=plan.ray_address, log_to_driver=plan.verbose)
     check_optuna_storage(plan)  # the schema is created here once, not by racing dataset tasks
-    # measured where the trials run; a configuration too large for the device ends it here
-    cost = preview_costs(plan)
+    cost = _measured_plan(plan)
     parent = SweepRecords(plan.tracking_uri, plan.kind.experiment).start_sweep_run(
         state, plan.name, plan.kind.name)
     parent_id = parent.run_id

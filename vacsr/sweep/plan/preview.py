@@ -40,10 +40,10 @@ def sweep_counts(plan: SweepPlan, root: Path) -> dict[str, DatasetCounts]:
             for d in plan.datasets}
 
 
-def preview_costs(plan: SweepPlan, synthetic_per_class: tuple[int, ...] | None = None) -> dict:
+def preview_costs(plan: SweepPlan) -> dict:
     """The cost plan (cost_plan.build_cost_plan's data) of `plan`."""
     first = plan.configs[plan.datasets[0]]
-    with data_root(plan, synthetic_per_class) as root:
+    with data_root(plan, plan.synthetic_per_class) as root:
         counts = sweep_counts(plan, root)
         costs, resources = run_calibration(first, counts[plan.datasets[0]].samples,
                                            trial_resources(first.train, plan.trial_cpus),
