@@ -48,6 +48,8 @@ def test_bad_cluster_settings_fail_before_any_trial(tmp_path):
     (["--trial-cpus", "0"], "--trial-cpus: expected a value > 0"),
     (["--epochs", "-1"], "--epochs: expected a value > 0"),
     (["--storage", ""], "--storage: expected a value"),
+    (["--device-memory-gib", "0"], "--device-memory-gib: expected a value > 0"),
+    (["--plan-out", ""], "--plan-out: expected a value"),
 ])
 def test_empty_or_zero_flags_are_errors_not_defaults(argv, fragment, capsys):
     with pytest.raises(SystemExit) as stop:
