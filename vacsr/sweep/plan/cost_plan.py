@@ -1,7 +1,7 @@
 """What a sweep will cost, before it runs: per dataset its counts, steps, trials and estimated
 device-seconds, the peak memory of its largest configuration against the device's, then totals
 and the wall time on the resources the sweep would get (`--plan`, and the run's own plan
-artifact). The formula is in vacsr/sweep/plan/estimate.py and docs/performance.md.
+artifact). The formula is in vacsr/sweep/plan/estimate.py and docs/sweeps.md.
 """
 from __future__ import annotations
 
