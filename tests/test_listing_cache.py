@@ -122,6 +122,20 @@ def test_change_invalidates_only_that_folder(tree, scans, change):
     assert scans == changed
 
 
+def test_read_mode_reads_the_cache_and_writes_none(tree, scans, monkeypatch):
+    """VACSR_LISTING_CACHE=read (a sweep's --plan): unchanged folders come from the cache, a
+    changed one is listed again, and the cache file stays as the last run wrote it."""
+    lc.list_tree(tree)
+    cache = tree.parent / "train.listing.pkl"
+    written = cache.read_bytes()
+    monkeypatch.setenv("VACSR_LISTING_CACHE", "read")
+    scans.clear()
+    changed = _add_file(tree)
+    os.utime(tree / changed[0], (OLD + 60, OLD + 60))
+    assert lc.list_tree(tree) == scan(tree)
+    assert scans == changed and cache.read_bytes() == written
+
+
 def test_removed_class_folder_disappears(tree):
     lc.list_tree(tree)
     for path in (tree / WNIDS[0]).iterdir():

@@ -85,3 +85,41 @@ def test_per_block_activation_count_matches_torch(trainable, c, bf16):
     s, r = (2, 4) if bf16 else (4, 4)
     measured = _saved_bytes_per_token(trainable, bf16, batch=4)
     assert measured == pytest.approx((c - 2) * s + 2 * r, abs=0.5)  # + the (B, h, T) log-sum-exp
+
+
+def _saved_activation_bytes(side: str, blocks: int, batch: int) -> int:
+    """Bytes torch saves for backward in vacsr-tiny's image tower (parameters excluded)."""
+    from vacsr.model.backbone import ClipBackbone
+
+    backbone = ClipBackbone(name="vacsr-tiny", use_gpo=False, trainable_image_blocks=blocks,
+                            trainable_text_blocks=0, trainable_side=side)
+    params = {p.untyped_storage().data_ptr() for p in backbone.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        backbone.encode_image(torch.randn(batch, 3, 32, 32))
+    return sum(saved.values())
+
+
+def test_with_the_last_blocks_training_activations_start_at_the_first_trainable_block():
+    """first 1 of 3: the gradient crosses all 3 blocks; last 1: only the top block keeps its
+    activations (the frozen prefix runs without autograd). The estimate's difference between the
+    sides matches torch's saved tensors."""
+    def estimate(side: str, batch: int) -> int:
+        return estimate_step_memory("vacsr-tiny", batch_size=batch, dtype="fp32", image_blocks=1,
+                                    text_blocks=0, use_gpo=False, side=side,
+                                    texts=1)["activations"]
+
+    slopes = {side: (_saved_activation_bytes(side, 1, 16) - _saved_activation_bytes(side, 1, 8))
+              for side in ("first", "last")}
+    predicted = {side: estimate(side, 16) - estimate(side, 8) for side in ("first", "last")}
+    assert predicted["last"] < predicted["first"]
+    assert predicted["first"] - predicted["last"] == pytest.approx(
+        slopes["first"] - slopes["last"], rel=0.1)
+    full = estimate_step_memory("vacsr-tiny", batch_size=8, image_blocks=3, side="last")
+    assert full == estimate_step_memory("vacsr-tiny", batch_size=8, image_blocks=3)  # all: same

@@ -54,6 +54,8 @@ def test_bad_cluster_settings_fail_before_any_trial(tmp_path):
                                             "99999999999999999999 (in '1,99999999999999999999')"),
     (["--seeds", "-1"], "--seeds: expected a seed from 0 to 4294967295, got -1 (in '-1')"),
     (["--seed", "4294967296"], "--seed: expected a seed from 0 to 4294967295, got 4294967296"),
+    (["--device-memory-gib", "0"], "--device-memory-gib: expected a value > 0"),
+    (["--plan-out", ""], "--plan-out: expected a value"),
 ])
 def test_empty_zero_or_out_of_range_flags_are_errors_not_defaults(argv, fragment, capsys):
     with pytest.raises(SystemExit) as stop:

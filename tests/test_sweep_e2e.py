@@ -239,6 +239,11 @@ def test_sweep_job_resumes_and_records_everything(tmp_path, ray_cluster, mlflow_
     assert sorted(datasets["tags.vacsr.dataset"]) == sorted(DATASETS)
     assert (runs.status == "RUNNING").sum() == 0
     client = mlflow.MlflowClient(uri)
+    # the run's plan, measured on the cluster before its first trial (vacsr/sweep/plan/)
+    plan = json.loads(Path(client.download_artifacts(parents.run_id.iloc[0], "sweep_plan.json",
+                                                     str(tmp_path))).read_text())
+    assert sorted(row["dataset"] for row in plan["datasets"]) == sorted(DATASETS)
+    assert plan["totals"]["search_device_h"] > 0
     nodes = set()
     for _, dataset_run in datasets.iterrows():
         children = runs[runs["tags.mlflow.parentRunId"] == dataset_run.run_id]

@@ -53,6 +53,15 @@ def _names(text: str) -> list[str]:
     return names
 
 
+def _per_class(text: str) -> tuple[int, int, int]:
+    """argparse type: TRAIN,VAL,TEST images per class, each an integer >= 1."""
+    parts = text.split(",")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"expected TRAIN,VAL,TEST (three integers), got {text!r}")
+    counts = tuple(_positive_int(part) for part in parts)
+    return counts[0], counts[1], counts[2]
+
+
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=_nonempty,
                         help="YAML file of overrides (sections: model, adapter, loss, optim, "
@@ -161,7 +170,8 @@ def cmd_pretrain_tiny(args) -> int:
 def cmd_generate_data(args) -> int:
     from vacsr.data.generate import generate_all
 
-    generate_all(Path(args.root), seed=args.seed, datasets=args.datasets)
+    generate_all(Path(args.root), seed=args.seed, datasets=args.datasets,
+                 per_class=args.per_class)
     print(f"wrote synthetic datasets in their real layouts under {Path(args.root).resolve()}")
     return 0
 
@@ -234,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="folder to write (one sub-folder a dataset)")
     gen.add_argument("--datasets", type=_names, help="comma-separated names (default: all)")
     gen.add_argument("--seed", type=int, default=0, help="seed of the synthetic images")
+    gen.add_argument("--per-class", type=_per_class, default=(4, 3, 2), metavar="TRAIN,VAL,TEST",
+                     help="images per class of the classification datasets (20,4,2: the 16-shot "
+                          "protocol's train and val sizes, ImageNet's val drawn from train)")
     gen.set_defaults(func=cmd_generate_data)
 
     best = sub.add_parser("best", help="best config and metrics per dataset of a sweep (MLflow)")

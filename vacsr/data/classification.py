@@ -153,6 +153,13 @@ def _read_splits(root: Path, name: str, spec: DatasetSpec
     return dataset_dir, read_split_json(dataset_dir, spec)
 
 
+def read_dataset_splits(root: Path, name: str
+                        ) -> tuple[Path, dict[str, Sequence[Item] | None]]:
+    """(dataset folder, every item of each split) as a run lists them, before any sampling:
+    what a sweep's plan counts (vacsr/sweep/plan/counts.py)."""
+    return _read_splits(Path(root).expanduser().absolute(), name, _spec(name))
+
+
 # ---------------------------------------------------------------- assembling ClassificationData
 def classnames_of(items: Sequence[Item], source: str) -> list[str]:
     """Class names by label (Dassl's get_lab2cname), requiring labels 0..C-1 without gaps."""

@@ -19,7 +19,8 @@ The file is `<folder>.listing.pkl` beside the scanned folder or, when that is no
 `$VACSR_CACHE_DIR/listings`, else `~/.cache/vacsr/listings`); the newer of the two is read. A
 missing, corrupt or foreign file is silently rebuilt: it is only a cache. The environment variable
 VACSR_LISTING_CACHE=rebuild ignores existing files (and rewrites them); =off neither reads nor
-writes them.
+writes them; =read reads them and writes none (a sweep's --plan: ImageNet's folders unchanged
+since the last run are not listed again).
 """
 from __future__ import annotations
 
@@ -243,6 +244,6 @@ def list_tree(root: Path, folders: Sequence[str] | None = None, *,
         folders = subdir_list
     entries, listing = _read_folders(root, folders, cached.folders, now_ns)
     tree = CachedTree(root_print, subdir_list, entries)
-    if mode != "off" and tree != cached:
+    if mode not in ("off", "read") and tree != cached:
         write_cache(paths, key, tree)
     return listing

@@ -17,9 +17,11 @@ bytes (4: bf16 autocast keeps the residual adds in fp32), B images, B' texts, T 
 
 c counts the (B, T, D) tensors a block saves. A trainable block: c = 16 (input, LN-1 out, q, k, v,
 attention out, LN-2 in and out, MLP hidden before and after GELU: 4 + 4), two of them (the LayerNorm
-inputs) residual stream. Only the first N blocks train, so the gradient reaches them through every
-later block; those frozen blocks save c = 10 (a frozen linear needs no input: input, LN-2 in, q k v,
-attention out, GELU input). N = 0 saves no block activations. a = 0 with fused attention
+inputs) residual stream. With the first N blocks training (model.trainable_side first) the
+gradient reaches them through every later block; those frozen blocks save c = 10 (a frozen linear
+needs no input: input, LN-2 in, q k v, attention out, GELU input). With the last N training the
+frozen prefix below them runs without autograd and saves nothing: activations are kept only from
+the first trainable block up. N = 0 saves no block activations. a = 0 with fused attention
 (scaled_dot_product_attention keeps a (B, heads, T) log-sum-exp), 1 with the math kernel. These
 match torch's saved tensors within a few percent (tests/test_memory.py). Gradients and activations
 count as live together; backward-pass transients and allocator slack are not counted.
@@ -77,10 +79,11 @@ def towers(name: str) -> tuple[Tower, Tower, int]:
 
 
 def _tower(tower: Tower, blocks: int, rows: int, s: int, r: int, fused: bool, embed: int,
-           pooled_tokens: int) -> tuple[int, int, int]:
+           pooled_tokens: int, side: str = "first") -> tuple[int, int, int]:
     """(trainable block params, activation bytes, bf16-cast bytes) of one tower."""
-    n = tower.layers if blocks == -1 else blocks
-    path = tower.layers if n > 0 else 0  # blocks from the first trainable one to the last
+    n = tower.layers if blocks == -1 else min(blocks, tower.layers)
+    # blocks the gradient crosses: from the input up (first), or the trainable ones alone (last)
+    path = 0 if n == 0 else (tower.layers if side == "first" else n)
     btd = rows * tower.tokens * tower.width
     attention = 0 if fused else rows * tower.heads * tower.tokens ** 2 * s
     trainable_block = btd * ((C_TRAINABLE - 2) * s + 2 * r) + attention
@@ -94,9 +97,10 @@ def estimate_step_memory(name: str = "ViT-B-16", *, batch_size: int = 128, dtype
                          image_blocks: int = -1, text_blocks: int = -1,
                          train_projections: bool = True, use_gpo: bool = True,
                          adapter_hidden: int = 512, texts: int | None = None,
-                         fused_attention: bool = True) -> dict[str, int]:
+                         fused_attention: bool = True, side: str = "first") -> dict[str, int]:
     """Bytes of each term of the module docstring, and their "total", for a retrieval step of
-    `batch_size` images and `texts` captions (default: as many; classification: the classes)."""
+    `batch_size` images and `texts` captions (default: as many; classification: the classes);
+    `side`: which end of each tower trains (model.trainable_side)."""
     image, text, embed = towers(name)
     s, r = DTYPE_BYTES[dtype], 4
     texts = batch_size if texts is None else texts
@@ -108,7 +112,7 @@ def estimate_step_memory(name: str = "ViT-B-16", *, batch_size: int = 128, dtype
         trainable += 2 * image.width + image.width * embed + 2 * text.width + text.width * embed
     for tower, blocks, rows in ((image, image_blocks, batch_size), (text, text_blocks, texts)):
         params, acts, cast = _tower(tower, blocks, rows, s, r, fused_attention, embed,
-                                    tower.tokens if use_gpo else 1)
+                                    tower.tokens if use_gpo else 1, side)
         trainable, activations, casts = trainable + params, activations + acts, casts + cast
     parts = {
         "weights": 4 * (image.params() + text.params() + new),
@@ -122,11 +126,14 @@ def estimate_step_memory(name: str = "ViT-B-16", *, batch_size: int = 128, dtype
     return parts
 
 
-def estimate_for_config(config, dtype: str | None = None) -> dict[str, int]:
-    """estimate_step_memory of a vacsr Config; dtype: bf16 when train.amp, else fp32."""
+def estimate_for_config(config, dtype: str | None = None, texts: int | None = None
+                        ) -> dict[str, int]:
+    """estimate_step_memory of a vacsr Config's worker (its share of the batch); dtype: bf16
+    when train.amp, else fp32; texts: per step (default: as many as images)."""
     m = config.model
+    rows = config.train.batch_size // max(config.train.workers, 1)
     return estimate_step_memory(
-        m.name, batch_size=config.train.batch_size, use_gpo=m.use_gpo,
+        m.name, batch_size=rows, use_gpo=m.use_gpo, side=m.trainable_side, texts=texts,
         dtype=dtype or ("bf16" if config.train.amp else "fp32"),
         image_blocks=m.trainable_image_blocks, text_blocks=m.trainable_text_blocks,
         train_projections=m.train_projections, adapter_hidden=config.adapter.hidden_dim)

@@ -4,11 +4,13 @@ plan (sweep/plan/), runs it (sweep/flow/driver.py) and says where the results ar
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 import time
+from pathlib import Path
 
-from vacsr.errors import VacsrError
+from vacsr.errors import ConfigError, VacsrError
 from vacsr.sweep.plan.command_line import build_parser, plan_from_args
 from vacsr.sweep.plan.ownership import DriverLock
 from vacsr.sweep.spec.kind import SweepKind
@@ -23,11 +25,36 @@ if _missing:
                       "pip install 'vacsr[cluster]')")
 
 
+def print_plan(kind: SweepKind, args) -> int:
+    """--plan: the cost plan on stdout (and as JSON at --plan-out); 0, or 2 on bad input."""
+    from vacsr.atomic import atomic_write_text
+    from vacsr.sweep.plan.cost_plan import format_cost_plan
+    from vacsr.sweep.plan.preview import preview_costs
+
+    try:
+        out = Path(args.plan_out).expanduser().resolve() if args.plan_out else None
+        if out is not None and not out.parent.is_dir():
+            raise ConfigError(f"--plan-out {args.plan_out}: no folder {out.parent}; expected a "
+                              "file path in an existing folder")
+        plan = plan_from_args(kind, args)
+        cost = preview_costs(plan)
+    except VacsrError as exc:
+        print(f"vacsr: error: {exc}", file=sys.stderr)
+        return 2
+    print(format_cost_plan(cost))
+    if out is not None:
+        atomic_write_text(out, json.dumps(cost, indent=2) + "\n")
+        print(f"plan written to {out}")
+    return 0
+
+
 def main(kind: SweepKind, argv: list[str] | None = None) -> int:
     """Run the sweep; 0 when every dataset finished, 1 when some failed, 2 on bad input."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
     args = build_parser(kind).parse_args(argv)
+    if args.plan:
+        return print_plan(kind, args)
     start = time.time()
     locks: list[DriverLock] = []
     try:  # one driver per sweep folder, from before its data is written (sweep/ownership.py)

@@ -31,16 +31,18 @@ from vacsr.model.pretrained_cache import weights_record
 from vacsr.sweep.flow.events import EventSink, start_event_log
 from vacsr.sweep.report.importance import importance_section, record_sensitivity
 from vacsr.sweep.plan.ownership import claim_state
+from vacsr.sweep.plan.cost_plan import trial_pace
 from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism, short_of, trial_needs
+from vacsr.sweep.plan.preview import preview_costs
 from vacsr.sweep.report.progress import SweepProgress
 from vacsr.sweep.report.table import readable, table_spec, write_report
 from vacsr.sweep.flow.recovery import SpaceReserve, storage_failure, tracking_failure
 from vacsr.sweep.plan.studies import (check_optuna_storage, fail_running_trials,
                                       open_optuna_storage)
 from vacsr.records import MlflowTracker, redact_uri
-from vacsr.records.artifacts import BEST_CONFIG, FINAL_RUNS, SWEEP_INFO
+from vacsr.records.artifacts import BEST_CONFIG, FINAL_RUNS, SWEEP_INFO, SWEEP_PLAN
 from vacsr.records.sweep_records import SweepRecords
-from vacsr.records.sweep_state import SweepState
+from vacsr.records.sweep_state import SweepState, state_path
 from vacsr.records.view import publish_table, runs_link
 
 
@@ -280,12 +282,24 @@ def _start(plan: SweepPlan, stop: StopRequest) -> SweepState:
         raise
 
 
+def _measured_plan(plan: SweepPlan) -> dict:
+    """The plan, measured where the trials run; a configuration too large for the device ends
+    the sweep here, its folder left unused (a new sweep may start there once it is fixed)."""
+    try:
+        return preview_costs(plan)
+    except VacsrError:
+        if not plan.resume:
+            state_path(plan.storage).unlink(missing_ok=True)
+        raise
+
+
 def run_sweep(plan: SweepPlan) -> SweepOutcome:
     """The whole sweep; returns the table rows (also printed and logged to the parent run)."""
     stop = StopRequest()  # first: a stop while Ray starts is the sweep's too, said in one line
     state = _start(plan, stop)
     try:
         check_optuna_storage(plan)  # the schema is created here once, not by racing dataset tasks
+        cost = _measured_plan(plan)
         parent = SweepRecords(plan.tracking_uri, plan.kind.experiment).start_sweep_run(
             state, plan.name, plan.kind.name)
     except BaseException:
@@ -294,8 +308,10 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     parent_id = parent.run_id
     parent.log_json(SWEEP_INFO, {"kind": plan.kind.name, "metric": plan.kind.metric,
                                  "table": table_spec(plan.kind.table)})
+    parent.log_json(SWEEP_PLAN, cost)
     done = [d for d in plan.datasets if state.dataset(d).get("done")]
-    progress = SweepProgress(plan.name, plan.datasets, plan.trials, done, plan.kind.metric)
+    progress = SweepProgress(plan.name, plan.datasets, plan.trials, done, plan.kind.metric,
+                             trial_estimate_s=trial_pace(cost))
     reserve = SpaceReserve(plan.storage)
     try:
         reserve.hold()  # room to close the records if the disk fills up (sweep/reserve.py)

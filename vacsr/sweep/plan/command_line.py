@@ -18,6 +18,8 @@ from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
 from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.plan.inputs import (check_datasets, check_devices, check_model, check_pretrained,
                                 check_ray_address, check_sweep_name, note_fewer_shots)
+from vacsr.sweep.plan.cost_plan import check_memory
+from vacsr.sweep.plan.counts import step_prompts
 from vacsr.sweep.plan.plan import SweepPlan, build_config
 from vacsr.sweep.spec.space import (check_blocks, check_space_values, clamp_blocks,
                                     dataset_space, parse_range, tower_depths)
@@ -159,9 +161,23 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
                    help="config override applied to every run")
     p.add_argument("--resume", action="store_true", help="continue a sweep whose driver died")
     p.add_argument("--seed", type=_seed, default=0, help="Optuna sampler seed")
+    _add_plan_flags(p)
     p.add_argument("--verbose", action="store_true",
                    help="show Ray, Tune and Optuna output on the console (default: log files)")
     return p
+
+
+def _add_plan_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plan", action="store_true",
+                   help="print what the sweep would cost (counts, steps, device-hours, wall time, "
+                        "peak memory per dataset, from a short calibration where trials run) "
+                        "and exit; writes nothing but --plan-out")
+    p.add_argument("--plan-out", type=_nonempty, metavar="PATH",
+                   help="with --plan: also write the plan as JSON to PATH")
+    p.add_argument("--device-memory-gib", type=_positive(float),
+                   help="memory of a worker's device: a configuration whose estimated peak "
+                        "exceeds it is refused before any trial (default: the GPU's, measured "
+                        "where trials run; none on CPUs)")
 
 
 def load_profile(kind: SweepKind, path: Path = PROFILE) -> dict[str, Any]:
@@ -241,6 +257,23 @@ def _pick(flag: Any, profile: dict, key: str) -> Any:
     return flag if flag is not None else profile.get(key, DEFAULTS[key])
 
 
+def _writes_to_check(uri: str) -> bool:
+    """A store checked by creating it (SQLite, a file store): --plan leaves it unchecked."""
+    return uri.startswith(("sqlite", "file")) or "://" not in uri
+
+
+def _check_plan(plan: SweepPlan, args) -> None:
+    """The memory, then the stores, each one line before any trial; --plan skips the checks that
+    create a store."""
+    if args.device_memory_gib:  # a configuration that cannot fit: one line, nothing written
+        prompts = {d: step_prompts(plan.kind, d) for d in plan.datasets}
+        check_memory(plan, prompts, args.device_memory_gib)
+    if not (args.plan and _writes_to_check(plan.tracking_uri)):
+        check_tracking_uri(plan.tracking_uri)  # unreachable or refused
+    if plan.optuna_url and not (args.plan and _writes_to_check(plan.optuna_url)):
+        check_optuna_storage(plan)  # an unreachable study database fails here, not in a trial
+
+
 def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | None = None
                    ) -> SweepPlan:
     """Parse and check everything (names, ranges, configs, MLflow, Optuna) into a SweepPlan;
@@ -286,7 +319,6 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
     check_devices(configs, local=not args.ray_address and not started,
                   trial_cpus=_pick(args.trial_cpus, profile, "trial_cpus"))
     tracking_uri = resolve_tracking_uri(args.tracking_uri, default_dir=storage)
-    check_tracking_uri(tracking_uri)  # unreachable or refused: one line before any trial
     plan = SweepPlan(
         kind=kind, name=args.name, configs=configs, spaces=spaces, storage=storage,
         tracking_uri=tracking_uri,
@@ -296,9 +328,12 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
         concurrent_trials=args.concurrent_trials,
         trial_cpus=_pick(args.trial_cpus, profile, "trial_cpus"),
         ray_storage=_ray_storage(args.ray_storage), optuna_url=args.optuna_storage or "",
-        ray_address=args.ray_address, eval_actors=args.eval_actors, verbose=args.verbose)
-    if plan.optuna_url:  # an unreachable study database fails here, not in a trial
-        check_optuna_storage(plan)
+        ray_address=args.ray_address, eval_actors=args.eval_actors, verbose=args.verbose,
+        device_memory_gib=args.device_memory_gib,
+        synthetic_per_class=tuple(profile["synthetic_per_class"]) if embedded else None)
+    _check_plan(plan, args)
+    if args.plan:  # the sweep folder is neither locked nor written
+        return plan
     if on_folder is not None:
         on_folder(storage)
     if embedded:

@@ -40,6 +40,10 @@ class SweepPlan:
     ray_address: str | None = None  # None: RAY_ADDRESS, else a local Ray instance of its own
     eval_actors: int = 1  # EvalPool actors scoring each final checkpoint's test splits
     verbose: bool = False
+    # the memory a worker's device has (--device-memory-gib); None: the calibration's GPU, if any
+    device_memory_gib: float | None = None
+    # the embedded profile's synthetic images per class (train, val, test); None: real data
+    synthetic_per_class: tuple[int, ...] | None = None
 
     @property
     def datasets(self) -> list[str]:

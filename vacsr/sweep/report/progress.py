@@ -12,10 +12,13 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+PLAN_WEIGHT = 2  # measured trials the plan's estimate counts as in the ETA
+
 
 class SweepProgress:
     def __init__(self, name: str, datasets: list[str], trials_per_dataset: int, done: list[str],
-                 metric: str, stream: TextIO | None = None, interval_s: float = 60.0) -> None:
+                 metric: str, stream: TextIO | None = None, interval_s: float = 60.0,
+                 trial_estimate_s: float | None = None) -> None:
         self.name, self.metric, self.stream = name, metric, stream or sys.stderr
         self.datasets = {d: "done" if d in done else "waiting" for d in datasets}
         self.trials = {d: trials_per_dataset if d in done else 0 for d in datasets}
@@ -24,6 +27,7 @@ class SweepProgress:
         self.interval_s, self.last_status = interval_s, time.monotonic()
         self.start, self.start_done = time.monotonic(), sum(self.trials.values())
         self.cache = [0, 0]  # evaluation inputs the prefix cache served, of all encoded
+        self.trial_estimate_s = trial_estimate_s  # the plan's wall seconds per trial
         self.bar = None
         if getattr(self.stream, "isatty", lambda: False)():
             self.bar = tqdm(total=self.total, initial=sum(self.trials.values()), unit="trial",
@@ -92,11 +96,17 @@ class SweepProgress:
                       f"{self._summary()}")
 
     def _eta(self, done: int) -> str:
-        """Time left at this run's pace so far (trials restored by --resume do not count)."""
+        """Time left at the plan's pace, corrected by this run's pace as trials finish (trials
+        restored by --resume do not count): the plan weighs as PLAN_WEIGHT measured trials."""
         finished = done - self.start_done
-        if finished <= 0:
+        elapsed = time.monotonic() - self.start
+        if self.trial_estimate_s is not None:
+            pace = (self.trial_estimate_s * PLAN_WEIGHT + elapsed) / (PLAN_WEIGHT + finished)
+        elif finished > 0:
+            pace = elapsed / finished
+        else:
             return "ETA -"
-        left = (time.monotonic() - self.start) / finished * (self.total - done)
+        left = pace * (self.total - done)
         return f"ETA {int(left // 60)} min {int(left % 60):02d} s"
 
     def close(self) -> None:

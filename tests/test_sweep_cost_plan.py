@@ -1,0 +1,143 @@
+"""`--plan`: the counts a run reads, ASHA's expected stopping, the memory refusal before any
+trial, the ETA from the plan, and a real plan (local Ray calibration) that writes nothing."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from conftest import nothing_written, one_line
+
+from sweeps.base2novel import SWEEP as BASE2NOVEL
+from sweeps.domain_generalization import SWEEP as DOMAIN_GENERALIZATION
+from vacsr.data.classification import load_classification
+from vacsr.data.generate import generate_all
+from vacsr.sweep.cli import main
+from vacsr.sweep.plan import estimate
+from vacsr.sweep.plan.counts import count_dataset
+from vacsr.sweep.report.progress import SweepProgress
+
+
+def _tree(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("kind, dataset", [(BASE2NOVEL, "dtd"), (BASE2NOVEL, "imagenet"),
+                                           (DOMAIN_GENERALIZATION, "imagenet")])
+def test_counts_are_what_a_run_loads_and_counting_writes_nothing(tmp_path, monkeypatch, kind,
+                                                                 dataset):
+    root = generate_all(tmp_path / "data", datasets=kind.data_needed([dataset]),
+                        per_class=(5, 3, 2))
+    monkeypatch.setenv("VACSR_CACHE_DIR", str(tmp_path / "cache"))
+    before = _tree(tmp_path)
+    counts = count_dataset(kind, root, dataset, shots=4)
+    assert _tree(tmp_path) == before  # no few-shot split, no listing cache
+    subsample = kind.train_classes
+    run = load_classification(root, dataset, shots=4, seed=1, subsample=subsample)
+    assert (counts.train, counts.val, counts.test) == tuple(
+        len(run[split].labels) for split in ("train", "val", "test"))
+    assert counts.prompts == len(run["train"].classnames)
+    if kind is BASE2NOVEL:
+        novel = load_classification(root, dataset, shots=4, seed=1, subsample="novel")
+        assert counts.evaluations == {"novel_acc": len(novel["test"].labels)}
+    else:
+        assert counts.evaluations == {
+            f"{shift}_acc": len(load_classification(root, shift, shots=4, seed=1)["test"].labels)
+            for shift in ("imagenetv2", "imagenet_sketch", "imagenet_a", "imagenet_r")}
+
+
+def test_asha_expectation_follows_rays_cutoff():
+    assert estimate.asha_milestones(8) == [1, 4] and estimate.asha_milestones(25) == [1, 4, 16]
+    first, second = estimate.asha_epochs([(8,), (8,)], 8)
+    assert first == 8  # the first trial meets no cutoff
+    # the second stops at epoch 1 when below the first (half the time), else runs all 8
+    assert second == pytest.approx(0.5 * 1 + 0.5 * 8, abs=0.25)
+    many = estimate.asha_epochs([(8,)] * 24, 8)
+    assert many[-1] < 3.0  # late trials mostly stop at the first rung
+
+
+def test_a_batch_size_that_cannot_fit_is_refused_before_any_trial(tmp_path, capsys):
+    storage = tmp_path / "sweeps"
+    line = one_line(["--datasets", "dtd,eurosat", "--range", "train.batch_size=choice:8,4096",
+                     "--device-memory-gib", "0.25", "--storage", storage], capsys,
+                    entry=lambda argv: main(BASE2NOVEL, argv))
+    assert "dtd: train.batch_size=4096 needs an estimated" in line and "0.25 GiB" in line
+    nothing_written(storage)
+
+
+def test_the_eta_starts_from_the_plan_and_follows_measured_trials():
+    stream = io.StringIO()
+    progress = SweepProgress("demo", ["dtd", "eurosat"], 2, [], "val/acc", stream=stream,
+                             interval_s=0.0, trial_estimate_s=30.0)
+    progress.tick()
+    assert "0/4 trials, ETA 2 min 00 s" in stream.getvalue()  # 4 trials x 30 s, nothing run
+    progress.start -= 60.0  # one trial done after 60 s: pace (2 x 30 + 60) / 3 = 40 s
+    progress.event({"dataset": "dtd", "event": "trial", "status": "TERMINATED", "epochs": 1,
+                    "value": 50.0})
+    assert "1/4 trials, ETA 2 min 00 s" in stream.getvalue().splitlines()[-1]
+
+
+@pytest.mark.timeout(300)
+def test_plan_on_the_embedded_profile_prints_every_dataset_and_writes_nothing(tmp_path, capsys):
+    storage, out = tmp_path / "sweeps", tmp_path / "plan.json"
+    code = main(BASE2NOVEL, ["--plan", "--datasets", "dtd,eurosat", "--storage", str(storage),
+                             "--plan-out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    nothing_written(storage)
+    plan = json.loads(out.read_text())
+    rows = {r["dataset"]: r for r in plan["datasets"]}
+    assert set(rows) == {"dtd", "eurosat"} and plan["measured_on"]["device"].startswith("cpu")
+    # the embedded profile writes 4 train and 3 val images of each of DTD's 47 classes: 24 base
+    assert (rows["dtd"]["train"], rows["dtd"]["val"], rows["dtd"]["prompts"]) == (48, 48, 24)
+    assert rows["dtd"]["search_s"] <= rows["dtd"]["search_no_stop_s"]
+    assert plan["totals"]["search_device_h"] > 0 and "dtd" in printed and "eurosat" in printed
+
+
+@pytest.mark.timeout(300)
+def test_plan_on_a_locked_used_folder_still_plans_and_changes_nothing(tmp_path, capsys):
+    from vacsr.sweep.plan.ownership import DriverLock
+
+    folder = tmp_path / "sweeps" / "base2novel"
+    folder.mkdir(parents=True)
+    (folder / "sweep_state.json").write_text("{}\n")  # a used folder
+    lock = DriverLock(folder)  # and a driver running in it
+    try:
+        before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+        code = main(BASE2NOVEL, ["--plan", "--datasets", "eurosat", "--storage",
+                                 str(tmp_path / "sweeps")])
+        assert code == 0, capsys.readouterr().err
+        assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+    finally:
+        lock.release()
+    assert "eurosat" in capsys.readouterr().out
+
+
+def test_plan_out_in_a_missing_folder_is_one_line(tmp_path, capsys):
+    line = one_line(["--plan", "--plan-out", tmp_path / "nosuch" / "plan.json", "--storage",
+                     tmp_path / "sweeps"], capsys, entry=lambda argv: main(BASE2NOVEL, argv))
+    assert "--plan-out" in line and "nosuch" in line
+    nothing_written(tmp_path / "sweeps")
+
+
+@pytest.mark.timeout(300)
+def test_a_run_refused_by_its_measured_plan_leaves_its_folder_unused(tmp_path, monkeypatch):
+    """The run's own check, after its calibration and before the first trial (the device
+    memory as a GPU's would come from the calibration, here stated on the plan)."""
+    import ray
+    from conftest import sweep_plan
+
+    from vacsr.errors import ConfigError
+    from vacsr.records.sweep_state import state_path
+    from vacsr.sweep.flow.driver import run_sweep
+
+    plan = sweep_plan(BASE2NOVEL, tmp_path / "sweeps", ["--datasets", "dtd", "--range",
+                      "train.batch_size=choice:8,4096"], monkeypatch=monkeypatch)
+    plan.device_memory_gib = 0.25
+    try:
+        with pytest.raises(ConfigError, match="dtd: train.batch_size=4096 needs an estimated"):
+            run_sweep(plan)
+    finally:
+        ray.shutdown()
+    assert not state_path(plan.storage).exists()  # a fixed command may start the sweep there
+    assert not (plan.storage / "tune").exists()

@@ -1,0 +1,182 @@
+"""Step costs measured where the trials would run: one Ray task with a trial's resources times the
+parts a training step and an evaluation pass are made of, per input, for one model and precision.
+
+    image_forward          s per image: the whole image tower, without autograd
+    image_backward_block   s per image and block on the gradient path: (a step with every block
+                           training - image_forward) / depth
+    text_forward, text_backward_block   the same per prompt
+    head_pair              s per (image, prompt) pair: the adapter forward and backward
+    image_load             s per image file: decode and the training transform (one process)
+    startup                s per dataset: its search's start up to a trial's model built (a
+                           trial actor is reused by the next trial), and again for the final runs
+    teardown               s per dataset: the search's end after its last trial
+
+vacsr/sweep/plan/estimate.py composes a configuration's step from them (docs/performance.md).
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+CALIBRATION_BATCH = 8  # images (and at most as many prompts) per timed pass
+WARMUP, REPEATS = 1, 3  # untimed passes, then the median of the timed ones
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    device: str  # where it was measured: "cpu, 2 thread(s)" or "cuda: <GPU name>"
+    memory_gib: float | None  # the GPU's memory; None on a CPU
+    image_forward: float
+    image_backward_block: float
+    text_forward: float
+    text_backward_block: float
+    head_pair: float
+    image_load: float
+    startup: float
+    teardown: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _median_seconds(work: Callable[[], None], sync: Callable[[], None]) -> float:
+    times = []
+    for index in range(WARMUP + REPEATS):
+        start = time.perf_counter()
+        work()
+        sync()
+        if index >= WARMUP:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _tower_costs(encode: Callable, inputs, depth: int, sync) -> tuple[float, float]:
+    """(forward s, backward s per block) per input of a tower whose blocks all train."""
+    import torch
+
+    def frozen() -> None:
+        with torch.no_grad():
+            encode(inputs)
+
+    def trained() -> None:
+        encode(inputs).float().sum().backward()
+
+    forward = _median_seconds(frozen, sync) / len(inputs)
+    step = _median_seconds(trained, sync) / len(inputs)
+    return forward, max(step - forward, 0.0) / max(depth, 1)
+
+
+def _load_seconds(paths: tuple[str, ...], transform) -> float:
+    from vacsr.data.base import load_image
+
+    if not paths:  # data rendered in memory (synthetic retrieval): no files to decode
+        return 0.0
+    start = time.perf_counter()
+    for path in paths:
+        transform(load_image(path))
+    return (time.perf_counter() - start) / len(paths)
+
+
+def measure_costs(config, samples: tuple[str, ...], submitted: float) -> StepCosts:
+    """Time the parts on this process's device; `submitted`: when the search started."""
+    import torch
+
+    from vacsr.config import set_value
+    from vacsr.device import resolve_device
+    from vacsr.model.prefix import blocks
+    from vacsr.model.vacsr import build_model
+
+    config = copy.deepcopy(config)
+    for key, value in (("model.pretrained", None), ("model.trainable_image_blocks", -1),
+                       ("model.trainable_text_blocks", -1), ("model.trainable_side", "first")):
+        set_value(config, key, value)  # random weights time the same; every block trains
+    model = build_model(config)
+    device = resolve_device(config.train.device)
+    model.to(device)
+    startup = time.time() - submitted
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    backbone = model.backbone
+    size = backbone.clip.visual.image_size
+    size = size[0] if isinstance(size, (tuple, list)) else size
+    images = torch.randn(CALIBRATION_BATCH, 3, size, size, device=device)  # (b, 3, S, S)
+    tokens = backbone.tokenize(["a photo of a thing."] * CALIBRATION_BATCH).to(device)  # (b, T)
+    amp = config.train.amp and (cuda or config.train.amp_on_cpu)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+        image = _tower_costs(backbone.encode_image, images, len(blocks(backbone.clip, "image")),
+                             sync)
+        text = _tower_costs(backbone.encode_text, tokens, len(blocks(backbone.clip, "text")),
+                            sync)
+    with torch.no_grad():
+        feats = backbone.encode_image(images).float(), backbone.encode_text(tokens).float()
+
+    def head_step() -> None:
+        out = model.head(*feats)  # (b, b) pairs
+        sum(t.float().sum() for t in (out.logits, out.sigma_hat, out.mu, out.logvar)
+            if t is not None).backward()
+
+    head = _median_seconds(head_step, sync) / CALIBRATION_BATCH ** 2
+    name = (f"cuda: {torch.cuda.get_device_name(device)}" if cuda
+            else f"cpu, {torch.get_num_threads()} thread(s)")
+    memory = torch.cuda.get_device_properties(device).total_memory / 2 ** 30 if cuda else None
+    return StepCosts(device=name, memory_gib=memory, image_forward=image[0],
+                     image_backward_block=image[1], text_forward=text[0],
+                     text_backward_block=text[1], head_pair=head,
+                     image_load=_load_seconds(samples, backbone.train_transform),
+                     startup=startup)
+
+
+def _calibration_trial(params: dict) -> None:
+    """The trial of the calibration's one-trial search: the costs, and when it ended."""
+    from ray import tune
+
+    costs = measure_costs(params["config"], params["samples"], params["submitted"])
+    tune.report({"costs": costs.as_dict(), "ended": time.time()})
+
+
+def _calibration_search(config, samples: tuple[str, ...], resources: dict[str, float]
+                        ) -> StepCosts:
+    """A search of one trial, as a dataset's task runs one (Tuner, trial actor, teardown), in a
+    temporary folder: the trial measures the costs; the search's start-up up to the model's
+    build and its teardown after the trial are the fixed costs of a dataset."""
+    import tempfile
+
+    from ray import tune
+
+    with tempfile.TemporaryDirectory(prefix="vacsr-calibration-") as folder:
+        trainable = tune.with_resources(_calibration_trial, resources)
+        params = {"config": config, "samples": samples, "submitted": time.time()}
+        tuner = tune.Tuner(trainable, param_space=params,
+                           run_config=tune.RunConfig(name="calibration", storage_path=folder,
+                                                     verbose=0))
+        result = tuner.fit()[0]
+        if result.error is not None:
+            raise result.error
+        teardown = time.time() - result.metrics["ended"]
+    costs = result.metrics["costs"]
+    return StepCosts(**{**costs, "teardown": teardown})
+
+
+def run_calibration(config, samples: tuple[str, ...], resources: dict[str, float],
+                    address: str | None) -> tuple[StepCosts, dict]:
+    """(costs, the cluster's resources): `_calibration_search` as a Ray task like a dataset's
+    (no resources of its own; its trial holds `resources`, one trial's), on the cluster at
+    `address` or, without one, a local Ray started and shut down here with this machine's CPUs
+    and no dashboard."""
+    import ray
+
+    from vacsr.distributed.cluster import ensure_ray
+
+    own = not ray.is_initialized()
+    if own:
+        ensure_ray(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        task = ray.remote(num_cpus=0, max_retries=0)(_calibration_search)
+        costs = ray.get(task.remote(config, samples, resources))
+        return costs, dict(ray.cluster_resources())
+    finally:
+        if own:
+            ray.shutdown()

@@ -1,0 +1,142 @@
+"""How many images a sweep's runs read per dataset, counted from the same listings a run reads and
+by the same rules (paper appendix C.1, CoOp's protocol), without writing anything: no few-shot
+split cache (split_fewshot/*.pkl) and no listing cache (VACSR_LISTING_CACHE=read while counting:
+a cache a run wrote is read, none is written).
+
+The counts do not depend on the seed: the few-shot draw keeps min(K, n_c) training images of each
+class and min(K, 4) val images, whichever images it picks; base classes are the first ceil(n/2)
+sorted labels, novel the rest (vacsr/data/fewshot.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from vacsr.data.fewshot import VAL_MAX_SHOTS, Item, group_by_label
+
+SAMPLES = 8  # image files the calibration decodes per dataset
+
+
+@dataclass(frozen=True)
+class DatasetCounts:
+    """Images (and prompts) one run of a dataset reads."""
+
+    train: int  # after few-shot sampling and the class subsample
+    val: int
+    test: int  # the test split of the classes trained on (base, or all)
+    prompts: int  # texts per training step: the classes' prompts, or the batch's captions (0)
+    evaluations: dict[str, int] = field(default_factory=dict)  # metric -> test images
+    samples: tuple[str, ...] = ()  # a few training image files: the calibration decodes them
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@contextlib.contextmanager
+def listing_cache_read_only() -> Iterator[None]:
+    """List folders reading the listing cache but never writing it (data/listing_cache.py)."""
+    before = os.environ.get("VACSR_LISTING_CACHE")
+    os.environ["VACSR_LISTING_CACHE"] = "read"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("VACSR_LISTING_CACHE", None)
+        else:
+            os.environ["VACSR_LISTING_CACHE"] = before
+
+
+def per_class(items: Sequence[Item]) -> dict[int, int]:
+    """Label -> images of that label."""
+    return {label: len(group) for label, group in group_by_label(items).items()}
+
+
+def class_halves(labels: set[int], subsample: str) -> set[int]:
+    """The labels a subsample keeps: base = the first ceil(n/2) sorted labels, novel the rest."""
+    ordered = sorted(labels)
+    half = math.ceil(len(ordered) / 2)
+    return set({"all": ordered, "base": ordered[:half], "novel": ordered[half:]}[subsample])
+
+
+def classification_counts(root: Path, name: str, shots: int, subsample: str,
+                          evaluations: dict[str, tuple[str | None, str]]) -> DatasetCounts:
+    """Counts of a base-to-novel dataset; `evaluations`: metric -> (dataset or None, classes)."""
+    from vacsr.data.classification import read_dataset_splits
+
+    with listing_cache_read_only():
+        folder, splits = read_dataset_splits(root, name)
+    train = per_class(splits["train"])
+    kept = {label: min(shots, n) for label, n in train.items()}
+    if splits["val"] is None:  # ImageNet: val drawn from the train images not drawn for train
+        val = {label: min(shots, VAL_MAX_SHOTS, n - kept[label]) for label, n in train.items()}
+    else:
+        val = {label: min(shots, VAL_MAX_SHOTS, n) for label, n in per_class(splits["val"]).items()}
+    test = Counter(item.label for item in splits["test"])
+    chosen = class_halves(set(train), subsample)
+    found: dict[str, int] = {}
+    for metric, (dataset, classes) in evaluations.items():
+        if dataset is None:
+            found[metric] = sum(test[label] for label in class_halves(set(train), classes))
+        else:
+            found[metric] = variant_count(root, dataset)
+    return DatasetCounts(train=sum(kept[label] for label in chosen),
+                         val=sum(val.get(label, 0) for label in chosen),
+                         test=sum(test[label] for label in chosen), prompts=len(chosen),
+                         evaluations=found, samples=first_images(folder, splits["train"]))
+
+
+def first_images(folder: Path, items: Sequence[Item], count: int = SAMPLES) -> tuple[str, ...]:
+    """The first image file of each of the first `count` classes."""
+    groups = list(group_by_label(items).values())[:count]
+    return tuple(str(folder / group[0].path) for group in groups)
+
+
+def variant_count(root: Path, name: str) -> int:
+    """Test images of an ImageNet variant (domain generalisation)."""
+    from vacsr.data.imagenet import read_variant
+
+    with listing_cache_read_only():
+        return len(read_variant(root, name)[1])
+
+
+def retrieval_counts(root: Path) -> DatasetCounts:
+    """Images of COCO's Karpathy splits; a step's texts are its images' captions (prompts 0)."""
+    from vacsr.data.coco import KARPATHY_FILE, SPLITS, read_karpathy
+
+    from vacsr.data.coco import image_root
+
+    images = read_karpathy(root / "coco" / KARPATHY_FILE)
+    sizes = {split: sum(image.split in members for image in images)
+             for split, members in SPLITS.items()}
+    folder = image_root(root / "coco")
+    return DatasetCounts(train=sizes["train"], val=sizes["val"], test=sizes["test"], prompts=0,
+                         samples=tuple(str(folder / im.path) for im in images[:SAMPLES]))
+
+
+def count_dataset(kind, root: Path, dataset: str, shots: int) -> DatasetCounts:
+    """The counts of one dataset of `kind` (a SweepKind) under `root`."""
+    if kind.task == "retrieval":
+        if dataset == "synthetic":  # generated in memory by each run (data.num_train)
+            from vacsr.config import DataConfig
+
+            data = DataConfig()
+            return DatasetCounts(train=data.num_train, val=data.num_test, test=data.num_test,
+                                 prompts=0)
+        return retrieval_counts(root)
+    evaluations = {e.metric: (e.dataset, e.classes) for e in kind.evaluations}
+    return classification_counts(root, dataset, shots, kind.train_classes, evaluations)
+
+
+def step_prompts(kind, dataset: str) -> int:
+    """Prompts a training step encodes, from the dataset's class count alone (0: the batch's
+    captions): the classes of the kind's subsample."""
+    if kind.task == "retrieval":
+        return 0
+    from vacsr.data.classification import DATASETS
+
+    return len(class_halves(set(range(DATASETS[dataset].num_classes)), kind.train_classes))
