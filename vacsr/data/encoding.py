@@ -56,7 +56,7 @@ def encode_images(backbone, images: Sequence, *, batch_size: int = 256, num_work
     device, was_training = _device(backbone), backbone.training
     backbone.eval()
 
-    cacheable = cache_depth(backbone, "image")
+    cacheable = cache_depth(backbone, "image") if cache is not None else 0
 
     def loader():
         return image_loader(images, backbone.eval_transform, batch_size=batch_size,
@@ -69,7 +69,7 @@ def encode_images(backbone, images: Sequence, *, batch_size: int = 256, num_work
 
     chunks = []
     try:
-        inputs = image_inputs_digest(images) if cache is not None and cacheable else None
+        inputs = image_inputs_digest(images) if cacheable else None
         depth, tokens = _through_cache(cache, backbone, "image", inputs, len(images),
                                        prefix_batches, autocast, device)
         if tokens is not None:
@@ -100,7 +100,7 @@ def encode_texts(backbone, texts: Sequence[str], *, batch_size: int = 1024,
     backbone.eval()
     tokens = backbone.tokenize(list(texts))  # (N, T)
     starts = range(0, len(texts), batch_size)
-    cacheable = cache_depth(backbone, "text")
+    cacheable = cache_depth(backbone, "text") if cache is not None else 0
 
     def prefix_batches():
         for start in starts:
@@ -110,7 +110,7 @@ def encode_texts(backbone, texts: Sequence[str], *, batch_size: int = 1024,
 
     chunks = []
     try:
-        inputs = _tokens_digest(tokens) if cache is not None and cacheable else None
+        inputs = _tokens_digest(tokens) if cacheable else None
         depth, hidden = _through_cache(cache, backbone, "text", inputs, len(texts),
                                        prefix_batches, autocast, device)
         for start in starts:
