@@ -32,11 +32,11 @@ def cache_depth(backbone, tower: str) -> int:
     return tower_prefix.frozen_depth(backbone, tower) or 0
 
 
-def _through_cache(cache: PrefixCache | None, backbone, tower: str, inputs: str | None,
-                   count: int, batches: Callable[[], Iterator[torch.Tensor]], autocast,
-                   device: torch.device) -> tuple[int, torch.Tensor | None]:
-    """(depth, the cached prefix outputs) or (0, None) when the pass goes without the cache."""
-    depth = cache_depth(backbone, tower) if cache is not None else 0
+def _through_cache(cache: PrefixCache | None, backbone, tower: str, depth: int,
+                   inputs: str | None, count: int, batches: Callable[[], Iterator[torch.Tensor]],
+                   autocast, device: torch.device) -> tuple[int, torch.Tensor | None]:
+    """(depth, the cached prefix outputs of the `depth` frozen blocks) or (0, None) when the pass
+    goes without the cache."""
     if cache is None or inputs is None or not count:
         if cache is not None:
             cache.stats.uncached += count
@@ -70,7 +70,7 @@ def encode_images(backbone, images: Sequence, *, batch_size: int = 256, num_work
     chunks = []
     try:
         inputs = image_inputs_digest(images) if cacheable else None
-        depth, tokens = _through_cache(cache, backbone, "image", inputs, len(images),
+        depth, tokens = _through_cache(cache, backbone, "image", cacheable, inputs, len(images),
                                        prefix_batches, autocast, device)
         if tokens is not None:
             batches = (tokens[i:i + batch_size] for i in range(0, len(tokens), batch_size))
@@ -111,7 +111,7 @@ def encode_texts(backbone, texts: Sequence[str], *, batch_size: int = 1024,
     chunks = []
     try:
         inputs = _tokens_digest(tokens) if cacheable else None
-        depth, hidden = _through_cache(cache, backbone, "text", inputs, len(texts),
+        depth, hidden = _through_cache(cache, backbone, "text", cacheable, inputs, len(texts),
                                        prefix_batches, autocast, device)
         for start in starts:
             part = tokens[start:start + batch_size].to(device)
