@@ -102,6 +102,17 @@ def _created(root: Path, dataset: str) -> dict[str, int]:
         storage.engine.dispose()
 
 
+def _optuna_states(root: Path, dataset: str, tune_trials: set[str]) -> set[str]:
+    """The states of the Optuna trials that configure `tune_trials`."""
+    import optuna
+
+    from vacsr.sweep.search.optuna_searcher import TUNE_TRIAL_ATTR
+
+    study = optuna.load_study(study_name=f"base2novel-{dataset}",
+                              storage=f"sqlite:///{root / 'optuna.db'}")
+    return {t.state.name for t in study.trials if t.user_attrs.get(TUNE_TRIAL_ATTR) in tune_trials}
+
+
 def _selected(root: Path) -> dict[str, tuple]:
     """Per dataset: the dataset run's params (the chosen config's searched values), its best
     val, and best_config.yaml with the sweep folder's path taken out."""
@@ -141,11 +152,15 @@ def _check_selection_agrees(root: Path) -> None:
         trials = {r.info.run_name.removeprefix(f"{dataset}-"): r for r in runs
                   if r.data.tags.get("mlflow.parentRunId") == dataset_run.info.run_id
                   and r.info.run_name.removeprefix(f"{dataset}-") in order}
-        assert len(trials) == len(order), (sorted(trials), order)
-        # a trial a stop lost before Tune saved it (its run KILLED) was created again in its
-        # place: the trials selection saw are two, created first and second
+        # a trial a stop lost before Tune saved it was created again in its place, with its
+        # index: the lost one has a KILLED run, or none when the stop came before it started,
+        # and the study never took a value from it
+        runless = set(order) - set(trials)
+        assert all(sum(i == order[t] for i in order.values()) == 2 for t in runless), order
+        assert _optuna_states(root, dataset, runless) <= {"FAIL"}, order
         lost = {t: r for t, r in trials.items() if "selection_val/acc" not in r.data.metrics}
         assert all(r.info.status == "KILLED" for r in lost.values()), lost
+        # the trials selection saw are two, created first and second
         trials = {t: r for t, r in trials.items() if t not in lost}
         assert sorted(order[t] for t in trials) == [0, 1], (sorted(trials), order)
         # what selection compared, on each trial's run: Tune's last result (a trial ASHA
