@@ -45,7 +45,7 @@ def _run(job: tuple) -> dict:
     from vacsr.config import load_config
     from vacsr.demo import demo_overrides
     from vacsr.errors import ConfigError
-    from vacsr.train.evaluate import evaluate_checkpoint
+    from vacsr.train.eval_pass import evaluate_checkpoint
     from vacsr.train.loop import Trainer
 
     path, overrides, seed, workdir, weights, data_root = job

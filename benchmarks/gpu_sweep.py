@@ -61,7 +61,7 @@ class GpuReservations:
 
 def search_trial_placements(sweep_folder: Path) -> list[dict]:
     """Every worker of the search trials under a sweep folder (workers.json), final runs left out."""
-    from vacsr.distributed.devices import WORKERS_FILE, read_workers
+    from vacsr.distributed.worker_gpus import WORKERS_FILE, read_workers
 
     return [worker for path in sorted(sweep_folder.rglob(WORKERS_FILE)) if "final" not in path.parts
             for worker in read_workers(path.parent)]

@@ -7,7 +7,7 @@ import torch
 
 from vacsr.cli import main
 from vacsr.config import load_config
-from vacsr.device import (DeviceSpec, parse_device, process_group_backend, ray_worker_device,
+from vacsr.compute_device import (DeviceSpec, parse_device, process_group_backend, ray_worker_device,
                           resolve_device)
 from vacsr.errors import ConfigError
 

@@ -74,7 +74,7 @@ def test_checkpoint_evaluation_on_actors_equals_in_process(ray_local, tmp_path, 
     from vacsr.config import load_config
     from vacsr.data.generate import generate_all
     from vacsr.distributed.eval_actor import PoolScorer
-    from vacsr.train.evaluate import encode_checkpoint, evaluate_checkpoint
+    from vacsr.train.eval_pass import encode_checkpoint, evaluate_checkpoint
     from vacsr.train.loop import Trainer
 
     overrides = [f"train.output_dir={tmp_path / 'run'}", "train.epochs=1", "train.progress=false",

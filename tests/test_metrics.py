@@ -12,7 +12,7 @@ from vacsr.eval.eccv import cxc_recalls, eccv_caption_metrics, eccv_depth, load_
 from vacsr.eval.metrics import (INVALID_KEY, coco_fold_recalls, coco_recalls, decode_keys,
                                 fold_rankings, map_at_r, rank_topk, retrieval_metrics,
                                 score_keys)
-from vacsr.metrics_table import harmonic_mean
+from vacsr.results import harmonic_mean
 from vacsr.sweep.report.table import table_rows
 
 

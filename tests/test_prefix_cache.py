@@ -12,7 +12,7 @@ from vacsr.data import build_classification
 from vacsr.data.generate import generate
 from vacsr.data.prefix_cache import PrefixCache
 from vacsr.model.vacsr import build_model
-from vacsr.train.evaluate import evaluate_split
+from vacsr.train.eval_pass import evaluate_split
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,7 @@ def test_a_runs_val_passes_and_its_checkpoint_evaluation_share_the_cache(dataset
                                                                           tmp_path):
     """The path a sweep takes: a trial's val passes store then read the prefix, the final
     phase's base and novel test passes of the checkpoint read what the first seed stored."""
-    from vacsr.train.evaluate import encode_checkpoint
+    from vacsr.train.eval_pass import encode_checkpoint
     from vacsr.train.loop import Trainer
 
     config = _config(dataset_root, "model.trainable_side=last", "model.trainable_image_blocks=1",

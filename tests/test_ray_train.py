@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from vacsr.config import load_config
-from vacsr.distributed.devices import read_workers
+from vacsr.distributed.worker_gpus import read_workers
 from vacsr.train.checkpoint import load_checkpoint
-from vacsr.train.files import CHECKPOINT_FILE
+from vacsr.train.run_files import CHECKPOINT_FILE
 from vacsr.train.loop import Trainer, TrainResult
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]

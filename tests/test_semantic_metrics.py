@@ -20,7 +20,7 @@ from vacsr.errors import DataError
 from vacsr.eval.evaluate import evaluate_retrieval
 from vacsr.eval.semantic import semantic_depth
 from vacsr.model.adapter import SigmoidBaselineHead
-from vacsr.train.evaluate import evaluate_split
+from vacsr.train.eval_pass import evaluate_split
 
 SEM_KEYS = {f"sem_{m}{d}" for m in ("map_at_r", "rprecision", "r1") for d in ("_i2t", "_t2i", "")}
 

@@ -7,7 +7,7 @@ import pytest
 
 from sweeps.domain_generalization import SWEEP as DG
 from sweeps.retrieval import SWEEP as RETRIEVAL
-from vacsr.distributed.devices import WORKERS_FILE, read_workers
+from vacsr.distributed.worker_gpus import WORKERS_FILE, read_workers
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
 

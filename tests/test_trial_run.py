@@ -27,7 +27,7 @@ def test_a_trial_reserves_its_worker_where_it_trains_itself(overrides, expected)
 
 def test_a_recorded_run_error_ends_the_retry_and_a_storage_error_does_not(tmp_path):
     from vacsr.sweep.search.trial_run import recorded_failure
-    from vacsr.train.files import FAILED_FILE
+    from vacsr.train.run_files import FAILED_FILE
 
     assert recorded_failure(tmp_path) is None  # a first attempt
     record = tmp_path / FAILED_FILE
@@ -49,7 +49,7 @@ def test_a_damaged_failure_record_is_one_line_to_both_of_its_readers(tmp_path, c
     from vacsr.errors import RunFailed
     from vacsr.sweep.search.trial_run import recorded_failure
     from vacsr.train.failure import raise_if_run_failed
-    from vacsr.train.files import FAILED_FILE
+    from vacsr.train.run_files import FAILED_FILE
 
     record = tmp_path / FAILED_FILE
     record.write_bytes(content)

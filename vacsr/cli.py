@@ -12,8 +12,8 @@ from pathlib import Path
 
 from vacsr.errors import UsageError, VacsrError
 from vacsr.help_format import DefaultsHelp, flag_error
-from vacsr.metrics_table import format_metrics
-from vacsr.train.files import CHECKPOINT_FILE
+from vacsr.results import format_metrics
+from vacsr.train.run_files import CHECKPOINT_FILE
 
 
 class _Parser(argparse.ArgumentParser):
@@ -113,7 +113,7 @@ def cmd_eval(args) -> int:
     from vacsr.model.weights import random_init_expected
     from vacsr.tasks import task_type
     from vacsr.train.checkpoint import load_checkpoint
-    from vacsr.train.evaluate import evaluate_checkpoint
+    from vacsr.train.eval_pass import evaluate_checkpoint
     from vacsr.train.loop import write_json
 
     checkpoint = Path(args.checkpoint).expanduser().resolve()
@@ -148,7 +148,7 @@ def _evaluate_on_actors(config, checkpoint: Path, split: str, actors: int, extra
     """Encode here, score on `actors` Ray evaluation actors (queries sharded, exact merge)."""
     from vacsr.distributed.cluster import ensure_ray, quiet_logging
     from vacsr.distributed.eval_actor import PoolScorer
-    from vacsr.train.evaluate import encode_checkpoint
+    from vacsr.train.eval_pass import encode_checkpoint
 
     quiet_logging()
     ensure_ray(log_to_driver=False)

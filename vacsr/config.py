@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from vacsr.atomic import atomic_write_text
-from vacsr.device import parse_device
+from vacsr.compute_device import parse_device
 from vacsr.errors import ConfigError
 from vacsr.redact import redact_uri
 from vacsr.task_names import TASK_NAMES
@@ -153,7 +153,7 @@ class TrainConfig:
     epochs: int = 25
     batch_size: int = 128
     seed: int = 1
-    # "auto" | "cpu" | "cuda" | "cuda:N" (vacsr/device.py); under Ray "cpu" keeps the tensors on
+    # "auto" | "cpu" | "cuda" | "cuda:N" (vacsr/compute_device.py); under Ray "cpu" keeps the tensors on
     # the CPU even where GPUs are reserved, and "auto" trains on the GPU Ray assigns
     device: str = "auto"
     amp: bool = True  # bf16 autocast (paper C.2) on CUDA; on a CPU only with amp_on_cpu

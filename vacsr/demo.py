@@ -8,7 +8,7 @@ from pathlib import Path
 
 from vacsr.config import load_config
 from vacsr.folder_lock import check_output_file, check_output_folder
-from vacsr.metrics_table import format_metrics
+from vacsr.results import format_metrics
 from vacsr.model.pretrained_cache import install_pretrained
 from vacsr.train.loop import Trainer
 from vacsr.train.run_folder import claim_run_folder

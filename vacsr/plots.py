@@ -12,7 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from vacsr.metrics_table import NOT_RESULTS
+from vacsr.results import NOT_RESULTS
 
 # History keys are "<group>/<name>": "train/*" are loss parts, "lr/*" learning rates, every other
 # group is an evaluation split ("val/*", "test/*"), whose counts and times (NOT_RESULTS) are not

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vacsr.data.base import RetrievalData
-from vacsr.data.files import check_files_exist, dataset_path, read_json, require_dir
+from vacsr.data.checked_io import check_files_exist, dataset_path, read_json, require_dir
 from vacsr.data.noise import default_noise_path, noisy_caption_to_image
 from vacsr.errors import DataError
 

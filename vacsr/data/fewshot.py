@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Protocol, Sequence, runtime_checkable
 
-from vacsr.data.files import atomic_pickle
+from vacsr.data.checked_io import atomic_pickle
 from vacsr.errors import DataError, StorageError
 
 # {"format", "sha256", "items": pickled {"train", "val"}}: the checksum turns a damaged file into

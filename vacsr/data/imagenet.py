@@ -23,7 +23,7 @@ from typing import Sequence
 
 from vacsr.data.fewshot import Item
 from vacsr.data.folder_items import ClassFolder, FolderItems
-from vacsr.data.files import read_lines, require_dir
+from vacsr.data.checked_io import read_lines, require_dir
 from vacsr.data.listing_cache import list_tree
 from vacsr.errors import DataError
 

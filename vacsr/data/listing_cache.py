@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Iterator, Sequence, overload
 
 from vacsr.atomic import atomic_write_bytes
-from vacsr.data.files import files_in, subdirs
+from vacsr.data.checked_io import files_in, subdirs
 from vacsr.errors import StorageError
 
 # Part of the key: bump when the listing rule changes (files_in: non-hidden files, sorted).

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vacsr.data.files import atomic_write_bytes
+from vacsr.data.checked_io import atomic_write_bytes
 from vacsr.errors import DataError
 
 

@@ -38,10 +38,10 @@ class EvalWorker:
         self.scorer = ChunkedScorer(head, device=self.device, **self.options)
 
     def encode(self, config, checkpoint_path: str, **kwargs):
-        """vacsr.train.evaluate.encode_checkpoint in this actor: a sweep's final evaluation then
+        """vacsr.train.eval_pass.encode_checkpoint in this actor: a sweep's final evaluation then
         starts no process of its own for the encoding (one start-up of torch and open_clip less
         per dataset)."""
-        from vacsr.train.evaluate import encode_checkpoint
+        from vacsr.train.eval_pass import encode_checkpoint
 
         return encode_checkpoint(config, checkpoint_path, **kwargs)
 
@@ -165,7 +165,7 @@ class EvalPool:
 
 
 class PoolScorer:
-    """Scores encoded checkpoints (vacsr.train.evaluate.EncodedSplit) on one EvalPool: the actors
+    """Scores encoded checkpoints (vacsr.train.eval_pass.EncodedSplit) on one EvalPool: the actors
     start with the first checkpoint and get each later one's head (final seed runs, `vacsr eval
     --actors`)."""
 
@@ -187,7 +187,7 @@ class PoolScorer:
                                                    **kwargs)
 
     def __call__(self, encoded, **engine_kwargs) -> dict[str, float]:
-        from vacsr.train.evaluate import score_encoded
+        from vacsr.train.eval_pass import score_encoded
 
         if self.pool is None:
             self._start(encoded.head, encoded.items, encoded.precision)

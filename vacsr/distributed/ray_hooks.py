@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vacsr.distributed.devices import placement_tags
+from vacsr.distributed.worker_gpus import placement_tags
 from vacsr.errors import CheckpointError
 from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
-from vacsr.train.files import CHECKPOINT_FILE
+from vacsr.train.run_files import CHECKPOINT_FILE
 from vacsr.train.run_hooks import RunHooks
 from vacsr.train.scratch import scratch_folder
 

@@ -20,7 +20,7 @@ from vacsr.config import Config, from_dict, to_dict
 from vacsr.distributed.backend import torch_config
 from vacsr.distributed.storage_fs import ray_storage
 from vacsr.train.failure import clear_run_failure, raise_if_run_failed, record_run_failure
-from vacsr.train.files import CHECKPOINT_FILE
+from vacsr.train.run_files import CHECKPOINT_FILE
 
 if TYPE_CHECKING:
     from vacsr.train.loop import TrainResult

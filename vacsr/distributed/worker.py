@@ -26,8 +26,8 @@ import torch.distributed.nn.functional as dist_fn
 from torch import nn
 
 from vacsr.config import Config
-from vacsr.device import ray_worker_device
-from vacsr.distributed.devices import record_workers
+from vacsr.compute_device import ray_worker_device
+from vacsr.distributed.worker_gpus import record_workers
 from vacsr.distributed.ray_hooks import RayRun
 from vacsr.errors import CheckpointError
 from vacsr.records.logger import mlflow_logger

@@ -1,7 +1,7 @@
 """The names of a sweep's MLflow artifacts, for the driver that writes them and `vacsr best`,
 which reads the sweep back from the store alone.
 
-A training run's own files (config.yaml, metrics.json) are named in vacsr/train/files.py.
+A training run's own files (config.yaml, metrics.json) are named in vacsr/train/run_files.py.
 """
 from __future__ import annotations
 

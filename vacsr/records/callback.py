@@ -16,7 +16,7 @@ from vacsr.errors import ConfigError
 from vacsr.plots import plot_training_curves
 from vacsr.records.tracker import RUN_KEY_TAG, MlflowTracker, open_tracker
 from vacsr.records.uri import _absolute, check_tracking_uri, redact_uri, resolve_tracking_uri
-from vacsr.train.files import METRICS_FILE
+from vacsr.train.run_files import METRICS_FILE
 
 RUN_STATE_FILE = "mlflow_run.json"  # in a training output_dir: the run a resumed training continues
 

@@ -29,7 +29,7 @@ from vacsr.redact import split_credentials
 from vacsr.stop import signals_held
 from vacsr.records.uri import (_absolute, redact_uri, resolve_tracking_uri, sqlite_path,
                                 store_creation_lock)
-from vacsr.train.files import CONFIG_FILE
+from vacsr.train.run_files import CONFIG_FILE
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from torch import nn
 from vacsr.atomic import atomic_write
 from vacsr.config import shown, to_dict
 from vacsr.errors import CheckpointError
-from vacsr.train.files import CHECKPOINT_FILE
+from vacsr.train.run_files import CHECKPOINT_FILE
 
 # config keys that change the model's parameter names or shapes
 ARCHITECTURE_KEYS = ("model.name", "model.use_gpo", "adapter.kind", "adapter.hidden_dim",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from vacsr.atomic import atomic_write_json
 from vacsr.errors import RunFailed
-from vacsr.train.files import FAILED_FILE
+from vacsr.train.run_files import FAILED_FILE
 
 RECORD_EXPECTED = 'a JSON object {"error": <one line>, "type": <exception class>}'
 

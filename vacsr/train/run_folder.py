@@ -25,7 +25,7 @@ import yaml
 from vacsr.config import Config, flat_dict, flatten, shown
 from vacsr.errors import ConfigError
 from vacsr.folder_lock import FolderLock, check_output_folder
-from vacsr.train.files import CHECKPOINT_FILE, CONFIG_FILE, LOCK_FILE
+from vacsr.train.run_files import CHECKPOINT_FILE, CONFIG_FILE, LOCK_FILE
 
 # keys that change only what is evaluated and shown, not what is trained
 EVALUATION_KEYS = ("train.eval_every", "train.eval_test", "train.progress", "data.num_workers")

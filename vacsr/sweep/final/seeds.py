@@ -20,7 +20,7 @@ from vacsr.sweep.plan.plan import SweepPlan
 from vacsr.sweep.plan.folders import copy_from_storage
 from vacsr.records import TrackingCallback
 from vacsr.records.sweep_records import place_child_run
-from vacsr.train.files import CHECKPOINT_FILE
+from vacsr.train.run_files import CHECKPOINT_FILE
 
 
 REUSED_TAG = "vacsr.reused_trial"  # the seed's checkpoint is this trial's

@@ -85,7 +85,7 @@ def measure_costs(config, samples: tuple[str, ...], submitted: float) -> StepCos
     import torch
 
     from vacsr.config import set_value
-    from vacsr.device import resolve_device
+    from vacsr.compute_device import resolve_device
     from vacsr.model.prefix import blocks
     from vacsr.model.vacsr import build_model
 

@@ -64,7 +64,7 @@ def check_datasets(root: Path, task: str, names: list[str]) -> dict[str, dict[in
     phase of the sweep reads is there: a classification run loads only its subsample, and a
     missing image of a later phase would otherwise end the dataset after its trials. Returns
     each classification dataset's training images per label."""
-    from vacsr.data.files import require_dir
+    from vacsr.data.checked_io import require_dir
 
     require_dir(root, "--data-root: the folder holding the datasets")
     if task == "retrieval":
@@ -108,7 +108,7 @@ def check_devices(configs: dict, local: bool, trial_cpus: float = 1.0) -> None:
     """train.device against the GPUs the runs reserve: under Ray a worker computes on the GPU
     Ray assigns it, so cuda needs --gpus-per-worker; a local instance has the GPUs torch sees,
     and must hold one trial (check_trials_fit)."""
-    from vacsr.device import parse_device
+    from vacsr.compute_device import parse_device
 
     for dataset, config in configs.items():
         spec, gpus = parse_device(config.train.device), config.train.gpus_per_worker

@@ -15,7 +15,7 @@ from statistics import mean, pstdev
 from typing import Any
 
 from vacsr.atomic import atomic_write, atomic_write_text
-from vacsr.metrics_table import NOT_RESULTS, harmonic_mean
+from vacsr.results import NOT_RESULTS, harmonic_mean
 
 HIDDEN = NOT_RESULTS  # per-seed entries that are not results
 DIGITS = 2  # decimals of the table's numbers (percentages), in results.md and the MLflow view

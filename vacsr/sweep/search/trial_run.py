@@ -71,8 +71,8 @@ def fit_in_trial(config: Config) -> None:
         raise RunFailed(error)
     import torch
 
-    from vacsr.device import ray_worker_device
-    from vacsr.distributed.devices import record_workers
+    from vacsr.compute_device import ray_worker_device
+    from vacsr.distributed.worker_gpus import record_workers
     from vacsr.train.loop import Trainer
 
     try:  # train.device=cpu keeps the tensors on the CPU with a GPU reserved (logical GPUs)

@@ -26,7 +26,7 @@ from vacsr.sweep.plan.folders import join_storage
 from vacsr.sweep.plan.studies import fail_running_trials, open_optuna_storage
 from vacsr.sweep.search.trial import CHECKPOINT_PATH_KEY, TrialMeta, run_trial, with_suggestions
 from vacsr.records.sweep_records import SweepRecords
-from vacsr.train.files import CHECKPOINT_FILE
+from vacsr.train.run_files import CHECKPOINT_FILE
 
 
 class TrackingUnavailable(VacsrError):

@@ -86,7 +86,7 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
     transform; `subsample` picks base / novel / all classes of a classification dataset. On
     `device` (default: the config's train.device) in the run's precision, so the metrics are the
     ones its end-of-epoch evaluation computes."""
-    from vacsr.device import resolve_device
+    from vacsr.compute_device import resolve_device
     from vacsr.model.vacsr import build_model
     from vacsr.train.checkpoint import (check_same_architecture, load_checkpoint,
                                         load_model_state)

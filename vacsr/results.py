@@ -1,6 +1,6 @@
-"""Metrics as text for the console (`vacsr train`, `vacsr eval`, the demo), which of an
-evaluation's entries are results, and the base-to-novel harmonic mean. Plain Python: the sweep
-driver's table uses them without importing torch."""
+"""An evaluation's results: which of its entries are results, the base-to-novel harmonic mean,
+and results as text for the console (`vacsr train`, `vacsr eval`, the demo). Plain Python: the
+sweep driver's table uses them without importing torch."""
 from __future__ import annotations
 
 # an evaluation's entries that count or time (vacsr/eval/evaluate.py) or name the run: not results,
