@@ -16,7 +16,7 @@ OLDEST_PY := $(OLDEST_VENV)/bin/python
 # what test-ray-oldest runs: every test that starts Ray or builds Ray's objects, one after another
 RAY_OLDEST_TESTS ?= -m "ray or ray_api"
 
-.PHONY: install demo test test-ray-oldest clean
+.PHONY: install demo lint test test-ray-oldest clean
 
 # pip byte-compiles the installed files one at a time (half of a fresh install's time on 2 cores);
 # compileall does it on every core. Files this Python cannot compile (torch ships helpers for
@@ -41,7 +41,11 @@ demo: $(STAMP)
 	$(call OWN_COMPILE,$(PY))
 	RAY_USAGE_STATS_ENABLED=0 $(PY) sweeps/base2novel.py
 
-test: $(STAMP)
+# ruff (pyproject.toml's [tool.ruff]) before pytest: a lint finding fails make test and CI
+lint: $(STAMP)
+	$(VENV)/bin/ruff check vacsr sweeps benchmarks tests
+
+test: $(STAMP) lint
 	$(call OWN_COMPILE,$(PY))
 	RAY_USAGE_STATS_ENABLED=0 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 

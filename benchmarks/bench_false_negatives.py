@@ -28,8 +28,12 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vacsr.config import AdapterConfig, Config, set_value  # noqa: E402
-from vacsr.data.concepts import (ConceptData, ConceptSpec, add_correspondence_noise,  # noqa: E402
-                                 make_concept_data)
+from vacsr.data.concepts import (  # noqa: E402
+    ConceptData,
+    ConceptSpec,
+    add_correspondence_noise,
+    make_concept_data,
+)
 from vacsr.eval.metrics import rank_topk  # noqa: E402
 from vacsr.eval.semantic import semantic_depth, semantic_metrics  # noqa: E402
 from vacsr.eval.uncertainty import binned_recall  # noqa: E402

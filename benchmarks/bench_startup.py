@@ -184,8 +184,8 @@ def tune_trial(config, folder: Path):
     dataset task pays them once, not per trial."""
     from ray import tune
 
-    from vacsr.sweep.search.trial import TrialMeta, run_trial
     from vacsr.records import MlflowTracker
+    from vacsr.sweep.search.trial import TrialMeta, run_trial
 
     folder.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{folder / 'mlflow.db'}"

@@ -14,8 +14,12 @@ except ImportError as exc:
     sys.exit(print(f"vacsr: error: {sys.executable} cannot import vacsr or its dependencies "
                    f"({exc}); run the job with vacsr's interpreter", file=sys.stderr) or 2)
 from vacsr.sweep.spec.kind import Evaluation, SweepKind, Table
-from vacsr.sweep.spec.paper import (ADAPTER_SPACE, BACKBONE_SPACE, BASE_TO_NOVEL_BATCH_SIZES,
-                               PUBLISHED_BASE_TO_NOVEL)
+from vacsr.sweep.spec.paper import (
+    ADAPTER_SPACE,
+    BACKBONE_SPACE,
+    BASE_TO_NOVEL_BATCH_SIZES,
+    PUBLISHED_BASE_TO_NOVEL,
+)
 from vacsr.sweep.spec.space import LogFloat
 
 SWEEP = SweepKind(

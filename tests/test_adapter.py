@@ -3,8 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from vacsr.config import AdapterConfig
-from vacsr.model.adapter import (SigmoidBaselineHead, VariationalSimilarityAdapter,
-                                  head_from_config)
+from vacsr.model.adapter import SigmoidBaselineHead, VariationalSimilarityAdapter, head_from_config
 
 
 def _feats(n, d, seed):

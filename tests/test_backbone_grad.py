@@ -1,8 +1,8 @@
 """loss.backbone_grad: which VACSR terms reach the backbone (vacsr/model/backbone_grad.py)."""
 import pytest
 import torch
-from conftest import small_adapter
 
+from conftest import small_adapter
 from vacsr.model.backbone_grad import vacsr_loss_recon_to_backbone
 from vacsr.model.losses import vacsr_loss
 

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import http_serving, one_line
 import torch
 import yaml
 
+from conftest import http_serving, one_line
 
 TINY = ["data.num_train=8", "data.num_test=10", "train.batch_size=16", "train.epochs=1",
         "adapter.hidden_dim=16", "data.augment=false", "train.progress=false",

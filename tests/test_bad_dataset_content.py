@@ -14,8 +14,8 @@ import zlib
 from pathlib import Path
 
 import pytest
-from conftest import nothing_written
 
+from conftest import nothing_written
 from vacsr.cli import main
 from vacsr.data.classification import load_classification
 from vacsr.data.fewshot import Item, fewshot_path, write_fewshot_cache

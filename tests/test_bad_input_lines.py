@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import answering, http_serving, make_dataset_folders, nothing_written, one_line
 import torch
 
+from conftest import answering, http_serving, make_dataset_folders, nothing_written, one_line
 from vacsr.data.fewshot import Item, read_fewshot_cache, write_fewshot_cache
 from vacsr.errors import DataError
 

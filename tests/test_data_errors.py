@@ -10,11 +10,15 @@ import pytest
 from vacsr.config import DataConfig
 from vacsr.data import build_classification, build_retrieval
 from vacsr.data.base import load_image
-from vacsr.data.datasets import LabelledImageDataset
 from vacsr.data.classification import load_classification
 from vacsr.data.coco import load_coco
-from vacsr.data.generate import write_aircraft, write_coco, write_imagenet_variant, \
-    write_split_dataset
+from vacsr.data.datasets import LabelledImageDataset
+from vacsr.data.generate import (
+    write_aircraft,
+    write_coco,
+    write_imagenet_variant,
+    write_split_dataset,
+)
 from vacsr.errors import ConfigError, DataError, VacsrError
 
 

@@ -9,9 +9,15 @@ from collections import defaultdict
 
 import pytest
 
-from vacsr.data.fewshot import (Item, fewshot_path, load_or_sample,
-                                read_fewshot_cache, sample_train_val, subsample_classes,
-                                val_from_remaining_train)
+from vacsr.data.fewshot import (
+    Item,
+    fewshot_path,
+    load_or_sample,
+    read_fewshot_cache,
+    sample_train_val,
+    subsample_classes,
+    val_from_remaining_train,
+)
 from vacsr.errors import DataError
 
 

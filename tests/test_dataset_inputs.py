@@ -48,9 +48,9 @@ def test_a_run_records_the_shots_its_classes_got_when_fewer_than_asked(tmp_path,
                                                                         capsys):
     """data.shots=16 on 3 training images per class trains on the 3 (CoOp's sampling): the run's
     tags say so beside the param that records what was asked, and the console once."""
-    from conftest import tracked_train
     from mlflow import MlflowClient
 
+    from conftest import tracked_train
     from vacsr.data.generate import generate_all
 
     root = generate_all(tmp_path / "data", datasets=["eurosat"], per_class=(3, 1, 1))
@@ -69,7 +69,6 @@ def test_a_run_records_the_shots_its_classes_got_when_fewer_than_asked(tmp_path,
 
 def test_a_sweep_says_once_before_ray_when_classes_have_fewer_shots(tmp_path, capsys):
     from conftest import sweep_plan
-
     from sweeps.base2novel import SWEEP as BASE2NOVEL
 
     sweep_plan(BASE2NOVEL, tmp_path / "store", ["--datasets", "eurosat,dtd", "--shots", "1"],

@@ -6,9 +6,14 @@ import pytest
 import torch
 
 from vacsr.cli import main
+from vacsr.compute_device import (
+    DeviceSpec,
+    parse_device,
+    process_group_backend,
+    ray_worker_device,
+    resolve_device,
+)
 from vacsr.config import load_config
-from vacsr.compute_device import (DeviceSpec, parse_device, process_group_backend, ray_worker_device,
-                          resolve_device)
 from vacsr.errors import ConfigError
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")

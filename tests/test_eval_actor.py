@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import small_adapter
 import torch
 import torch.nn.functional as F
 
+from conftest import small_adapter
 from vacsr.eval.evaluate import evaluate_retrieval
 from vacsr.eval.scorer import ChunkedScorer
 from vacsr.eval.two_stage import two_stage_score

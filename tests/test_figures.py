@@ -3,8 +3,12 @@ the accuracy axis, and the importance figure's text lies inside its canvas (noth
 from __future__ import annotations
 
 from vacsr.plots import training_curves_figure
-from vacsr.sweep.report.importance import (MIN_FINISHED_TRIALS, Sensitivity, plot_sensitivity,
-                                          sensitivity_figure)
+from vacsr.sweep.report.importance import (
+    MIN_FINISHED_TRIALS,
+    Sensitivity,
+    plot_sensitivity,
+    sensitivity_figure,
+)
 
 KEYS = {"loss.alpha_kl": {"scale": "log", "low": 1e-4, "high": 1e-1},
         "adapter.num_components": {"scale": "int", "low": 1, "high": 8},

@@ -7,11 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from vacsr.data.fewshot import (Item, _check_subset, group_by_label, label_set, sample_few_shot,
-                                val_from_remaining_train)
+from vacsr.data.fewshot import (
+    Item,
+    _check_subset,
+    group_by_label,
+    label_set,
+    sample_few_shot,
+    val_from_remaining_train,
+)
 from vacsr.data.folder_items import ClassFolder, FolderItems
-from vacsr.errors import DataError
 from vacsr.data.listing_cache import Names
+from vacsr.errors import DataError
 
 # Class sizes on both sides of random.sample's switch between copying the population (small
 # classes) and drawing indices from it (large ones), and an empty folder whose label is skipped.

@@ -8,8 +8,13 @@ import math
 
 import pytest
 
-from vacsr.sweep.report.importance import (MIN_FINISHED_TRIALS, analyse_study, importance_section,
-                                          importance_table, top_keys_text)
+from vacsr.sweep.report.importance import (
+    MIN_FINISHED_TRIALS,
+    analyse_study,
+    importance_section,
+    importance_table,
+    top_keys_text,
+)
 from vacsr.sweep.spec.space import Choice, Int, LogFloat, suggest
 
 pytestmark = pytest.mark.timeout(120)
@@ -105,8 +110,8 @@ def test_the_dataset_run_holds_the_table_and_figure_and_best_prints_them(tmp_pat
 
     from vacsr.cli import main
     from vacsr.config import Config, load_config, save_config
-    from vacsr.sweep.report.importance import record_sensitivity
     from vacsr.records import MlflowTracker
+    from vacsr.sweep.report.importance import record_sensitivity
 
     plan = _plan(tmp_path)
     plan.storage.mkdir(parents=True)  # as run_sweep does

@@ -12,8 +12,8 @@ import pytest
 
 import vacsr.data.listing_cache as lc
 from vacsr.data import classification
-from vacsr.data.classification import load_classification
 from vacsr.data.checked_io import files_in, subdirs
+from vacsr.data.classification import load_classification
 from vacsr.data.imagenet import read_imagenet
 from vacsr.errors import StorageError
 

@@ -1,13 +1,18 @@
 import math
 
 import pytest
-from conftest import small_adapter
 import torch
 from torch.distributions import Independent, Normal, kl_divergence
 
+from conftest import small_adapter
 from vacsr.model.adapter import AdapterOutput
-from vacsr.model.losses import (hard_negative_masks, kl_upper_bound, match_probability,
-                                sigma_loss, vacsr_loss)
+from vacsr.model.losses import (
+    hard_negative_masks,
+    kl_upper_bound,
+    match_probability,
+    sigma_loss,
+    vacsr_loss,
+)
 
 
 def _output(b=4, b2=5, k=2, l=3, seed=0):

@@ -10,8 +10,13 @@ from open_clip.transformer import ResidualAttentionBlock
 
 from vacsr.config import load_config
 from vacsr.model.backbone import register_model_configs
-from vacsr.model.memory import (C_FROZEN, C_TRAINABLE, estimate_for_config, estimate_step_memory,
-                                towers)
+from vacsr.model.memory import (
+    C_FROZEN,
+    C_TRAINABLE,
+    estimate_for_config,
+    estimate_step_memory,
+    towers,
+)
 
 # vacsr-tiny by hand: W = 64, 3 blocks per tower, 8 px patches of 32 px images, embed 64
 BLOCK = 12 * 64 * 64 + 13 * 64  # in_proj 3W^2+3W, out_proj W^2+W, 2 LN 4W, MLP 8W^2+5W

@@ -8,10 +8,23 @@ import numpy as np
 import pytest
 import torch
 
-from vacsr.eval.eccv import cxc_recalls, eccv_caption_metrics, eccv_depth, load_coco_test_ground_truth
-from vacsr.eval.metrics import (INVALID_KEY, coco_fold_recalls, coco_recalls, decode_keys,
-                                fold_rankings, map_at_r, rank_topk, retrieval_metrics,
-                                score_keys)
+from vacsr.eval.eccv import (
+    cxc_recalls,
+    eccv_caption_metrics,
+    eccv_depth,
+    load_coco_test_ground_truth,
+)
+from vacsr.eval.metrics import (
+    INVALID_KEY,
+    coco_fold_recalls,
+    coco_recalls,
+    decode_keys,
+    fold_rankings,
+    map_at_r,
+    rank_topk,
+    retrieval_metrics,
+    score_keys,
+)
 from vacsr.results import harmonic_mean
 from vacsr.sweep.report.table import table_rows
 

@@ -32,18 +32,17 @@ if CHROMIUM is None:
 def _sweep_records(tmp_path: Path, monkeypatch) -> tuple[object, str, dict[str, str]]:
     """A finished two-dataset sweep in SQLite: (plan, parent run id, dataset -> run id)."""
     import optuna
+    import torch
 
     from sweeps.base2novel import SWEEP
     from vacsr.config import set_value
     from vacsr.data.generate import generate_all
-    from vacsr.sweep.report.table import write_report
-    from vacsr.sweep.spec.space import start_point, suggest
+    from vacsr.records import MlflowTracker, TrackingCallback
+    from vacsr.records.sweep_state import SweepState
     from vacsr.sweep.flow import driver
     from vacsr.sweep.plan.command_line import build_parser, plan_from_args
-    from vacsr.records.sweep_state import SweepState
-    from vacsr.records import MlflowTracker, TrackingCallback
-
-    import torch
+    from vacsr.sweep.report.table import write_report
+    from vacsr.sweep.spec.space import start_point, suggest
 
     weights = tmp_path / "weights.pt"  # a weights file the stubbed search never loads
     torch.save({}, weights)
@@ -136,8 +135,8 @@ def _title(dom: str) -> str:
 
 
 def test_ui_opens_on_runs_and_shows_selected_params(tmp_path, monkeypatch, servers):
-    from vacsr.sweep.flow.driver import mlflow_ui_hint
     from vacsr.records import MlflowTracker
+    from vacsr.sweep.flow.driver import mlflow_ui_hint
 
     plan, parent_id, runs = _sweep_records(tmp_path, monkeypatch)
     base, _ = servers.mlflow(plan.tracking_uri, timeout=120)

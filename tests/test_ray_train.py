@@ -16,8 +16,8 @@ import torch
 from vacsr.config import load_config
 from vacsr.distributed.worker_gpus import read_workers
 from vacsr.train.checkpoint import load_checkpoint
-from vacsr.train.run_files import CHECKPOINT_FILE
 from vacsr.train.loop import Trainer, TrainResult
+from vacsr.train.run_files import CHECKPOINT_FILE
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import make_dataset_folders, one_line
 
+from conftest import make_dataset_folders, one_line
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 
 PACKAGE = Path(__file__).resolve().parents[1] / "vacsr"

@@ -4,14 +4,19 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import small_adapter
 import torch
 import torch.nn.functional as F
 
+from conftest import small_adapter
 from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval_detailed
 from vacsr.eval.metrics import rank_topk, retrieval_metrics
 from vacsr.eval.scorer import ChunkedScorer, TopK, merge_topk, naive_score
-from vacsr.eval.two_stage import candidate_pairs, cosine_candidates, topk_from_pairs, two_stage_score
+from vacsr.eval.two_stage import (
+    candidate_pairs,
+    cosine_candidates,
+    topk_from_pairs,
+    two_stage_score,
+)
 from vacsr.eval.uncertainty import binned_recall, pearson
 from vacsr.model.adapter import SigmoidBaselineHead, VariationalSimilarityAdapter
 

@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import answering, http_serving, make_dataset_folders
 
+from conftest import answering, http_serving, make_dataset_folders
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from vacsr.sweep import cli
 

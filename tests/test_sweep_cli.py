@@ -3,8 +3,8 @@ is parsed once, and the embedded profile is one file."""
 from __future__ import annotations
 
 import pytest
-from conftest import sweep_plan
 
+from conftest import sweep_plan
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.retrieval import SWEEP as RETRIEVAL
 from vacsr.errors import ConfigError
@@ -134,9 +134,9 @@ def test_a_seed_run_records_its_test_metrics_once_across_driver_restarts(tmp_pat
     """The pool-scored test metrics join the seed's MLflow run; a restarted driver logging them
     again continues the same run instead of adding a second one."""
     from vacsr.config import load_config
+    from vacsr.records import MlflowTracker
     from vacsr.sweep.final.seeds import _log_test, final_config
     from vacsr.sweep.plan.plan import SweepPlan
-    from vacsr.records import MlflowTracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     plan = SweepPlan(kind=BASE2NOVEL, name="t", configs={}, spaces={},

@@ -6,8 +6,8 @@ import io
 import json
 
 import pytest
-from conftest import nothing_written, one_line
 
+from conftest import nothing_written, one_line
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.domain_generalization import SWEEP as DOMAIN_GENERALIZATION
 from vacsr.data.classification import load_classification
@@ -125,8 +125,8 @@ def test_a_run_refused_by_its_measured_plan_leaves_its_folder_unused(tmp_path, m
     """The run's own check, after its calibration and before the first trial (the device
     memory as a GPU's would come from the calibration, here stated on the plan)."""
     import ray
-    from conftest import sweep_plan
 
+    from conftest import sweep_plan
     from vacsr.errors import ConfigError
     from vacsr.records.sweep_state import state_path
     from vacsr.sweep.flow.driver import run_sweep

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1200)]

@@ -9,12 +9,11 @@ import sys
 import time
 
 import pytest
-from conftest import sweep_plan
 
+from conftest import sweep_plan
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from vacsr.errors import ConfigError
 from vacsr.sweep.plan.ownership import LOCK_FILE, DriverLock, claim_state
-
 
 TWO = ["--datasets", "eurosat,dtd", "--trials", "2"]  # the sweep of these tests
 

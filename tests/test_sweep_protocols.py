@@ -1,8 +1,8 @@
 """The sweeps follow the paper's training protocols (appendix C.2) and search the loss reading
 of appendix E.1; retrieval test evaluation reports the COCO 1K recalls."""
 import pytest
-from conftest import sweep_plan
 
+from conftest import sweep_plan
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.domain_generalization import SWEEP as DG
 from sweeps.retrieval import SWEEP as RETRIEVAL

@@ -5,11 +5,20 @@ import pytest
 
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from vacsr.errors import ConfigError
-from vacsr.sweep.spec.paper import BASE_TO_NOVEL_BATCH_SIZES
-from vacsr.sweep.search.tune import sampler_seed
 from vacsr.sweep.search.selection import DatasetFailed, select_best
-from vacsr.sweep.spec.space import (Choice, Int, LogFloat, clamp_blocks, dataset_space, parse_range,
-                               start_point, tower_depths, validate_space)
+from vacsr.sweep.search.tune import sampler_seed
+from vacsr.sweep.spec.paper import BASE_TO_NOVEL_BATCH_SIZES
+from vacsr.sweep.spec.space import (
+    Choice,
+    Int,
+    LogFloat,
+    clamp_blocks,
+    dataset_space,
+    parse_range,
+    start_point,
+    tower_depths,
+    validate_space,
+)
 
 
 def _space(dataset, overrides=None, workers=1, kind=BASE2NOVEL):
@@ -147,8 +156,8 @@ def test_a_trial_failed_by_a_stopped_driver_reports_to_a_fresh_optuna_trial_on_r
     the same values instead of failing the search (Optuna refuses to update a finished trial)."""
     import optuna
 
-    from vacsr.sweep.search.tune import fail_running_trials
     from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
+    from vacsr.sweep.search.tune import fail_running_trials
     from vacsr.sweep.spec.space import DefineByRun
 
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
@@ -293,9 +302,9 @@ def test_a_tie_goes_to_the_trial_created_first_though_they_start_in_reverse(tmp_
     higher number) keeps its first place."""
     import optuna
 
-    from vacsr.sweep.search.tune import fail_running_trials
     from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
     from vacsr.sweep.search.selection import creation_order
+    from vacsr.sweep.search.tune import fail_running_trials
     from vacsr.sweep.spec.space import DefineByRun
 
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
@@ -360,8 +369,8 @@ def test_asha_notes_the_rung_and_the_values_each_stopped_trial_was_compared_with
 def test_each_trial_run_records_the_value_selection_compared(tmp_path):
     """A trial ASHA stopped after epoch 1 may have logged epoch 2 before its workers stopped: its
     run gets the epoch-1 value selection used (selection_val/acc, vacsr.selection_epoch)."""
-    from vacsr.sweep.search.tune import record_selection_values
     from vacsr.records import MlflowTracker
+    from vacsr.sweep.search.tune import record_selection_values
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowTracker(uri).client

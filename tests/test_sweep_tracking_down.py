@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import basic_auth_proxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800)]

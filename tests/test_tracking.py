@@ -18,8 +18,15 @@ from mlflow.exceptions import MlflowException  # noqa: E402
 from vacsr.config import flatten, load_config, to_dict  # noqa: E402
 from vacsr.errors import ConfigError  # noqa: E402
 from vacsr.records import (  # noqa: E402
-    EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, PARAMS_CHANGED_TAG, RUN_STATE_FILE, MlflowTracker,
-    TrackingCallback, check_tracking_uri, metric_name, resolve_tracking_uri,
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    PARAMS_CHANGED_TAG,
+    RUN_STATE_FILE,
+    MlflowTracker,
+    TrackingCallback,
+    check_tracking_uri,
+    metric_name,
+    resolve_tracking_uri,
 )
 
 
@@ -350,8 +357,7 @@ def test_a_sweep_driver_killed_before_recording_a_run_continues_it_on_resume(
         tracking_uri, tmp_path, dataset):
     """The sweep's run (dataset None) and each dataset's run: sweep_state.json holds the run's key
     before MLflow creates it, so a driver killed before it recorded the id finds the run again."""
-    from vacsr.records.sweep_state import start_recorded_run
-    from vacsr.records.sweep_state import SweepState
+    from vacsr.records.sweep_state import SweepState, start_recorded_run
 
     class KilledAfterCreate(SweepState):
         def update(self, dataset=None, **values):

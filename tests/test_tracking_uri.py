@@ -7,6 +7,7 @@ import json
 import socket
 
 import pytest
+
 from conftest import answering, http_serving
 
 pytest.importorskip("mlflow")

@@ -3,8 +3,6 @@ run without autograd, and its outputs cached for evaluation passes (vacsr/model/
 vacsr/data/prefix_cache.py)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -108,8 +106,8 @@ def test_class_prompts_pass_the_frozen_prefix_once_with_the_last_text_blocks_tra
 def test_a_sweep_whose_fixed_block_count_exceeds_the_tower_is_refused_before_ray(tmp_path,
                                                                                 capsys):
     import ray
-    from conftest import make_dataset_folders, nothing_written, one_line
 
+    from conftest import make_dataset_folders, nothing_written, one_line
     from sweeps.base2novel import SWEEP
     from vacsr.sweep import cli
 

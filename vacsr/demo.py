@@ -8,8 +8,8 @@ from pathlib import Path
 
 from vacsr.config import load_config
 from vacsr.folder_lock import check_output_file, check_output_folder
-from vacsr.results import format_metrics
 from vacsr.model.pretrained_cache import install_pretrained
+from vacsr.results import format_metrics
 from vacsr.train.loop import Trainer
 from vacsr.train.run_folder import claim_run_folder
 

@@ -16,16 +16,16 @@ import torch
 
 from vacsr.data import build_classification, build_retrieval
 from vacsr.data.datasets import CaptionPairDataset, LabelledImageDataset
-from vacsr.data.fewshot import shots_per_class
-from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG
 from vacsr.data.encoding import encode_texts
-from vacsr.model.prefix import text_prefix, text_suffix
+from vacsr.data.fewshot import shots_per_class
 from vacsr.errors import ConfigError
 from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval
 from vacsr.model.adapter import SigmoidBaselineHead
 from vacsr.model.backbone_grad import vacsr_loss_recon_to_backbone
 from vacsr.model.losses import sigmoid_loss, vacsr_loss
+from vacsr.model.prefix import text_prefix, text_suffix
 from vacsr.model.vacsr import VACSRModel
+from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG
 
 COCO_1K_FOLDS = 5
 

@@ -10,8 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from vacsr.data.base import ClassificationData, RetrievalData
-from vacsr.data.classification import (BASE_TO_NOVEL, CLASSIFICATION_DATASETS, DOMAIN_SHIFT,
-                                       load_classification)
+from vacsr.data.classification import (
+    BASE_TO_NOVEL,
+    CLASSIFICATION_DATASETS,
+    DOMAIN_SHIFT,
+    load_classification,
+)
 from vacsr.data.coco import load_coco
 from vacsr.data.noise import make_noisy_index, noisy_caption_to_image
 from vacsr.data.synthetic import synthetic_classification, synthetic_retrieval

@@ -20,9 +20,14 @@ from pathlib import Path
 from typing import Sequence
 
 from vacsr.data.base import ClassificationData
-from vacsr.data.fewshot import (Item, group_by_label, label_set, load_or_sample,
-                                subsample_classes)
-from vacsr.data.checked_io import check_files_exist, dataset_path, read_json, read_lines, require_dir
+from vacsr.data.checked_io import (
+    check_files_exist,
+    dataset_path,
+    read_json,
+    read_lines,
+    require_dir,
+)
+from vacsr.data.fewshot import Item, group_by_label, label_set, load_or_sample, subsample_classes
 from vacsr.data.imagenet import VARIANTS, read_imagenet, read_variant
 from vacsr.data.validate import check_splits
 from vacsr.errors import ConfigError, DataError

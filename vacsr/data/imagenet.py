@@ -21,9 +21,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from vacsr.data.checked_io import read_lines, require_dir
 from vacsr.data.fewshot import Item
 from vacsr.data.folder_items import ClassFolder, FolderItems
-from vacsr.data.checked_io import read_lines, require_dir
 from vacsr.data.listing_cache import list_tree
 from vacsr.errors import DataError
 

@@ -25,10 +25,10 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 from torch import nn
 
-from vacsr.config import Config
 from vacsr.compute_device import ray_worker_device
-from vacsr.distributed.worker_gpus import record_workers
+from vacsr.config import Config
 from vacsr.distributed.ray_hooks import RayRun
+from vacsr.distributed.worker_gpus import record_workers
 from vacsr.errors import CheckpointError
 from vacsr.records.logger import mlflow_logger
 from vacsr.tasks import PairBatch

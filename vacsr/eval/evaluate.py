@@ -14,8 +14,12 @@ import torch
 from torch import nn
 
 from vacsr.eval import eccv
-from vacsr.eval.metrics import (accuracy_from_predictions, coco_fold_recalls, coco_recalls,
-                                fold_groups)
+from vacsr.eval.metrics import (
+    accuracy_from_predictions,
+    coco_fold_recalls,
+    coco_recalls,
+    fold_groups,
+)
 from vacsr.eval.scorer import ChunkedScorer, ScoreResult
 from vacsr.eval.semantic import semantic_depth, semantic_metrics
 from vacsr.eval.two_stage import two_stage_score

@@ -15,8 +15,8 @@ from open_clip.transformer import text_global_pool
 from torch import nn
 
 from vacsr.errors import ConfigError
-from vacsr.model.configs import MODEL_CONFIG_DIR
 from vacsr.model import prefix
+from vacsr.model.configs import MODEL_CONFIG_DIR
 from vacsr.model.gpo import GPO
 from vacsr.model.weights import create_with_weights
 

@@ -11,7 +11,6 @@ import contextlib
 import logging
 import warnings
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from vacsr.errors import ConfigError

@@ -25,10 +25,15 @@ from mlflow.exceptions import MlflowException
 from vacsr.config import Config, public_dict, save_config
 from vacsr.errors import ConfigError
 from vacsr.records.client_settings import apply_client_settings
+from vacsr.records.uri import (
+    _absolute,
+    redact_uri,
+    resolve_tracking_uri,
+    sqlite_path,
+    store_creation_lock,
+)
 from vacsr.redact import split_credentials
 from vacsr.stop import signals_held
-from vacsr.records.uri import (_absolute, redact_uri, resolve_tracking_uri, sqlite_path,
-                                store_creation_lock)
 from vacsr.train.run_files import CONFIG_FILE
 
 log = logging.getLogger(__name__)

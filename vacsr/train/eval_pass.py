@@ -88,8 +88,7 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
     ones its end-of-epoch evaluation computes."""
     from vacsr.compute_device import resolve_device
     from vacsr.model.vacsr import build_model
-    from vacsr.train.checkpoint import (check_same_architecture, load_checkpoint,
-                                        load_model_state)
+    from vacsr.train.checkpoint import check_same_architecture, load_checkpoint, load_model_state
     from vacsr.train.precision import run_precision
 
     device = torch.device(device) if device is not None else resolve_device(config.train.device)

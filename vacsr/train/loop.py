@@ -17,24 +17,28 @@ import torch
 from tqdm import tqdm
 
 from vacsr.atomic import atomic_write_json
+from vacsr.compute_device import resolve_device
 from vacsr.config import Config, public_dict, save_config
 from vacsr.data.loader import make_loader
 from vacsr.data.prefix_cache import open_cache
 from vacsr.data.sampler import GlobalBatchSampler, require_one_batch
-from vacsr.compute_device import resolve_device
 from vacsr.errors import CheckpointError, TrainingDiverged
 from vacsr.model.vacsr import VACSRModel, build_model
 from vacsr.seed import epoch_seed, seed_everything
 from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG
 from vacsr.tasks import task_type
-from vacsr.train.checkpoint import (ARCHITECTURE_KEYS, TRAINABLE_KEYS, load_checkpoint,
-                                    load_model_state)
+from vacsr.train.checkpoint import (
+    ARCHITECTURE_KEYS,
+    TRAINABLE_KEYS,
+    load_checkpoint,
+    load_model_state,
+)
 from vacsr.train.eval_pass import evaluate_split
-from vacsr.train.run_files import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE
 from vacsr.train.optim import build_optimizer, lr_factor, set_learning_rates
+from vacsr.train.precision import STATE_KEY, check_resume_precision, run_precision
+from vacsr.train.run_files import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE
 from vacsr.train.run_folder import FRESH_START, RESUME_HINT, lock_run_folder
 from vacsr.train.run_hooks import OpenLogger, RunHooks
-from vacsr.train.precision import STATE_KEY, check_resume_precision, run_precision
 
 EpochCallback = Callable[[int, dict, Path], None]
 

@@ -16,12 +16,11 @@ from typing import Callable
 
 from vacsr.distributed.eval_actor import PoolScorer
 from vacsr.distributed.train import fit_ray
-from vacsr.sweep.plan.plan import SweepPlan
-from vacsr.sweep.plan.folders import copy_from_storage
 from vacsr.records import TrackingCallback
 from vacsr.records.sweep_records import place_child_run
+from vacsr.sweep.plan.folders import copy_from_storage
+from vacsr.sweep.plan.plan import SweepPlan
 from vacsr.train.run_files import CHECKPOINT_FILE
-
 
 REUSED_TAG = "vacsr.reused_trial"  # the seed's checkpoint is this trial's
 RETRAINED_TAG = "vacsr.retrained"  # why the trial's checkpoint was not reused (damaged)

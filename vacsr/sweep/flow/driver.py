@@ -25,25 +25,24 @@ from vacsr.atomic import atomic_write_text
 from vacsr.config import flatten, save_config
 from vacsr.distributed.cluster import ensure_ray, quiet_logging
 from vacsr.errors import StorageError, VacsrError
-from vacsr.stop import SIGNALS, Stopped
-from vacsr.train.scratch import clear_scratch
 from vacsr.model.pretrained_cache import weights_record
-from vacsr.sweep.flow.events import EventSink, start_event_log
-from vacsr.sweep.report.importance import importance_section, record_sensitivity
-from vacsr.sweep.plan.ownership import claim_state
-from vacsr.sweep.plan.cost_plan import trial_pace
-from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism, short_of, trial_needs
-from vacsr.sweep.plan.preview import preview_costs
-from vacsr.sweep.report.progress import SweepProgress
-from vacsr.sweep.report.table import readable, table_spec, write_report
-from vacsr.sweep.flow.recovery import SpaceReserve, storage_failure, tracking_failure
-from vacsr.sweep.plan.studies import (check_optuna_storage, fail_running_trials,
-                                      open_optuna_storage)
 from vacsr.records import MlflowTracker, redact_uri
 from vacsr.records.artifacts import BEST_CONFIG, FINAL_RUNS, SWEEP_INFO, SWEEP_PLAN
 from vacsr.records.sweep_records import SweepRecords
 from vacsr.records.sweep_state import SweepState, state_path
 from vacsr.records.view import publish_table, runs_link
+from vacsr.stop import SIGNALS, Stopped
+from vacsr.sweep.flow.events import EventSink, start_event_log
+from vacsr.sweep.flow.recovery import SpaceReserve, storage_failure, tracking_failure
+from vacsr.sweep.plan.cost_plan import trial_pace
+from vacsr.sweep.plan.ownership import claim_state
+from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism, short_of, trial_needs
+from vacsr.sweep.plan.preview import preview_costs
+from vacsr.sweep.plan.studies import check_optuna_storage, fail_running_trials, open_optuna_storage
+from vacsr.sweep.report.importance import importance_section, record_sensitivity
+from vacsr.sweep.report.progress import SweepProgress
+from vacsr.sweep.report.table import readable, table_spec, write_report
+from vacsr.train.scratch import clear_scratch
 
 
 class SweepInterrupted(VacsrError):

@@ -84,8 +84,8 @@ def measure_costs(config, samples: tuple[str, ...], submitted: float) -> StepCos
     """Time the parts on this process's device; `submitted`: when the search started."""
     import torch
 
-    from vacsr.config import set_value
     from vacsr.compute_device import resolve_device
+    from vacsr.config import set_value
     from vacsr.model.prefix import blocks
     from vacsr.model.vacsr import build_model
 

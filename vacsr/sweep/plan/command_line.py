@@ -15,16 +15,29 @@ from vacsr import config as cfg
 from vacsr.errors import ConfigError
 from vacsr.help_format import DefaultsHelp, flag_error
 from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
-from vacsr.sweep.spec.kind import SweepKind
-from vacsr.sweep.plan.inputs import (check_datasets, check_devices, check_model, check_pretrained,
-                                check_ray_address, check_sweep_name, note_fewer_shots)
 from vacsr.sweep.plan.cost_plan import check_memory
 from vacsr.sweep.plan.counts import step_prompts
-from vacsr.sweep.plan.plan import SweepPlan, build_config
-from vacsr.sweep.spec.space import (check_blocks, check_space_values, clamp_blocks,
-                                    dataset_space, parse_range, tower_depths)
 from vacsr.sweep.plan.folders import prefix_cache_folder, storage_filesystem, sweep_folder
+from vacsr.sweep.plan.inputs import (
+    check_datasets,
+    check_devices,
+    check_model,
+    check_pretrained,
+    check_ray_address,
+    check_sweep_name,
+    note_fewer_shots,
+)
+from vacsr.sweep.plan.plan import SweepPlan, build_config
 from vacsr.sweep.plan.studies import check_optuna_storage
+from vacsr.sweep.spec.kind import SweepKind
+from vacsr.sweep.spec.space import (
+    check_blocks,
+    check_space_values,
+    clamp_blocks,
+    dataset_space,
+    parse_range,
+    tower_depths,
+)
 from vacsr.task_names import SWEEP_RUN_SETTINGS
 
 PROFILE = Path(__file__).with_name("embedded.yaml")

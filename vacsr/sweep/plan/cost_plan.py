@@ -13,8 +13,7 @@ from vacsr.errors import ConfigError
 from vacsr.sweep.plan import estimate as est
 from vacsr.sweep.plan.calibrate import StepCosts
 from vacsr.sweep.plan.counts import DatasetCounts
-from vacsr.sweep.plan.plan import (SweepPlan, plan_parallelism, trial_resources,
-                                   trains_in_trial)
+from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism, trains_in_trial, trial_resources
 from vacsr.sweep.spec.space import start_point, tower_depths
 
 GIB = 2 ** 30

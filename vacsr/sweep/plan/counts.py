@@ -106,9 +106,7 @@ def variant_count(root: Path, name: str) -> int:
 
 def retrieval_counts(root: Path) -> DatasetCounts:
     """Images of COCO's Karpathy splits; a step's texts are its images' captions (prompts 0)."""
-    from vacsr.data.coco import KARPATHY_FILE, SPLITS, read_karpathy
-
-    from vacsr.data.coco import image_root
+    from vacsr.data.coco import KARPATHY_FILE, SPLITS, image_root, read_karpathy
 
     images = read_karpathy(root / "coco" / KARPATHY_FILE)
     sizes = {split: sum(image.split in members for image in images)

@@ -20,8 +20,8 @@ from typing import Any
 from vacsr.config import flatten, shown
 from vacsr.errors import ConfigError
 from vacsr.folder_lock import FolderLock
-from vacsr.sweep.plan.plan import SweepPlan
 from vacsr.records.sweep_state import SweepState, state_path
+from vacsr.sweep.plan.plan import SweepPlan
 
 LOCK_FILE = "driver.lock"
 # config keys that place or pace a run but do not change its results

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from vacsr.config import Config, from_dict, set_value, validate
+from vacsr.sweep.plan.folders import join_storage
 from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.spec.space import Domain
-from vacsr.sweep.plan.folders import join_storage
 
 PAPER_DECAY_EPOCH, PAPER_EPOCHS = 15, 25  # a step schedule decays at epoch 15 of 25 (C.2)
 

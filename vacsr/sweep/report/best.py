@@ -10,8 +10,13 @@ import yaml
 from vacsr.atomic import atomic_write_bytes, require_writable_folder
 from vacsr.errors import ConfigError
 from vacsr.records import check_tracking_uri
-from vacsr.records.artifacts import (BEST_CONFIG, FINAL_RUNS, IMPORTANCE_DIR, IMPORTANCE_FILE,
-                                     SWEEP_INFO)
+from vacsr.records.artifacts import (
+    BEST_CONFIG,
+    FINAL_RUNS,
+    IMPORTANCE_DIR,
+    IMPORTANCE_FILE,
+    SWEEP_INFO,
+)
 from vacsr.records.sweep_records import DATASET_TAG, SweepRecords
 from vacsr.records.uri import check_store_exists
 from vacsr.records.view import TABLE_PREFIX

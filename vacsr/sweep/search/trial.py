@@ -58,7 +58,9 @@ def run_trial(suggested: dict[str, Any], base: Config, meta: TrialMeta) -> None:
     place_child_run(config, tracking_uri=meta.tracking_uri, experiment=meta.experiment,
                     parent_run_id=meta.parent_run_id, run_name=f"{meta.dataset}-{trial_id}")
     if trains_in_trial(config.train):
-        from vacsr.sweep.search.trial_run import fit_in_trial  # the model stack loads here, on demand
+        from vacsr.sweep.search.trial_run import (
+            fit_in_trial,  # the model stack loads here, on demand
+        )
 
         fit_in_trial(config)
         return

@@ -22,10 +22,10 @@ from ray import tune
 
 from vacsr.config import Config
 from vacsr.distributed.ray_hooks import RayRun
-from vacsr.records.logger import mlflow_logger
-from vacsr.train.failure import clear_run_failure, read_run_failure, record_run_failure
 from vacsr.errors import RunFailed, VacsrError
+from vacsr.records.logger import mlflow_logger
 from vacsr.sweep.flow.recovery import outage
+from vacsr.train.failure import clear_run_failure, read_run_failure, record_run_failure
 
 
 def recorded_failure(output_dir: Path) -> str | None:

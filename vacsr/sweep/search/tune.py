@@ -14,18 +14,21 @@ from ray import tune
 
 from vacsr.distributed.storage_fs import ray_storage
 from vacsr.errors import VacsrError
+from vacsr.records.sweep_records import SweepRecords
+from vacsr.sweep.flow.recovery import TRACKING_DOWN_NOTE, repair_experiment, tracking_failure
+from vacsr.sweep.plan.folders import join_storage
 from vacsr.sweep.plan.plan import SweepPlan, trains_in_trial, trial_resources
-from vacsr.sweep.flow.recovery import repair_experiment
-from vacsr.sweep.flow.recovery import TRACKING_DOWN_NOTE, tracking_failure
+from vacsr.sweep.plan.studies import fail_running_trials, open_optuna_storage
 from vacsr.sweep.search.asha import ASHA_STOPS_FILE, AshaStops, RecordingASHA
 from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
-from vacsr.sweep.search.selection import (creation_order, read_selection, select_best,
-                                   write_selection)
-from vacsr.sweep.spec.space import DefineByRun, start_point
-from vacsr.sweep.plan.folders import join_storage
-from vacsr.sweep.plan.studies import fail_running_trials, open_optuna_storage
+from vacsr.sweep.search.selection import (
+    creation_order,
+    read_selection,
+    select_best,
+    write_selection,
+)
 from vacsr.sweep.search.trial import CHECKPOINT_PATH_KEY, TrialMeta, run_trial, with_suggestions
-from vacsr.records.sweep_records import SweepRecords
+from vacsr.sweep.spec.space import DefineByRun, start_point
 from vacsr.train.run_files import CHECKPOINT_FILE
 
 
