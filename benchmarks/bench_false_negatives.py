@@ -129,7 +129,8 @@ def train_run(data: ConceptData, config: Config, *, seed: int, epochs: int, batc
 class HardNegativeStats:
     """Over training steps: how often a row's hardest negative (the one L_sigma^N weighs) is a
     false negative (same concept set), and the factor 1 / sigma_hat by which L_sigma^N's push on
-    its logit, (p - y') / sigma_hat, exceeds L_recon's (p - y) under the straight-through gradient."""
+    its logit, (p - y') / sigma_hat, exceeds L_recon's (p - y) under the straight-through
+    gradient."""
 
     def __init__(self) -> None:
         self.false_neg, self.inv_sigma, self.rows = 0.0, 0.0, 0
@@ -199,7 +200,8 @@ def _cell(values: list[float]) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows: " + ", ".join(ROWS))
+    p.add_argument("--rows", default=",".join(ROWS),
+                   help="comma-separated rows: " + ", ".join(ROWS))
     p.add_argument("--noise", default=",".join(str(n) for n in NOISE))
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--epochs", type=int, default=12)

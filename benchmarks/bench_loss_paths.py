@@ -106,10 +106,12 @@ def _table(path: str, keys, results) -> list[str]:
     for (setting, row), runs in grouped.items():
         label = f"{setting:>5.0%}" if path == "retrieval" else f"{setting:<15}"
         if any("error" in r for r in runs):
-            lines.append(f"{label} {row:<16} failed: {next(r['error'] for r in runs if 'error' in r)}")
+            lines.append(f"{label} {row:<16} failed: "
+                         f"{next(r['error'] for r in runs if 'error' in r)}")
             continue
         if any("nonfinite" in r for r in runs):
-            lines.append(f"{label} {row:<16} non-finite loss in {sum('nonfinite' in r for r in runs)} run(s)")
+            lines.append(f"{label} {row:<16} non-finite loss in "
+                         f"{sum('nonfinite' in r for r in runs)} run(s)")
             continue
         if path == "retrieval":
             cells = [_fmt([r.get(k, np.nan) for r in runs]) for k in RETRIEVAL_KEYS]
@@ -123,7 +125,8 @@ def _table(path: str, keys, results) -> list[str]:
         sigma = f"{np.mean(sig):6.3f}/{np.mean(hard):.3f}" if not np.isnan(sig).any() else "-"
         if path == "retrieval":
             corr = [r.get("sigma_r1_pearson", np.nan) for r in runs]
-            sigma += f"  {np.nanmean(corr):+.2f} ± {np.nanstd(corr):.2f}" if row != "baseline" else ""
+            sigma += (f"  {np.nanmean(corr):+.2f} ± {np.nanstd(corr):.2f}" if row != "baseline"
+                      else "")
         lines.append(f"{label} {row:<16}" + "".join(f"{c:>15}" for c in cells) + f"  {sigma}")
     return lines
 

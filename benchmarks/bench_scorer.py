@@ -39,7 +39,8 @@ MIB = 2**20
 # ---------------------------------------------------------------- helpers
 def make_head(dim: int, seed: int = 0) -> VariationalSimilarityAdapter:
     torch.manual_seed(seed)
-    return VariationalSimilarityAdapter(embed_dim=dim).eval()  # paper sizes: H=512, L=32, K=2, Dh=64
+    # paper sizes: H=512, L=32, K=2, Dh=64
+    return VariationalSimilarityAdapter(embed_dim=dim).eval()
 
 
 def random_features(n: int, dim: int, seed: int) -> torch.Tensor:
@@ -129,8 +130,8 @@ def section_rate(head, nq: int, ng: int, dim: int, slices: int, budget: int) -> 
         ratios.append(rate / max(before, after))
         print(f"  slice {index}: {stats['pairs_per_second']:,.0f} pairs/s = {rate:.1f} GFLOP/s; "
               f"GEMM before {before:.1f}, after {after:.1f} GFLOP/s -> ratio {ratios[-1]:.3f}")
-    print(f"  => {torch.get_num_threads()} thread(s): {nq * slices} x {ng} pairs in {slices} slices, "
-          f"block {stats['block']}: {pairs / seconds:,.0f} pairs/s overall; FLOP-rate / "
+    print(f"  => {torch.get_num_threads()} thread(s): {nq * slices} x {ng} pairs in {slices} "
+          f"slices, block {stats['block']}: {pairs / seconds:,.0f} pairs/s overall; FLOP-rate / "
           f"matmul-rate median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max "
           f"{max(ratios):.3f}); flops/pair = {flops:,} (flops_per_pair)")
 
@@ -147,8 +148,9 @@ def section_naive(head, dim: int, nq: int, ng: int, budget: int) -> None:
     ours_mem = measure_memory("ours", nq, ng, dim, budget, 120)
     naive_mem = measure_memory("naive", nq, ng, dim, budget, 120)
     print(f"  {nq} x {ng} (naive expands all {nq * ng * dim * 4 / MIB:,.0f} MiB of s at once): "
-          f"chunked {ours:.2f} s, peak {ours_mem['peak_bytes'] / MIB:,.0f} MiB | naive {naive:.2f} s, "
-          f"peak {naive_mem['peak_bytes'] / MIB:,.0f} MiB -> {naive / ours:.2f}x time, "
+          f"chunked {ours:.2f} s, peak {ours_mem['peak_bytes'] / MIB:,.0f} MiB | naive "
+          f"{naive:.2f} s, peak {naive_mem['peak_bytes'] / MIB:,.0f} MiB -> "
+          f"{naive / ours:.2f}x time, "
           f"{naive_mem['peak_bytes'] / max(ours_mem['peak_bytes'], 1):.1f}x memory")
 
 
@@ -159,8 +161,9 @@ def section_memory(dim: int, sizes, budget: int, seconds: float, naive_chunk: in
         naive = measure_memory("naive", nq, ng, dim, budget, seconds, query_chunk=naive_chunk)
         note = "whole call" if ours["finished"] else f"first {seconds:.0f} s of the call"
         print(f"  {nq:>5} x {ng:<6}: chunked peak {ours['peak_bytes'] / MIB:7.1f} MiB "
-              f"(budget {budget / MIB:.0f} MiB, modelled block {ours['modelled_block_bytes'] / MIB:.1f}"
-              f" MiB; {note}) | naive, {naive_chunk} queries x all items per block: "
+              f"(budget {budget / MIB:.0f} MiB, modelled block "
+              f"{ours['modelled_block_bytes'] / MIB:.1f} MiB; {note}) | naive, {naive_chunk} "
+              f"queries x all items per block: "
               f"{naive['peak_bytes'] / MIB:7.1f} MiB | naive whole-matrix expansion would need "
               f"{nq * ng * dim * 4 / 2**30:,.1f} GiB for s alone")
 
@@ -177,7 +180,8 @@ def synthetic_pairs(num_images: int, dim: int, gen: torch.Generator, noise: floa
     return F.normalize(images, dim=1), F.normalize(captions, dim=1)
 
 
-def train_adapter(dim: int, steps: int, noise: float, seed: int = 0) -> VariationalSimilarityAdapter:
+def train_adapter(dim: int, steps: int, noise: float,
+                  seed: int = 0) -> VariationalSimilarityAdapter:
     """A briefly trained adapter (in-batch BCE on fresh synthetic batches): an untrained one ranks
     at random, which would make any agreement figure meaningless."""
     gen = torch.Generator().manual_seed(seed + 100)
@@ -214,13 +218,15 @@ def section_two_stage(dim: int, num_images: int, k_prime: int, steps: int, noise
                                                ("t2i", exact.item_topk, staged.item_topk)):
         agree = topk_agreement(topk_exact, topk_staged)
         print(f"  {direction}: R@1 exact {exact_m[f'{direction}_r1']:.2f} vs two-stage "
-              f"{staged_m[f'{direction}_r1']:.2f} (diff {staged_m[f'{direction}_r1'] - exact_m[f'{direction}_r1']:+.2f}"
-              f" points); top-1 agreement {agree['top1_agreement']:.2f}%, "
+              f"{staged_m[f'{direction}_r1']:.2f} (diff "
+              f"{staged_m[f'{direction}_r1'] - exact_m[f'{direction}_r1']:+.2f} points); "
+              f"top-1 agreement {agree['top1_agreement']:.2f}%, "
               f"top-10 overlap {agree['overlap_at_k']:.2f}%")
     print(f"  time: exact {exact.stats['seconds']:.2f} s ({exact.stats['pairs_per_second']:,.0f} "
           f"pairs/s); two-stage run before / after it {staged_before.stats['seconds']:.2f} / "
-          f"{staged.stats['seconds']:.2f} s (cosine stage {staged.stats['first_stage_seconds']:.2f} s)"
-          f" -> speed-up {exact.stats['seconds'] / staged_seconds:.2f}x (against the slower run); "
+          f"{staged.stats['seconds']:.2f} s (cosine stage "
+          f"{staged.stats['first_stage_seconds']:.2f} s) -> speed-up "
+          f"{exact.stats['seconds'] / staged_seconds:.2f}x (against the slower run); "
           f"k'={k_prime}, adapter pairs {staged.stats['pairs']:,} = 1/"
           f"{1 / staged.stats['pair_fraction']:.1f} of all")
 

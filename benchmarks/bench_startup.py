@@ -7,15 +7,15 @@ Trains the embedded sweep's smallest run (vacsr-tiny, synthetic EuroSAT, 2 shots
 H 64, batch 5 as in the EuroSAT protocol, 0.5 CPU per worker, 1 worker) in a fresh process with
 `Trainer(config).fit()`, as a Tune trial the way a sweep runs one (a Tuner of one `run_trial`
 trial, MLflow on: the run trains in the trial's actor, which holds the worker's 0.5 CPU; trees
-before that drove Ray Train from a 0.1-CPU actor) and through `fit_ray`. Each vacsr tree (this one, and with
-`--before` an older checkout, e.g. `git archive <commit> | tar -x -C /tmp/old`) runs its Ray
-runs in a process and a local Ray instance of its own (2 CPUs), the trees taking turns, so the
-machine's load falls on both alike. Every process of the Ray instance is sampled from /proc while
-a run lasts, so the CPU-seconds of each process (trial actor, Train controller, worker, Ray
-Train's helper actors, Ray's daemons, the driver) add up to the run's total. A run's start-up is
-its total CPU (and wall time) minus the in-process `fit()`: what a Ray Train run costs on top of
-the training itself. About 3 minutes per tree and repeat on 2 CPUs; CPU-seconds vary by ~20% with
-the machine's load, the before/after ratio less.
+before that drove Ray Train from a 0.1-CPU actor) and through `fit_ray`. Each vacsr tree (this
+one, and with `--before` an older checkout, e.g. `git archive <commit> | tar -x -C /tmp/old`)
+runs its Ray runs in a process and a local Ray instance of its own (2 CPUs), the trees taking
+turns, so the machine's load falls on both alike. Every process of the Ray instance is sampled
+from /proc while a run lasts, so the CPU-seconds of each process (trial actor, Train controller,
+worker, Ray Train's helper actors, Ray's daemons, the driver) add up to the run's total. A run's
+start-up is its total CPU (and wall time) minus the in-process `fit()`: what a Ray Train run
+costs on top of the training itself. About 3 minutes per tree and repeat on 2 CPUs; CPU-seconds
+vary by ~20% with the machine's load, the before/after ratio less.
 """
 from __future__ import annotations
 
@@ -359,7 +359,8 @@ def main() -> None:
             for name, tree in trees.items():
                 found = tree_runs(tree, roots[name], folder / f"{name}{turn}", 1)
                 runs.update({f"{name} {kind} {turn + 1}": run for kind, run in
-                             (("Tune trial", found["Tune trial 1"]), ("fit_ray", found["fit_ray"]))})
+                             (("Tune trial", found["Tune trial 1"]),
+                              ("fit_ray", found["fit_ray"]))})
     report(local, runs, list(trees))
 
 

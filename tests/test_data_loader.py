@@ -97,7 +97,8 @@ def test_worker_error_is_one_line(tmp_path):
     bad.write_bytes(b"\x89PNG broken")
     data = ClassificationData(images=[str(good), str(bad)], labels=[0, 1], classnames=["a", "b"])
     trainer = bare_trainer("train.batch_size=2", "data.num_workers=1")
-    loader = trainer.train_loader(0, dataset=LabelledImageDataset(data, lambda image: torch.zeros(1)))
+    dataset = LabelledImageDataset(data, lambda image: torch.zeros(1))
+    loader = trainer.train_loader(0, dataset=dataset)
     with pytest.raises(DataError) as info:
         list(loader)
     assert str(info.value) == f"{bad}: unreadable image (UnidentifiedImageError)"

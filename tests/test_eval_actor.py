@@ -55,7 +55,8 @@ def test_pool_equals_local_scorer_and_follows_weight_updates(ray_local):
             if key != "eval_seconds":
                 assert remote_metrics[key] == pytest.approx(local_metrics[key], nan_ok=True), key
         old_metrics = evaluate_retrieval(images, captions, head, caption_to_image, **kwargs)
-        assert remote_metrics["sigma_top1_i2t_mean"] != pytest.approx(old_metrics["sigma_top1_i2t_mean"])
+        assert remote_metrics["sigma_top1_i2t_mean"] != pytest.approx(
+            old_metrics["sigma_top1_i2t_mean"])
 
         staged = two_stage_score(pool, images, captions, k=5, k_prime=20)
         staged_local = two_stage_score(ChunkedScorer(new_head, device="cpu"), images, captions,

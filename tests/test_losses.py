@@ -15,10 +15,10 @@ from vacsr.model.losses import (
 )
 
 
-def _output(b=4, b2=5, k=2, l=3, seed=0):
+def _output(b=4, b2=5, k=2, latent=3, seed=0):
     g = torch.Generator().manual_seed(seed)
-    mu = torch.randn(b, b2, k, l, generator=g)
-    logvar = torch.randn(b, b2, k, l, generator=g) * 0.5
+    mu = torch.randn(b, b2, k, latent, generator=g)
+    logvar = torch.randn(b, b2, k, latent, generator=g) * 0.5
     weights = torch.softmax(torch.randn(b, b2, k, generator=g), dim=-1)
     logits = torch.randn(b, b2, generator=g, requires_grad=True)
     sigma = torch.sigmoid(torch.randn(b, b2, generator=g))

@@ -181,8 +181,10 @@ def test_retrieval_metrics_from_scores_equals_rank_path():
     scores = torch.randint(0, 6, (50, 250), generator=gen).float()
     caption_to_image = torch.arange(250) // 5
     expected = coco_recalls(rank_topk(scores, 10), rank_topk(scores.T, 10), caption_to_image)
-    expected.update(coco_fold_recalls(*fold_rankings(scores, caption_to_image, 5, 10), caption_to_image))
+    expected.update(coco_fold_recalls(*fold_rankings(scores, caption_to_image, 5, 10),
+                                      caption_to_image))
     assert retrieval_metrics(scores, caption_to_image, num_folds=5) == expected
     # the fold ranking only ever returns items of the query's own fold
     i2t, _ = fold_rankings(scores, caption_to_image, 5, 10)
-    assert torch.equal(caption_to_image[i2t] // 10, (torch.arange(50) // 10)[:, None].expand(-1, 10))
+    assert torch.equal(caption_to_image[i2t] // 10,
+                       (torch.arange(50) // 10)[:, None].expand(-1, 10))

@@ -77,7 +77,8 @@ def test_a_changed_image_weights_or_depth_misses_the_cache(dataset_root, tmp_pat
     first = _files(folder)
     cache = PrefixCache(folder)
     _evaluate(model, split, cache)
-    assert (cache.stats.served, cache.stats.stored) == (len(split.images) + len(split.classnames), 0)
+    assert (cache.stats.served, cache.stats.stored) == (
+        len(split.images) + len(split.classnames), 0)
 
     image = split.images[0]  # rewritten in place: same path, new size / mtime
     data = open(image, "rb").read()

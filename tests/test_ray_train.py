@@ -94,8 +94,8 @@ def test_killed_worker_resumes_and_matches_uninterrupted_run(tmp_path, ray_local
     # the worker died (epoch 2's report may still be in flight then, so 1 or 2)
     assert resumed.history[-1]["resumed_from_epoch"] in (1, 2)
     monkeypatch.delenv("VACSR_FAIL_ONCE")
-    straight = Trainer(load_config(overrides=BASE + ["train.epochs=3",
-                                                     f"train.output_dir={tmp_path / 'local'}"])).fit()
+    straight = Trainer(load_config(overrides=BASE + [
+        "train.epochs=3", f"train.output_dir={tmp_path / 'local'}"])).fit()
     _assert_same_run(straight, resumed)
 
     import mlflow
@@ -118,7 +118,8 @@ def test_killed_worker_resumes_and_matches_uninterrupted_run(tmp_path, ray_local
 
 
 def _reports(config, path) -> list[dict]:
-    """Fit a TorchTrainer for `config`; what its workers reported, as the Train controller saw it."""
+    """Fit a TorchTrainer for `config`; what its workers reported, as the Train controller saw
+    it."""
     import json
 
     from ray.train import UserCallback
@@ -128,7 +129,8 @@ def _reports(config, path) -> list[dict]:
     class Reports(UserCallback):  # runs in the Train controller: record to a file
         def after_report(self, run_context, metrics, checkpoint):
             with open(path, "a") as out:
-                out.write(json.dumps({"metrics": metrics[0], "checkpoint": bool(checkpoint)}) + "\n")
+                report = {"metrics": metrics[0], "checkpoint": bool(checkpoint)}
+                out.write(json.dumps(report) + "\n")
 
     build_torch_trainer(config, callbacks=[Reports()]).fit()
     return [json.loads(line) for line in Path(path).read_text().splitlines()]

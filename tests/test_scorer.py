@@ -81,7 +81,8 @@ def test_kernel_variants_equal_score_block(kwargs):
     torch.testing.assert_close(result.sigma, ref_sigma, atol=1e-5, rtol=1e-5)
     logits, sigma = ChunkedScorer(head, device="cpu").score_pairs(
         queries, items, torch.tensor([0, 8, 3, 3]), torch.tensor([29, 0, 5, 6]))
-    torch.testing.assert_close(logits, ref_logits[[0, 8, 3, 3], [29, 0, 5, 6]], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits, ref_logits[[0, 8, 3, 3], [29, 0, 5, 6]], atol=1e-5,
+                               rtol=1e-5)
     torch.testing.assert_close(sigma, ref_sigma[[0, 8, 3, 3], [29, 0, 5, 6]], atol=1e-5, rtol=1e-5)
 
 
@@ -112,8 +113,10 @@ def test_exact_ties_break_to_lower_index_across_chunks(query_chunk, item_chunk):
                                                         query_groups=query_groups,
                                                         item_groups=item_groups)
     assert result.query_topk.sigma is None
-    assert torch.equal(result.query_topk.indices, torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :6])
-    assert torch.equal(result.item_topk.indices, torch.sort(scores.T, dim=1, descending=True, stable=True).indices[:, :6])
+    assert torch.equal(result.query_topk.indices,
+                       torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :6])
+    assert torch.equal(result.item_topk.indices,
+                       torch.sort(scores.T, dim=1, descending=True, stable=True).indices[:, :6])
     same = query_groups[:, None] == item_groups[None, :]
     assert torch.equal(result.query_topk_grouped.indices, rank_topk(scores, 6, valid=same))
     assert torch.equal(result.item_topk_grouped.indices, rank_topk(scores.T, 6, valid=same.T))
@@ -132,7 +135,8 @@ def test_merge_topk_of_shards_equals_whole():
 def test_memory_plan_within_budget_and_flat_in_n():
     head = VariationalSimilarityAdapter(embed_dim=512)
     scorer = ChunkedScorer(head, device="cpu", memory_budget_bytes=64 * 2**20)
-    small, large = scorer.block_bytes(*scorer.plan(1000, 5000)), scorer.block_bytes(*scorer.plan(50000, 250000))
+    small = scorer.block_bytes(*scorer.plan(1000, 5000))
+    large = scorer.block_bytes(*scorer.plan(50000, 250000))
     assert max(small, large) <= 64 * 2**20
     assert 0.8 < large / small < 1.25  # the block does not grow with N
     tight = ChunkedScorer(head, device="cpu", memory_budget_bytes=8 * 2**20)
@@ -142,7 +146,8 @@ def test_memory_plan_within_budget_and_flat_in_n():
 def test_baseline_head_scores_without_sigma():
     head = SigmoidBaselineHead()
     queries, items = _features(12, 16, 10), _features(20, 16, 11)
-    result = ChunkedScorer(head, device="cpu", query_chunk=5, item_chunk=6).score(queries, items, k=4)
+    scorer = ChunkedScorer(head, device="cpu", query_chunk=5, item_chunk=6)
+    result = scorer.score(queries, items, k=4)
     ref, _ = head.score_block(queries, items)
     assert result.query_topk.sigma is None and result.item_topk.sigma is None
     assert torch.equal(result.query_topk.indices, rank_topk(ref, 4))
@@ -151,8 +156,10 @@ def test_baseline_head_scores_without_sigma():
 def test_bf16_precision_close_to_fp32():
     head = small_adapter(0, **HEAD)
     queries, items = _features(10, 32, 12), _features(25, 32, 13)
-    fp32 = ChunkedScorer(head, device="cpu", precision="fp32").score(queries, items, return_full=True)
-    bf16 = ChunkedScorer(head, device="cpu", precision="bf16").score(queries, items, return_full=True)
+    fp32 = ChunkedScorer(head, device="cpu", precision="fp32").score(queries, items,
+                                                                     return_full=True)
+    bf16 = ChunkedScorer(head, device="cpu", precision="bf16").score(queries, items,
+                                                                     return_full=True)
     spread = fp32.scores.std()
     assert (bf16.scores - fp32.scores).abs().max() < 0.05 * spread
     assert (fp32.query_topk.indices[:, 0] == bf16.query_topk.indices[:, 0]).float().mean() >= 0.8
@@ -181,7 +188,8 @@ def test_two_stage_with_all_candidates_equals_exact():
     assert approx.stats["pairs"] == 15 * 40
     for name in ("query_topk", "item_topk", "query_topk_grouped", "item_topk_grouped"):
         assert torch.equal(getattr(approx, name).indices, getattr(exact, name).indices), name
-    torch.testing.assert_close(approx.query_topk.sigma, exact.query_topk.sigma, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(approx.query_topk.sigma, exact.query_topk.sigma, atol=1e-5,
+                               rtol=1e-5)
 
 
 def test_two_stage_scores_only_the_candidate_union():
@@ -235,7 +243,8 @@ def test_evaluate_retrieval_matches_dense_metrics(tmp_path):
 
 
 def _reference_accuracy(scores: torch.Tensor, labels: torch.Tensor) -> float:
-    """Micro accuracy (percent) of the top-1 class; argmax keeps the first (lower) of tied maxima."""
+    """Micro accuracy (percent) of the top-1 class; argmax keeps the first (lower) of tied
+    maxima."""
     return 100.0 * (int((scores.argmax(dim=1) == labels).sum()) / len(labels))
 
 
@@ -281,6 +290,6 @@ def test_cosine_init_scored_as_the_adapter_scores_it(decoder):
     torch.testing.assert_close(sigma, ref_sigma[q_idx, g_idx], atol=1e-6, rtol=1e-5)
     staged = two_stage_score(scorer, queries, items, k=5, k_prime=8)
     rows = torch.arange(15)[:, None]
-    torch.testing.assert_close(staged.query_topk.scores, ref_logits[rows, staged.query_topk.indices],
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(staged.query_topk.scores,
+                               ref_logits[rows, staged.query_topk.indices], atol=1e-5, rtol=1e-5)
     assert torch.equal(staged.query_topk.indices, dense.query_topk.indices)  # cosine order

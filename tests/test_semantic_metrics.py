@@ -102,7 +102,8 @@ def test_partial_group_field_is_a_data_error(coco_root, tmp_path):
 # query has R = 2 positives: its own item and the other image of its group (or that one's caption).
 HAND_GROUPS = [0, 1, 0, 1]
 HAND_SCORES = torch.tensor([  # (images, captions); row i ranks the captions of image query i
-    [0.80, 0.90, 0.50, 0.10],  # i0: c1 c0 | c2 c3  rel 0 1 -> AP@R (0 + 1/2)/2 = 0.25, R-P 1/2, R@1 0
+    # i0: c1 c0 | c2 c3  rel 0 1 -> AP@R (0 + 1/2)/2 = 0.25, R-P 1/2, R@1 0
+    [0.80, 0.90, 0.50, 0.10],
     [0.20, 0.95, 0.30, 0.70],  # i1: c1 c3 | c2 c0  rel 1 1 -> 1, 1, 1
     [0.85, 0.00, 0.40, 0.60],  # i2: c0 c3 | c2 c1  rel 1 0 -> 0.5, 1/2, 1 (own caption only 3rd)
     [0.75, 0.35, 0.65, 0.05],  # i3: c0 c2 | c1 c3  rel 0 0 -> 0, 0, 0
@@ -180,7 +181,8 @@ class _ColourBackbone(nn.Module):
 
     def tokenize(self, texts) -> torch.Tensor:
         names = list(COLORS)
-        return torch.tensor([[names.index(next(w for w in t.split() if w in COLORS))] for t in texts])
+        return torch.tensor([[names.index(next(w for w in t.split() if w in COLORS))]
+                             for t in texts])
 
     def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
         rgb = torch.tensor(list(COLORS.values()), dtype=torch.float32)[tokens[:, 0]] / 255  # (b, 3)

@@ -12,7 +12,8 @@ def format_metrics(metrics: dict) -> str:
     """A two-column table of the numeric metrics, one per line."""
     rows = [(k, v) for k, v in metrics.items() if isinstance(v, (int, float))]
     width = max((len(k) for k, _ in rows), default=0)
-    return "\n".join(f"{k:<{width}}  {v:10.4f}" if isinstance(v, float) else f"{k:<{width}}  {v:>10}"
+    return "\n".join(f"{k:<{width}}  {v:10.4f}" if isinstance(v, float)
+                     else f"{k:<{width}}  {v:>10}"
                      for k, v in rows)
 
 

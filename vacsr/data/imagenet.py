@@ -7,8 +7,8 @@
 - imagenet-sketch/images/<wnid>/*: 1000 sorted wnid folders.
 - imagenet-adversarial/imagenet-a/<wnid>/* and imagenet-rendition/imagenet-r/<wnid>/*: the 200
   sorted wnid folders are the classes. As in CoOp, labels are 0..199 and the class names are those
-  200 (a 200-way classifier); `read_variant` also returns their ImageNet-1k indices, for callers that
-  evaluate with the 1000-way head instead.
+  200 (a 200-way classifier); `read_variant` also returns their ImageNet-1k indices, for callers
+  that evaluate with the 1000-way head instead.
 
 Each variant folder holds its own copy of classnames.txt (CoOp's instructions); when it is absent
 the one in imagenet/ is used.

@@ -132,7 +132,8 @@ class CachedTree:
 
 
 class _PlainData(pickle.Unpickler):
-    """A cache holds only dicts, lists, tuples, strings and ints: refuse any class (no code runs)."""
+    """A cache holds only dicts, lists, tuples, strings and ints: refuse any class (no code
+    runs)."""
 
     def find_class(self, module: str, name: str):
         raise pickle.UnpicklingError(f"unexpected object {module}.{name}")

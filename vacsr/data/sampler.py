@@ -34,7 +34,8 @@ class GlobalBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.shuffle:
-            order = torch.randperm(self.num_items, generator=torch.Generator().manual_seed(self.seed))
+            generator = torch.Generator().manual_seed(self.seed)
+            order = torch.randperm(self.num_items, generator=generator)
         else:
             order = torch.arange(self.num_items)
         local = self.global_batch // self.world_size

@@ -1,7 +1,8 @@
 """Ray Core and Ray Train: cluster connection, distributed training, the evaluation actors.
 
 Ray Tune lives with the sweep that uses it (vacsr/sweep/search/, vacsr/sweep/flow/); the library
-core (`vacsr.model`, `vacsr.train`, `vacsr.eval`, `vacsr.data`) never imports ray. Names are loaded lazily so that importing one submodule does not import the others.
+core (`vacsr.model`, `vacsr.train`, `vacsr.eval`, `vacsr.data`) never imports ray. Names are
+loaded lazily so that importing one submodule does not import the others.
 """
 from __future__ import annotations
 

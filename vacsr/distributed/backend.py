@@ -1,7 +1,8 @@
 """The torch.distributed setup of a Ray Train run: Ray's documented `TorchConfig`.
 
-Only the choice of process-group backend is ours (vacsr.compute_device.process_group_backend): NCCL where
-the workers compute on CUDA, gloo otherwise (gloo has no CUDA collectives, NCCL no CPU ones).
+Only the choice of process-group backend is ours (vacsr.compute_device.process_group_backend):
+NCCL where the workers compute on CUDA, gloo otherwise (gloo has no CUDA collectives, NCCL no CPU
+ones).
 """
 from __future__ import annotations
 

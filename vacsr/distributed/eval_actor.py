@@ -56,8 +56,9 @@ class EvalWorker:
                     return_full: bool = False, query_groups=None, item_groups=None) -> ScoreResult:
         """Score queries (global rows query_offset..) against the held items; the item-direction
         top-k holds global query indices so that the driver can merge shards directly."""
-        result = self.scorer.score(queries, self.items, k=k, k_items=k_items, return_full=return_full,
-                                   query_groups=query_groups, item_groups=item_groups)
+        result = self.scorer.score(queries, self.items, k=k, k_items=k_items,
+                                   return_full=return_full, query_groups=query_groups,
+                                   item_groups=item_groups)
         for topk in (result.item_topk, result.item_topk_grouped):
             if topk is not None:
                 topk.indices = torch.where(topk.indices >= 0, topk.indices + query_offset, -1)
@@ -157,7 +158,8 @@ class EvalPool:
         self._sync_items(items)
         queries_ref = ray.put(queries.detach().cpu())
         bounds = _shard_bounds(len(query_index), len(self.actors))
-        parts = ray.get([actor.score_pairs.remote(queries_ref, query_index[lo:hi], item_index[lo:hi])
+        parts = ray.get([actor.score_pairs.remote(queries_ref, query_index[lo:hi],
+                                                  item_index[lo:hi])
                          for actor, (lo, hi) in zip(self.actors, bounds)])
         logits = torch.cat([p[0] for p in parts])
         sigma = None if any(p[1] is None for p in parts) else torch.cat([p[1] for p in parts])

@@ -3,7 +3,8 @@ hooks (`vacsr.distributed.worker.RayTrainRun`) and of the one-worker Tune trial'
 (`vacsr.sweep.search.trial_run.TuneTrialRun`). Either restores from the checkpoint Ray reported
 last, reports every epoch with its checkpoint (written to a scratch folder in the run's own
 folder, which Ray copies into its storage), reports a restored finished run's result again, and
-continues its MLflow run when restarted. What differs is Ray's API (`ray.train` or `tune`), when the report goes out, and ranks.
+continues its MLflow run when restarted. What differs is Ray's API (`ray.train` or `tune`), when
+the report goes out, and ranks.
 """
 from __future__ import annotations
 

@@ -113,9 +113,9 @@ def eccv_caption_metrics(i2t_ranked: torch.Tensor, t2i_ranked: torch.Tensor, ima
     return result
 
 
-def cxc_recalls(i2t_ranked: torch.Tensor, t2i_ranked: torch.Tensor, image_ids=None, caption_ids=None,
-                ks: Sequence[int] = (1, 5, 10), ground_truth: CocoTestGroundTruth | None = None
-                ) -> dict[str, float]:
+def cxc_recalls(i2t_ranked: torch.Tensor, t2i_ranked: torch.Tensor, image_ids=None,
+                caption_ids=None, ks: Sequence[int] = (1, 5, 10),
+                ground_truth: CocoTestGroundTruth | None = None) -> dict[str, float]:
     """CxC R@K (percent) with the extended positives, both directions, and their sum."""
     ground_truth, ids = _ids(ground_truth, image_ids, caption_ids)
     result = {}

@@ -38,7 +38,8 @@ class AdapterKernel:
     (zero weights, bias 1, relu(1) = 1) whose fc2 column is the fc2 bias.
     """
 
-    def __init__(self, head: VariationalSimilarityAdapter, device: torch.device, dtype: torch.dtype):
+    def __init__(self, head: VariationalSimilarityAdapter, device: torch.device,
+                 dtype: torch.dtype):
         self.device, self.dtype = torch.device(device), dtype
         self.k, self.latent = head.num_components, head.latent_dim
         self.bounded = head.bounded_sigma
@@ -82,20 +83,22 @@ class AdapterKernel:
 
     def _fold_second_layer(self, head, first: nn.Linear) -> torch.Tensor:
         """(O', H+1) rows [dec pre-acts (K*Dh) | logvar (K*L) | mix logits (K)], bias last."""
-        k, l = head.num_components, head.latent_dim
-        w2 = torch.cat([head.fc2.weight.double(), head.fc2.bias.double()[:, None]], 1)  # (K(2L+1), H+1)
+        k, latent = head.num_components, head.latent_dim
+        # fc2 with its bias as the last column: (K(2L+1), H+1)
+        w2 = torch.cat([head.fc2.weight.double(), head.fc2.bias.double()[:, None]], 1)
         wd, bd = first.weight.double(), first.bias.double()  # (Dh, L), (Dh,)
         rows = []
         for c in range(k):  # decoder's first Linear composed with the mu rows of component c
-            block = wd @ w2[c * l:(c + 1) * l]  # (Dh, H+1)
+            block = wd @ w2[c * latent:(c + 1) * latent]  # (Dh, H+1)
             block[:, -1] += bd
             rows.append(block)
-        rows.append(w2[k * l:2 * k * l])  # (K*L, H+1) logvar rows
-        rows.append(w2[2 * k * l:])  # (K, H+1) mixture logits
+        rows.append(w2[k * latent:2 * k * latent])  # (K*L, H+1) logvar rows
+        rows.append(w2[2 * k * latent:])  # (K, H+1) mixture logits
         return torch.cat(rows)
 
     def _block_diagonal(self, layer: nn.Linear):
-        """A decoder Linear applied to all K components at once: (K*out, K*in) weight, (K*out,) bias."""
+        """A decoder Linear applied to all K components at once: (K*out, K*in) weight, (K*out,)
+        bias."""
         weight = torch.block_diag(*[layer.weight.detach().float()] * self.k)
         bias = layer.bias.detach().float().repeat(self.k)
         return weight.to(self.device), bias.to(self.device)
@@ -110,7 +113,8 @@ class AdapterKernel:
         return self._element() * (self.hidden + rows) + _FP32 * (rows + 6 * self.k + 4)
 
     def bytes_per_query(self) -> int:
-        return self._element() * self.w1.numel() + _FP32 * self.w1.numel()  # prepared block + fp32 temp
+        # prepared block + fp32 temp
+        return self._element() * self.w1.numel() + _FP32 * self.w1.numel()
 
     def bytes_per_item(self) -> int:
         return self._element() * self.w1.shape[1]  # augmented item row
@@ -121,7 +125,8 @@ class AdapterKernel:
         q = queries.to(self.device, torch.float32)
         with elementwise_threads(self.device):
             prepared = torch.empty(q.shape[0], self.hidden, q.shape[1] + 1, device=self.device)
-            torch.mul(q[:, None, :], self.w1_fp32[None, :, :-1], out=prepared[:, :, :-1])  # (Bq, H', d)
+            # each query times every first-layer row: (Bq, H', d)
+            torch.mul(q[:, None, :], self.w1_fp32[None, :, :-1], out=prepared[:, :, :-1])
             prepared[:, :, -1] = self.w1_fp32[None, :, -1]  # bias column
             return prepared.view(-1, q.shape[1] + 1).to(self.dtype)
 
@@ -138,7 +143,8 @@ class AdapterKernel:
 
     def dense_block(self, prepared_queries: torch.Tensor, prepared_items: torch.Tensor,
                     workspace: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """All pairs of Bq prepared queries x Nc prepared items -> logits, sigma_hat (Bq, Nc) float32.
+        """All pairs of Bq prepared queries x Nc prepared items -> logits, sigma_hat (Bq, Nc)
+        float32.
 
         Pairs are rows, item-major: row n*Bq + b is pair (query b, item n)."""
         num_q = prepared_queries.shape[0] // self.hidden
@@ -240,7 +246,8 @@ class GenericKernel:
         queries, items = queries.index_select(0, query_index), items.index_select(0, item_index)
         logits, sigma = [], []
         for start in range(0, queries.shape[0], 64):
-            q, g = queries[start:start + 64].to(self.device), items[start:start + 64].to(self.device)
+            q = queries[start:start + 64].to(self.device)
+            g = items[start:start + 64].to(self.device)
             block_logits, block_sigma = self.head.score_block(q, g)
             logits.append(block_logits.diagonal().float())
             sigma.append(None if block_sigma is None else block_sigma.diagonal().float())

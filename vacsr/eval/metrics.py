@@ -1,4 +1,5 @@
-"""Retrieval and classification metrics (paper appendix C.1: COCO R@K, ECCV Caption, CxC), exact to the official protocol.
+"""Retrieval and classification metrics (paper appendix C.1: COCO R@K, ECCV Caption, CxC), exact to
+the official protocol.
 
 Rankings are deterministic: scores descending, exact ties broken by the lower item index. Every
 metric can start from a dense score matrix or from top-k rankings (item indices, -1 = no item),
@@ -38,7 +39,8 @@ def sortable_high(scores: torch.Tensor) -> torch.Tensor:
 
 
 def decode_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of score_keys: keys (...) int64 -> (scores float32, columns long); -1 / -inf at sentinels."""
+    """Inverse of score_keys: keys (...) int64 -> (scores float32, columns long); -1 / -inf at
+    sentinels."""
     sortable = keys >> 32  # arithmetic shift: floor division by 2**32
     columns = _MAX_COLUMN - (keys & _MAX_COLUMN)
     bits = torch.where(sortable < 0, sortable ^ 0x7FFFFFFF, sortable).to(torch.int32)
@@ -113,10 +115,13 @@ class Positives:
         codes = torch.sort(pair_tensor[:, 0] * num_items + pair_tensor[:, 1]).values
         if counts is None:
             counts = [len(set(items)) for items in lists]
-        return cls(codes=codes, counts=torch.as_tensor(counts, dtype=torch.long), num_items=num_items)
+        return cls(codes=codes, counts=torch.as_tensor(counts, dtype=torch.long),
+                   num_items=num_items)
 
-    def relevance(self, ranked: torch.Tensor, query_index: torch.Tensor | None = None) -> torch.Tensor:
-        """ranked (N, k) item indices (-1 = none) of queries query_index (default 0..N-1) -> bool (N, k)."""
+    def relevance(self, ranked: torch.Tensor,
+                  query_index: torch.Tensor | None = None) -> torch.Tensor:
+        """ranked (N, k) item indices (-1 = none) of queries query_index (default 0..N-1) -> bool
+        (N, k)."""
         ranked = ranked.cpu().long()
         if query_index is None:
             query_index = torch.arange(ranked.shape[0])
@@ -162,7 +167,8 @@ def map_at_r(relevance: torch.Tensor, counts: torch.Tensor) -> tuple[np.ndarray,
 
 def coco_recalls(i2t_ranked: torch.Tensor, t2i_ranked: torch.Tensor, caption_to_image,
                  ks: Sequence[int] = (1, 5, 10), prefix: str = "") -> dict[str, float]:
-    """R@K both directions and RSUM from rankings: i2t (N_i, k) caption indices, t2i (N_c, k) image indices."""
+    """R@K both directions and RSUM from rankings: i2t (N_i, k) caption indices, t2i (N_c, k)
+    image indices."""
     caption_to_image = torch.as_tensor(np.asarray(caption_to_image), dtype=torch.long).cpu()
     num_images = i2t_ranked.shape[0]
     i2t_pos = Positives.from_assignment(caption_to_image, num_images)
@@ -177,7 +183,8 @@ def coco_recalls(i2t_ranked: torch.Tensor, t2i_ranked: torch.Tensor, caption_to_
     return result
 
 
-def fold_groups(caption_to_image, num_images: int, num_folds: int) -> tuple[torch.Tensor, torch.Tensor]:
+def fold_groups(caption_to_image, num_images: int,
+                num_folds: int) -> tuple[torch.Tensor, torch.Tensor]:
     """COCO 1K folds: image i in fold i // (N_i / folds), a caption in its image's fold."""
     if num_images % num_folds:
         raise ValueError(f"{num_images} images do not split into {num_folds} equal folds")
@@ -186,12 +193,13 @@ def fold_groups(caption_to_image, num_images: int, num_folds: int) -> tuple[torc
     return image_groups, caption_groups
 
 
-def coco_fold_recalls(i2t_fold_ranked: torch.Tensor, t2i_fold_ranked: torch.Tensor, caption_to_image,
-                      num_folds: int = 5, ks: Sequence[int] = (1, 5, 10),
+def coco_fold_recalls(i2t_fold_ranked: torch.Tensor, t2i_fold_ranked: torch.Tensor,
+                      caption_to_image, num_folds: int = 5, ks: Sequence[int] = (1, 5, 10),
                       prefix: str = "coco1k_") -> dict[str, float]:
     """COCO 1K: mean over folds of R@K, from rankings restricted to each query's own fold."""
     caption_to_image = torch.as_tensor(np.asarray(caption_to_image), dtype=torch.long).cpu()
-    image_groups, caption_groups = fold_groups(caption_to_image, i2t_fold_ranked.shape[0], num_folds)
+    image_groups, caption_groups = fold_groups(caption_to_image, i2t_fold_ranked.shape[0],
+                                               num_folds)
     positives = Positives.from_assignment(caption_to_image, len(image_groups))
     per_fold: dict[str, list[float]] = {}
     for fold in range(num_folds):
@@ -203,7 +211,8 @@ def coco_fold_recalls(i2t_fold_ranked: torch.Tensor, t2i_fold_ranked: torch.Tens
         for k in ks:
             per_fold.setdefault(f"i2t_r{k}", []).append(hit_fraction(i2t_rel, k))
             per_fold.setdefault(f"t2i_r{k}", []).append(hit_fraction(t2i_rel, k))
-    result = {f"{prefix}{name}": 100.0 * float(np.mean(values)) for name, values in per_fold.items()}
+    result = {f"{prefix}{name}": 100.0 * float(np.mean(values))
+              for name, values in per_fold.items()}
     result[f"{prefix}rsum"] = sum(result[f"{prefix}{d}_r{k}"] for d in ("i2t", "t2i") for k in ks)
     return result
 
@@ -233,7 +242,8 @@ def retrieval_metrics(scores: torch.Tensor, caption_to_image, ks=(1, 5, 10),
     """
     scores = scores.detach().cpu()
     depth = max(ks)
-    result = coco_recalls(rank_topk(scores, depth), rank_topk(scores.T, depth), caption_to_image, ks)
+    result = coco_recalls(rank_topk(scores, depth), rank_topk(scores.T, depth), caption_to_image,
+                          ks)
     if num_folds:
         i2t, t2i = fold_rankings(scores, caption_to_image, num_folds, depth)
         result.update(coco_fold_recalls(i2t, t2i, caption_to_image, num_folds, ks))

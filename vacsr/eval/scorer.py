@@ -71,7 +71,8 @@ class RunningTopK:
 
 def merge_topk(parts: list[TopK], k: int) -> TopK:
     """Merge several TopK of the same rows (e.g. query shards scored apart), deterministically."""
-    keys = torch.cat([score_keys(p.scores, p.indices.clamp(min=0)).masked_fill(p.indices < 0, INVALID_KEY)
+    keys = torch.cat([score_keys(p.scores, p.indices.clamp(min=0))
+                      .masked_fill(p.indices < 0, INVALID_KEY)
                       for p in parts], dim=1)
     k = min(k, keys.shape[1])
     top, pos = keys.topk(k, dim=1)
@@ -135,7 +136,8 @@ class ChunkedScorer:
             elif num_g > 16:
                 num_g //= 2
             else:
-                raise ValueError(f"memory budget {self.memory_budget_bytes} B is too small for one block")
+                raise ValueError(f"memory budget {self.memory_budget_bytes} B is too small for "
+                                 "one block")
         return num_q, num_g
 
     # ------------------------------------------------------------ dense walk
@@ -153,7 +155,8 @@ class ChunkedScorer:
         if grouped != (item_groups is not None):
             raise ValueError("give both query_groups and item_groups, or neither")
         bq, nc = self.plan(num_q, num_g, grouped)
-        walk = _Walk(self, num_q, num_g, min(k, num_g), min(k_items or k, num_q), grouped, return_full)
+        walk = _Walk(self, num_q, num_g, min(k, num_g), min(k_items or k, num_q), grouped,
+                     return_full)
         walk.workspace = self._workspace
         if grouped:
             walk.set_groups(query_groups, item_groups)
@@ -180,12 +183,14 @@ class ChunkedScorer:
     @torch.no_grad()
     def score_pairs(self, queries: torch.Tensor, items: torch.Tensor, query_index: torch.Tensor,
                     item_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Scores of listed pairs (query_index[p], item_index[p]) -> logits, sigma (P,) float32 CPU."""
+        """Scores of listed pairs (query_index[p], item_index[p]) -> logits, sigma (P,) float32
+        CPU."""
         dim = queries.shape[1]
         element = torch.finfo(self.dtype).bits // 8
         per_pair = self.kernel.bytes_per_pair() + element * (dim + 1) + 2 * 4 * dim + 16
         chunk = max(1, min(self.target_block_pairs * 2, self.memory_budget_bytes // per_pair))
-        queries, items = queries.to(self.device, torch.float32), items.to(self.device, torch.float32)
+        queries = queries.to(self.device, torch.float32)
+        items = items.to(self.device, torch.float32)
         query_index, item_index = query_index.to(self.device), item_index.to(self.device)
         logits, sigma = [], []
         for start in range(0, len(query_index), chunk):

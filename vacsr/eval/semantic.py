@@ -65,7 +65,8 @@ def group_positives(image_groups, caption_to_image) -> dict[str, GroupPositives]
 
 def semantic_depth(image_groups, caption_to_image) -> dict[str, int]:
     """Ranking depth each direction needs for exact mAP@R / R-P: the largest R."""
-    return {d: int(p.counts.max()) for d, p in group_positives(image_groups, caption_to_image).items()}
+    positives = group_positives(image_groups, caption_to_image)
+    return {d: int(p.counts.max()) for d, p in positives.items()}
 
 
 def semantic_metrics(i2t_ranked: torch.Tensor, t2i_ranked: torch.Tensor, image_groups,
@@ -89,5 +90,6 @@ def semantic_metrics(i2t_ranked: torch.Tensor, t2i_ranked: torch.Tensor, image_g
         result[f"{prefix}rprecision_{direction}"] = 100.0 * float(np.mean(rprecisions))
         result[f"{prefix}r1_{direction}"] = 100.0 * hit_fraction(relevance, 1)
     for name in ("map_at_r", "rprecision", "r1"):
-        result[f"{prefix}{name}"] = (result[f"{prefix}{name}_i2t"] + result[f"{prefix}{name}_t2i"]) / 2
+        result[f"{prefix}{name}"] = (result[f"{prefix}{name}_i2t"]
+                                     + result[f"{prefix}{name}_t2i"]) / 2
     return result

@@ -1,7 +1,7 @@
 """Two-stage scoring (an option of the chunked scorer, paper appendix D): cosine similarity picks
-the top-k' candidates of every query and of every item; the adapter scores only the union of those candidate pairs, and each row's
-top-k is taken among all scored pairs that involve it. Cost: N_q N_g cosine dot products plus about
-(N_q + N_g) k' adapter pairs instead of N_q N_g.
+the top-k' candidates of every query and of every item; the adapter scores only the union of those
+candidate pairs, and each row's top-k is taken among all scored pairs that involve it. Cost:
+N_q N_g cosine dot products plus about (N_q + N_g) k' adapter pairs instead of N_q N_g.
 """
 from __future__ import annotations
 
@@ -25,16 +25,19 @@ class CosineHead(nn.Module):
 def cosine_candidates(queries: torch.Tensor, items: torch.Tensor, k_prime: int, *, device=None,
                       memory_budget_bytes: int = 256 * 2**20, query_groups=None,
                       item_groups=None) -> ScoreResult:
-    """Top-k' by cosine in both directions (and within groups when given), chunked like the adapter."""
+    """Top-k' by cosine in both directions (and within groups when given), chunked like the
+    adapter."""
     scorer = ChunkedScorer(CosineHead(), device=device, precision="fp32",
                            memory_budget_bytes=memory_budget_bytes,
-                           target_block_pairs=2**20, max_item_chunk=8192)  # a cheap head: big blocks
+                           # a cheap head: big blocks
+                           target_block_pairs=2**20, max_item_chunk=8192)
     return scorer.score(queries, items, k=k_prime, k_items=k_prime,
                         query_groups=query_groups, item_groups=item_groups)
 
 
 def candidate_pairs(candidates: ScoreResult, num_items: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Union of the candidate pairs of every top-k' list -> (query index, item index), sorted, unique."""
+    """Union of the candidate pairs of every top-k' list -> (query index, item index), sorted,
+    unique."""
     codes = []
     for topk, items_are_rows in ((candidates.query_topk, False), (candidates.item_topk, True),
                                  (candidates.query_topk_grouped, False),

@@ -27,7 +27,8 @@ def pearson(x, y) -> float:
 
 
 def binned_recall(sigma, correct, num_bins: int = 10, value_range=None) -> dict:
-    """sigma (N,) top-1 sigma_hat, correct (N,) bool -> per-bin count and R@1 (percent, nan if empty).
+    """sigma (N,) top-1 sigma_hat, correct (N,) bool -> per-bin count and R@1 (percent, nan if
+    empty).
 
     Bins are equal-width over value_range (default: observed min..max), the last one closed.
     """

@@ -1,8 +1,8 @@
 """The variational similarity adapter (paper section 3.1, Fig. 2) and the baseline head.
 
-A pair (v_i, t_j) meets through the Hadamard product s_ij = d * (v_i * t_j). The encoder maps s_ij to
-a K-component Gaussian mixture over a latent z; the decoder maps z to a match logit; sigma_hat is the
-pair's bounded uncertainty. The first encoder layer is evaluated in GEMM form,
+A pair (v_i, t_j) meets through the Hadamard product s_ij = d * (v_i * t_j). The encoder maps s_ij
+to a K-component Gaussian mixture over a latent z; the decoder maps z to a match logit; sigma_hat
+is the pair's bounded uncertainty. The first encoder layer is evaluated in GEMM form,
 W1 s_ij = d * (W1 diag(v_i)) t_j, so the (B, B', d) tensor of similarity vectors never exists.
 
 logvar is kept in [-logvar_bound, logvar_bound] by a smooth bound (b * tanh(x / b)): the uncertainty
@@ -100,8 +100,9 @@ class VariationalSimilarityAdapter(nn.Module):
         gain = math.sqrt(self.embed_dim)  # unit-norm rows: +-gain * sum(s) / d = +-gain * cos
         self.fc1.weight[:2] = plus_minus[:, None] * (gain / self.embed_dim)  # (2, d)
         self.fc1.bias[:2] = 0.0
-        k, l = self.num_components, self.latent_dim
-        mu_rows = torch.arange(k) * l  # mu_k0 of every component (fc2 rows are [mu | logvar | alpha])
+        k, latent = self.num_components, self.latent_dim
+        # mu_k0 of every component (fc2 rows are [mu | logvar | alpha])
+        mu_rows = torch.arange(k) * latent
         self.fc2.weight[mu_rows] = 0.0
         self.fc2.weight[mu_rows, :2] = plus_minus * (logit_scale / gain)  # mu_k0 = scale * cos
         self.fc2.bias[mu_rows] = 0.0
@@ -135,11 +136,11 @@ class VariationalSimilarityAdapter(nn.Module):
     def encode_hidden(self, hidden: torch.Tensor):
         """(..., H) first-layer pre-activations -> mu, logvar (..., K, L) and alpha (..., K)."""
         out = self.fc2(F.relu(hidden))  # (..., K*(2L+1))
-        k, l = self.num_components, self.latent_dim
-        mu, logvar, mix_logits = out.split([k * l, k * l, k], dim=-1)
-        mu = mu.unflatten(-1, (k, l))
+        k, latent = self.num_components, self.latent_dim
+        mu, logvar, mix_logits = out.split([k * latent, k * latent, k], dim=-1)
+        mu = mu.unflatten(-1, (k, latent))
         bound = self.logvar_bound  # smooth, keeps gradients: see module docstring
-        logvar = bound * torch.tanh(logvar.unflatten(-1, (k, l)) / bound)
+        logvar = bound * torch.tanh(logvar.unflatten(-1, (k, latent)) / bound)
         return mu, logvar, torch.softmax(mix_logits, dim=-1)
 
     def encode_pairs(self, similarity: torch.Tensor):
@@ -189,8 +190,8 @@ class VariationalSimilarityAdapter(nn.Module):
     def flops_per_pair(self) -> int:
         """Multiply-adds x2 of one pair's score (first layer GEMM, second layer, decoder)."""
         hidden = self.fc1.weight.shape[0]
-        k, l = self.num_components, self.latent_dim
-        flops = 2 * self.embed_dim * hidden + 2 * hidden * k * (2 * l + 1)
+        k, latent = self.num_components, self.latent_dim
+        flops = 2 * self.embed_dim * hidden + 2 * hidden * k * (2 * latent + 1)
         for layer in (m for m in self.decoder.modules() if isinstance(m, nn.Linear)):
             flops += 2 * k * layer.in_features * layer.out_features
         return flops

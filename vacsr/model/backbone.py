@@ -34,8 +34,8 @@ def _resolve_pretrained(name: str, pretrained: str | None) -> str | None:
         return str(Path(pretrained).expanduser().resolve())
     tags = open_clip.list_pretrained_tags_by_model(name)
     if pretrained not in tags:
-        raise ConfigError(f"model.pretrained: {pretrained!r} is neither a local weights file nor an "
-                          f"open_clip tag of {name} (tags: {', '.join(tags) or 'none'})")
+        raise ConfigError(f"model.pretrained: {pretrained!r} is neither a local weights file "
+                          f"nor an open_clip tag of {name} (tags: {', '.join(tags) or 'none'})")
     return pretrained
 
 

@@ -2,8 +2,8 @@
 semantic embedding"), as the PCME++ retrieval recipe the paper follows uses it (appendix C.2).
 
 Per feature dimension the valid tokens are sorted in descending order; a bidirectional GRU over
-sinusoidal encodings of the sorted positions yields one weight per position (softmax of score / 0.1),
-and the pooled feature is the weighted sum of the sorted values.
+sinusoidal encodings of the sorted positions yields one weight per position (softmax of
+score / 0.1), and the pooled feature is the weighted sum of the sorted values.
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from vacsr.model.adapter import AdapterOutput
 
 
-def kl_upper_bound(mu: torch.Tensor, logvar: torch.Tensor, mix_weights: torch.Tensor) -> torch.Tensor:
+def kl_upper_bound(mu: torch.Tensor, logvar: torch.Tensor,
+                   mix_weights: torch.Tensor) -> torch.Tensor:
     """sum_k alpha_k KL(N(mu_k, var_k) || N(0, I)) per pair (appendix B.2 bound).
 
     mu, logvar (..., K, L), mix_weights (..., K) -> (...).

@@ -1,10 +1,10 @@
 """Contrastive (CLIP) pretraining of a small open_clip model on synthetic data.
 
-Real runs start from pretrained CLIP weights; a randomly initialised tiny model has no discriminative
-features, and hardest-negative objectives such as L_sigma^N collapse from such a start (as VSE++
-reports for its max-of-hinges loss). The demo and the tests therefore first pretrain the tiny model
-with the InfoNCE loss and hand the result to vacsr as a local weights file, the same path a user's
-own checkpoint takes.
+Real runs start from pretrained CLIP weights; a randomly initialised tiny model has no
+discriminative features, and hardest-negative objectives such as L_sigma^N collapse from such a
+start (as VSE++ reports for its max-of-hinges loss). The demo and the tests therefore first
+pretrain the tiny model with the InfoNCE loss and hand the result to vacsr as a local weights
+file, the same path a user's own checkpoint takes.
 
 The loop runs on one intra-op thread: its matrices are a few dozen wide, so a second thread mostly
 waits (measured on 2 cores: 40% more CPU-seconds for 15% less wall time), and one thread gives the

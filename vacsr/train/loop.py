@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -39,21 +38,9 @@ from vacsr.train.precision import STATE_KEY, check_resume_precision, run_precisi
 from vacsr.train.run_files import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE
 from vacsr.train.run_folder import FRESH_START, RESUME_HINT, lock_run_folder
 from vacsr.train.run_hooks import OpenLogger, RunHooks
+from vacsr.train.run_result import TrainResult
 
 EpochCallback = Callable[[int, dict, Path], None]
-
-
-@dataclass
-class TrainResult:
-    history: list[dict] = field(default_factory=list)  # one metrics dict per epoch
-    final_metrics: dict = field(default_factory=dict)
-    checkpoint: Path | None = None
-
-    @classmethod
-    def of_history(cls, history: list[dict], checkpoint: Path | None) -> TrainResult:
-        """A run's result from its history: the final metrics are its last epoch's."""
-        return cls(history=history, final_metrics=history[-1] if history else {},
-                   checkpoint=checkpoint)
 
 
 class Trainer:
@@ -101,7 +88,8 @@ class Trainer:
 
     def train_dataset(self):
         backbone = self.model.backbone
-        transform = backbone.train_transform if self.config.data.augment else backbone.eval_transform
+        transform = (backbone.train_transform if self.config.data.augment
+                     else backbone.eval_transform)
         return self.task.train_dataset(self.splits["train"], transform)
 
     def train_loader(self, epoch: int, dataset=None, rank: int = 0, world_size: int = 1):

@@ -15,6 +15,21 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from vacsr.train.checkpoint import save_checkpoint
+from vacsr.train.run_result import TrainResult
+
+
+class RunTrainer(Protocol):
+    """What these hooks use of the run's `vacsr.train.loop.Trainer` (which imports this module,
+    so it is described here rather than imported)."""
+
+    run_tags: dict[str, Any]  # the run's MLflow tags
+
+    @property
+    def checkpoint_path(self) -> Path: ...
+
+    def state(self, epoch: int) -> dict: ...
+
+    def maybe_resume(self) -> bool: ...
 
 
 class RunLogger(Protocol):
@@ -36,37 +51,35 @@ class OpenLogger(Protocol):
 
 
 class RunHooks:
-    """A run in one process, by default: it resumes from and checkpoints to output_dir. (The
-    `Trainer` and `TrainResult` of the annotations are vacsr.train.loop's, which imports this
-    module.)"""
+    """A run in one process, by default: it resumes from and checkpoints to output_dir."""
 
     rank = 0  # the rank that evaluates, keeps the history and writes the run's files
     world_size = 1
     marks_resume = False  # add "resumed_from_epoch" to the metrics of a resumed run
 
-    def restore(self, trainer: Trainer) -> None:
+    def restore(self, trainer: RunTrainer) -> None:
         """Load the state the run continues from, if any (before anything is written)."""
         trainer.maybe_resume()
 
-    def loss_fn(self, trainer: Trainer) -> Callable | None:
+    def loss_fn(self, trainer: RunTrainer) -> Callable | None:
         """`loss_fn(batch, step_seed)` for `Trainer.train_epoch`; None: the local loss."""
         return None
 
     def before_epoch(self, epoch: int) -> None:
         pass
 
-    def after_epoch(self, trainer: Trainer, epoch: int, metrics: dict) -> Path | None:
+    def after_epoch(self, trainer: RunTrainer, epoch: int, metrics: dict) -> Path | None:
         """Checkpoint (and report) the finished epoch; the checkpoint's path, where local."""
         return save_checkpoint(trainer.checkpoint_path, trainer.state(epoch))
 
-    def after_logging(self, trainer: Trainer, epoch: int, metrics: dict) -> None:
+    def after_logging(self, trainer: RunTrainer, epoch: int, metrics: dict) -> None:
         """Called once the epoch is logged (history, MLflow): a report that can end the run at
         once (a Tune scheduler stopping the trial) belongs here, so the logs hold the epoch."""
 
-    def after_restored_finished_run(self, trainer: Trainer) -> None:
+    def after_restored_finished_run(self, trainer: RunTrainer) -> None:
         """Called when the restored state had trained every epoch already."""
 
-    def open_logger(self, trainer: Trainer, opener: OpenLogger | None) -> RunLogger | None:
+    def open_logger(self, trainer: RunTrainer, opener: OpenLogger | None) -> RunLogger | None:
         """The run's logger from the caller's `opener` (None: the run logs nothing), opened
         after `restore`: a restarted worker continues the run it logged to."""
         if opener is None:
@@ -74,7 +87,7 @@ class RunHooks:
         return opener(resume=self.tracking_resume(trainer),
                       tags={**trainer.run_tags, **self.tracking_tags()})
 
-    def tracking_resume(self, trainer: Trainer) -> bool | None:
+    def tracking_resume(self, trainer: RunTrainer) -> bool | None:
         """Whether MLflow continues the output folder's run (None: config.train.resume)."""
         return None
 
