@@ -7,10 +7,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vacsr.config import LOSS_REDUCTIONS
 from vacsr.model.adapter import AdapterOutput
 
 
-def kl_upper_bound(mu: torch.Tensor, logvar: torch.Tensor, mix_weights: torch.Tensor) -> torch.Tensor:
+def kl_upper_bound(mu: torch.Tensor, logvar: torch.Tensor,
+                   mix_weights: torch.Tensor) -> torch.Tensor:
     """sum_k alpha_k KL(N(mu_k, var_k) || N(0, I)) per pair (appendix B.2 bound).
 
     mu, logvar (..., K, L), mix_weights (..., K) -> (...).
@@ -62,7 +64,6 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / count
 
 
-REDUCTIONS = ("pair_mean", "per_query", "balanced")
 NEG_COLUMNS = ("all", "with_positive")
 
 
@@ -87,7 +88,8 @@ def _reduce(recon, sigma_pos, sigma_neg, positives, row_mask, col_mask, reductio
         return (recon.sum() / rows, (sigma_pos * positives).sum() / rows,
                 ((sigma_neg * row_mask).sum() + (sigma_neg * col_mask).sum()) / rows)
     else:
-        raise ValueError(f"reduction: expected one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+        raise ValueError(f"reduction: expected one of {', '.join(LOSS_REDUCTIONS)}, "
+                         f"got {reduction!r}")
     l_pos = _masked_mean(sigma_pos, positives)
     # Both directions: a pair hardest for its row and for its column counts twice.
     num_neg = row_mask.sum() + col_mask.sum()
