@@ -5,7 +5,7 @@ as some proxies take it) and in query parameters whose names say so (`?token=`, 
 `X-Amz-Signature`, `api_key`, ...). The config holds the URI as given (a run needs it); every copy
 that leaves the process (console lines, log records, MLflow params and artifacts, config.yaml,
 checkpoints, state files) is the redacted form, and MLflow gets user and password through its own
-environment variables (vacsr/records/tracker.py).
+environment variables (vacsr/records/client.py).
 """
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vacsr.config import LOSS_REDUCTIONS
 from vacsr.model.adapter import AdapterOutput
 
 
@@ -63,7 +64,6 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / count
 
 
-REDUCTIONS = ("pair_mean", "per_query", "balanced")
 NEG_COLUMNS = ("all", "with_positive")
 
 
@@ -88,7 +88,8 @@ def _reduce(recon, sigma_pos, sigma_neg, positives, row_mask, col_mask, reductio
         return (recon.sum() / rows, (sigma_pos * positives).sum() / rows,
                 ((sigma_neg * row_mask).sum() + (sigma_neg * col_mask).sum()) / rows)
     else:
-        raise ValueError(f"reduction: expected one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+        raise ValueError(f"reduction: expected one of {', '.join(LOSS_REDUCTIONS)}, "
+                         f"got {reduction!r}")
     l_pos = _masked_mean(sigma_pos, positives)
     # Both directions: a pair hardest for its row and for its column counts twice.
     num_neg = row_mask.sum() + col_mask.sum()

@@ -7,6 +7,9 @@ without the driver's dependencies fails at once in the sweep script's import gua
 - `tracker`: `MlflowTracker`, one MLflow run driven through `MlflowClient` and its run id;
   `open_tracker`, the one way vacsr makes a tracker (and so a client); `start_recorded`, the one
   crash-safe start of a run (key recorded, run created, id recorded) for every run.
+- `names`: the tags of vacsr's runs, MLflow's limits, metric and param names as MLflow takes them.
+- `client`: a tracker's MLflow client, its credentials in MLflow's environment variables and
+  each call held past a stop signal.
 - `logger`: `mlflow_logger(config)`, the opener of a run's MLflow run that a trainer is handed.
 - `callback`: `TrackingCallback`, the picklable per-epoch callback for `Trainer.fit(callbacks=...)`;
   its training folder's mlflow_run.json records its run.
@@ -22,7 +25,7 @@ opens on its runs; a parent run per sweep, a child run per dataset and a child p
 (1-based, the "epoch" entry of the history); `best_*` metrics at the end.
 
 Names are loaded on first use: importing a submodule that needs no MLflow (sweep_state,
-artifacts, logger, uri) does not import mlflow.
+artifacts, logger, uri, names) does not import mlflow.
 """
 from __future__ import annotations
 
@@ -30,11 +33,12 @@ import importlib
 
 _MODULES = {
     "vacsr.records.callback": ("RUN_STATE_FILE", "TrackingCallback", "best_entry"),
-    "vacsr.records.tracker": (
+    "vacsr.records.names": (
         "ARTIFACTS_DIR", "EXPERIMENT_KIND", "EXPERIMENT_KIND_TAG", "MAX_KEY_LENGTH",
         "MAX_METRICS_PER_BATCH", "MAX_PARAM_VALUE_LENGTH", "MAX_PARAMS_PER_BATCH",
-        "PARAMS_CHANGED_TAG", "PARENT_TAG", "RUN_KEY_TAG", "MlflowTracker", "RunRecord",
-        "metric_name", "new_run_key", "numeric_metrics", "open_tracker", "param_value"),
+        "PARAMS_CHANGED_TAG", "PARENT_TAG", "RUN_KEY_TAG", "metric_name", "new_run_key",
+        "numeric_metrics", "param_value"),
+    "vacsr.records.tracker": ("MlflowTracker", "RunRecord", "open_tracker"),
     "vacsr.records.uri": ("DB_NAME", "DB_PORTS", "TRACKING_URI_ENV", "check_tracking_uri",
                           "redact_uri", "resolve_tracking_uri", "sqlite_path"),
     "vacsr.records.logger": ("mlflow_logger",),

@@ -14,7 +14,8 @@ from vacsr.atomic import atomic_write_json
 from vacsr.config import Config
 from vacsr.errors import ConfigError
 from vacsr.plots import plot_training_curves
-from vacsr.records.tracker import RUN_KEY_TAG, MlflowTracker, open_tracker
+from vacsr.records.names import RUN_KEY_TAG
+from vacsr.records.tracker import MlflowTracker, open_tracker
 from vacsr.records.uri import _absolute, check_tracking_uri, redact_uri, resolve_tracking_uri
 from vacsr.train.run_files import METRICS_FILE
 

@@ -19,8 +19,9 @@ from typing import Any
 from mlflow.entities import Metric, RunTag
 
 from vacsr.errors import ConfigError
+from vacsr.records.names import PARENT_TAG
 from vacsr.records.sweep_state import SweepState, start_recorded_run
-from vacsr.records.tracker import PARENT_TAG, MlflowTracker, open_tracker
+from vacsr.records.tracker import MlflowTracker, open_tracker
 from vacsr.records.uri import redact_uri, resolve_tracking_uri
 
 SWEEP_TAG = "vacsr.sweep"  # every run of the sweep but its trials' and seeds'

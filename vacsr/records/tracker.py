@@ -6,14 +6,10 @@ repeats or loses an epoch and never trips over MLflow's refusal to change a para
 """
 from __future__ import annotations
 
-import functools
 import logging
-import numbers
-import os
 import re
 import tempfile
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,7 +20,23 @@ from mlflow.exceptions import MlflowException
 
 from vacsr.config import Config, public_dict, save_config
 from vacsr.errors import ConfigError
+from vacsr.records.client import HeldClient, client_uri
 from vacsr.records.client_settings import apply_client_settings
+from vacsr.records.names import (
+    ARTIFACTS_DIR,
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    MAX_METRICS_PER_BATCH,
+    MAX_PARAMS_PER_BATCH,
+    PARAMS_CHANGED_TAG,
+    PARENT_TAG,
+    RUN_KEY_TAG,
+    chunks,
+    metric_name,
+    new_run_key,
+    numeric_metrics,
+    param_value,
+)
 from vacsr.records.uri import (
     _absolute,
     redact_uri,
@@ -32,78 +44,9 @@ from vacsr.records.uri import (
     sqlite_path,
     store_creation_lock,
 )
-from vacsr.redact import split_credentials
-from vacsr.stop import signals_held
 from vacsr.train.run_files import CONFIG_FILE
 
 log = logging.getLogger(__name__)
-
-ARTIFACTS_DIR = "mlartifacts"  # next to the SQLite file, like `mlflow server`'s default
-PARENT_TAG = "mlflow.parentRunId"
-MLFLOW_USER_ENV, MLFLOW_PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
-PARAMS_CHANGED_TAG = "vacsr.params_changed_on_resume"
-# A run's name for its owner, recorded (state file) before MLflow creates the run: a process killed
-# after MLflow committed the run but before the owner recorded its id finds the run by this tag
-# when it restarts, instead of opening a second one beside it.
-RUN_KEY_TAG = "vacsr.run_key"
-# The experiment kind MLflow 3.x's UI reads to choose between its GenAI views (traces) and its
-# model-training views (runs, charts). 3.17's UI follows its sidebar switch instead (a link can
-# carry `?workflowType=machine_learning`), but the tag still marks what the experiment holds.
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-EXPERIMENT_KIND = "custom_model_development"
-# MLflow's limits (mlflow.utils.validation); exceeding them makes log_batch fail.
-MAX_KEY_LENGTH = 250
-MAX_PARAM_VALUE_LENGTH = 6000
-MAX_PARAMS_PER_BATCH = 100
-MAX_METRICS_PER_BATCH = 1000
-
-
-_BAD_NAME_CHARS = re.compile(r"[^\w./\- ]")  # MLflow also allows ":" except on Windows
-
-
-def metric_name(key: Any) -> str:
-    """`key` as a name MLflow accepts: allowed characters, no empty, "." or ".." path parts."""
-    name = _BAD_NAME_CHARS.sub("_", str(key))
-    parts = ["__" if part == ".." else part for part in name.split("/") if part not in ("", ".")]
-    return "/".join(parts)[:MAX_KEY_LENGTH].rstrip("/") or "_"
-
-
-def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The numeric entries of `metrics` under sanitised names (bools and strings dropped)."""
-    out = {}
-    for key, value in metrics.items():
-        if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # numpy / torch scalar
-            value = value.item()
-        if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            out[metric_name(key)] = float(value)
-    return out
-
-
-def param_value(value: Any) -> str:
-    """A config value as the string MLflow stores ("None", "[15]"), cut to MLflow's limit."""
-    return str(value)[:MAX_PARAM_VALUE_LENGTH]
-
-
-def _chunks(items: list, size: int) -> list[list]:
-    return [items[start:start + size] for start in range(0, len(items), size)]
-
-
-def client_uri(uri: str) -> str:
-    """The URI MLflow's client gets: without `user:password@`, which MLflow would print in its
-    "View run" lines; the credentials go to MLflow's own MLFLOW_TRACKING_USERNAME /
-    MLFLOW_TRACKING_PASSWORD variables of this process (Ray workers build their own tracker
-    from the config, so they set theirs)."""
-    bare, user, password = split_credentials(uri)
-    if user is not None:
-        os.environ[MLFLOW_USER_ENV] = user
-    if password is not None:
-        os.environ[MLFLOW_PASSWORD_ENV] = password
-    return bare
-
-
-def new_run_key() -> str:
-    """A key for RUN_KEY_TAG."""
-    return uuid.uuid4().hex
 
 
 class RunRecord(Protocol):
@@ -128,26 +71,6 @@ def open_tracker(tracking_uri: str | None = None, run_id: str | None = None) -> 
     if run_id is not None:
         tracker.resume(run_id)
     return tracker
-
-
-class HeldClient:
-    """An MlflowClient whose calls each end before a stop signal (SIGTERM, Ctrl-C in `vacsr
-    train`) is raised: a write cut off inside its SQLite transaction would keep the store locked
-    and the run could not be closed as KILLED (vacsr.stop.signals_held)."""
-
-    def __init__(self, client: MlflowClient) -> None:
-        self._client = client
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._client, name)
-        if not callable(value):
-            return value
-
-        @functools.wraps(value)
-        def held(*args, **kwargs):
-            with signals_held():
-                return value(*args, **kwargs)
-        return held
 
 
 # ---------------------------------------------------------------- one MLflow run
@@ -305,7 +228,7 @@ class MlflowTracker:
             self._params = dict(self.client.get_run(run_id).data.params) if self._read_store else {}
         values = {metric_name(k): param_value(v) for k, v in params.items()}
         new = [Param(k, v) for k, v in values.items() if k not in self._params]
-        for chunk in _chunks(new, MAX_PARAMS_PER_BATCH):
+        for chunk in chunks(new, MAX_PARAMS_PER_BATCH):
             self.client.log_batch(run_id, params=chunk)
         self._params.update((p.key, p.value) for p in new)
         changed = sorted(k for k, v in values.items() if self._params[k] != v)
@@ -341,7 +264,7 @@ class MlflowTracker:
         run_id, now = self._require_run(), int(time.time() * 1000)
         batch = [Metric(k, v, now, step) for k, v in metrics.items()
                  if step not in self._logged_steps(k)]
-        for chunk in _chunks(batch, MAX_METRICS_PER_BATCH):
+        for chunk in chunks(batch, MAX_METRICS_PER_BATCH):
             self.client.log_batch(run_id, metrics=chunk)
         for metric in batch:
             self._steps[metric.key].add(step)

@@ -1,13 +1,13 @@
 """Where a run computes in bf16 (paper appendix C.2: mixed precision on GPU).
 
-One decision per run, from the device and two switches: `train.amp` (bf16 autocast, on by
-default) and `train.amp_on_cpu` (let autocast run on a CPU as well: off by default, since on the
-CPUs measured it is slower than fp32, see README "Mixed precision"; on, it runs the GPU's bf16
-path where no GPU is). Under autocast the backbone (GPO included) computes in bf16; the adapter
-and the losses run in fp32 over the gathered batch (Trainer.compute_loss); evaluation encodes
-under the same autocast and the scorer's GEMMs follow the run (bf16 or fp32). A checkpoint
-records its precision, and a resume in another precision is refused: it would not reproduce
-the run it continues.
+One decision per run, from the device and two switches: `train.amp` (bf16 autocast, on by default)
+and `train.amp_on_cpu` (let autocast run on a CPU as well: off by default, since on the CPUs
+measured it is slower than fp32, see docs/performance.md, "Mixed precision on a CPU"; on, it runs
+the GPU's bf16 path where no GPU is). Under autocast the backbone (GPO included) computes in bf16;
+the adapter and the losses run in fp32 over the gathered batch (Trainer.compute_loss); evaluation
+encodes under the same autocast and the scorer's GEMMs follow the run (bf16 or fp32). A checkpoint
+records its precision, and a resume in another precision is refused: it would not reproduce the run
+it continues.
 """
 from __future__ import annotations
 

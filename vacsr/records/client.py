@@ -1,0 +1,47 @@
+"""How a tracker reaches MLflow's client: its credentials moved from the URI to MLflow's own
+environment variables, and each client call held past a stop signal."""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from mlflow import MlflowClient
+
+from vacsr.redact import split_credentials
+from vacsr.stop import signals_held
+
+MLFLOW_USER_ENV, MLFLOW_PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
+
+
+def client_uri(uri: str) -> str:
+    """The URI MLflow's client gets: without `user:password@`, which MLflow would print in its
+    "View run" lines; the credentials go to MLflow's own MLFLOW_TRACKING_USERNAME /
+    MLFLOW_TRACKING_PASSWORD variables of this process (Ray workers build their own tracker
+    from the config, so they set theirs)."""
+    bare, user, password = split_credentials(uri)
+    if user is not None:
+        os.environ[MLFLOW_USER_ENV] = user
+    if password is not None:
+        os.environ[MLFLOW_PASSWORD_ENV] = password
+    return bare
+
+
+class HeldClient:
+    """An MlflowClient whose calls each end before a stop signal (SIGTERM, Ctrl-C in `vacsr
+    train`) is raised: a write cut off inside its SQLite transaction would keep the store locked
+    and the run could not be closed as KILLED (vacsr.stop.signals_held)."""
+
+    def __init__(self, client: MlflowClient) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._client, name)
+        if not callable(value):
+            return value
+
+        @functools.wraps(value)
+        def held(*args, **kwargs):
+            with signals_held():
+                return value(*args, **kwargs)
+        return held
