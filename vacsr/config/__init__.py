@@ -19,6 +19,7 @@ from vacsr.config.schema import (
     ADAPTER_INITS,
     ADAPTER_KINDS,
     BACKBONE_GRADS,
+    LOSS_NEG_COLUMNS,
     LOSS_REDUCTIONS,
     MAX_CAPTIONS_PER_IMAGE,
     MAX_IMAGE_SIZE,
@@ -47,7 +48,7 @@ from vacsr.config.yaml_reader import (
 )
 
 __all__ = [
-    "ADAPTER_INITS", "ADAPTER_KINDS", "BACKBONE_GRADS", "LOSS_REDUCTIONS",
+    "ADAPTER_INITS", "ADAPTER_KINDS", "BACKBONE_GRADS", "LOSS_NEG_COLUMNS", "LOSS_REDUCTIONS",
     "MAX_CAPTIONS_PER_IMAGE", "MAX_CONFIG_BYTES", "MAX_IMAGE_SIZE", "MAX_SEED", "MAX_SHOWN_CHARS",
     "MAX_SPLIT_PIXEL_BYTES", "MAX_YAML_DEPTH", "SECTIONS", "TRAINABLE_SIDES", "AdapterConfig",
     "Config", "DataConfig", "LossConfig", "ModelConfig", "OptimConfig", "TrackingConfig",

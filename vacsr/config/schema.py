@@ -42,6 +42,8 @@ TRAINABLE_SIDES = ("first", "last")
 BACKBONE_GRADS = ("all", "recon")
 # how L_recon and L_sigma are averaged (LossConfig.reduction); vacsr/model/losses.py computes each
 LOSS_REDUCTIONS = ("pair_mean", "per_query", "balanced")
+# which columns L_sigma^N sums over (vacsr/model/losses.py): every column, or those with a positive
+LOSS_NEG_COLUMNS = ("all", "with_positive")
 
 
 @dataclass

@@ -12,6 +12,7 @@ from vacsr.config.schema import (
     ADAPTER_INITS,
     ADAPTER_KINDS,
     BACKBONE_GRADS,
+    LOSS_NEG_COLUMNS,
     LOSS_REDUCTIONS,
     MAX_CAPTIONS_PER_IMAGE,
     MAX_IMAGE_SIZE,
@@ -69,7 +70,7 @@ def validate(config: Config) -> Config:
            loss.num_hard_negatives)
     _one_of("loss.neg_sigma_target", loss.neg_sigma_target, ("label", "positive"))
     _one_of("loss.reduction", loss.reduction, LOSS_REDUCTIONS)
-    _one_of("loss.neg_columns", loss.neg_columns, ("all", "with_positive"))
+    _one_of("loss.neg_columns", loss.neg_columns, LOSS_NEG_COLUMNS)
     _one_of("loss.backbone_grad", loss.backbone_grad, BACKBONE_GRADS)
     _validate_optim(o)
     _one_of("data.task", d.task, TASK_NAMES)

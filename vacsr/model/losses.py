@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vacsr.config import LOSS_REDUCTIONS
+from vacsr.config import LOSS_NEG_COLUMNS, LOSS_REDUCTIONS
 from vacsr.model.adapter import AdapterOutput
 
 
@@ -64,9 +64,6 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / count
 
 
-NEG_COLUMNS = ("all", "with_positive")
-
-
 def _reduce(recon, sigma_pos, sigma_neg, positives, row_mask, col_mask, reduction: str):
     """Per-pair terms (B, B') -> (L_recon, L_sigma^P, L_sigma^N) scalars.
 
@@ -118,7 +115,7 @@ def vacsr_loss(output: AdapterOutput, labels: torch.Tensor, *, alpha_kl: float =
     if neg_columns == "with_positive":
         col_mask = col_mask & positives.any(dim=0, keepdim=True)
     elif neg_columns != "all":
-        raise ValueError(f"neg_columns: expected one of {', '.join(NEG_COLUMNS)}, "
+        raise ValueError(f"neg_columns: expected one of {', '.join(LOSS_NEG_COLUMNS)}, "
                          f"got {neg_columns!r}")
     neg_target = labels if neg_sigma_target == "label" else torch.ones_like(labels)
     recon, sigma_pos, sigma_neg = _reduce(
