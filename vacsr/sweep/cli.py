@@ -70,7 +70,7 @@ def main(kind: SweepKind, argv: list[str] | None = None) -> int:
         return 2
     except Exception as exc:  # the MLflow server went away while the driver itself logged
         from vacsr.sweep.flow.driver import SweepTrackingDown
-        from vacsr.sweep.flow.recovery import tracking_failure
+        from vacsr.sweep.search.recovery import tracking_failure
 
         down = tracking_failure(exc)
         if not down:

@@ -17,7 +17,13 @@ from vacsr.help_format import DefaultsHelp, flag_error
 from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
 from vacsr.sweep.plan.cost_plan import check_memory
 from vacsr.sweep.plan.counts import step_prompts
-from vacsr.sweep.plan.folders import prefix_cache_folder, storage_filesystem, sweep_folder
+from vacsr.sweep.plan.folders import (
+    embedded_data,
+    embedded_weights,
+    prefix_cache_folder,
+    storage_filesystem,
+    sweep_folder,
+)
 from vacsr.sweep.plan.inputs import (
     check_datasets,
     check_devices,
@@ -232,13 +238,13 @@ def _embedded_data(kind: SweepKind, profile: dict, storage: Path, model: str,
     """No --data-root: synthetic data in the real layouts (and the pretrained tiny CLIP)."""
     from vacsr.data.generate import generate_all
 
-    root = storage / "data"
+    root = embedded_data(storage)
     if not (root / ".generated").is_file():
         print(f"writing synthetic datasets in their real layouts under {root}", flush=True)
         names = [d for d in kind.data_needed(datasets) if d not in kind.also_accepts]
         generate_all(root, datasets=names, per_class=tuple(profile["synthetic_per_class"]))
         (root / ".generated").write_text("ok\n")
-    weights = storage / "tiny-clip.pt"
+    weights = embedded_weights(storage)
     if pretrained is None and profile.get("pretrain_tiny") and model == profile["model"]:
         from vacsr.model.pretrained_cache import install_pretrained
 
@@ -306,11 +312,11 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
               for key, text in profile.get("range", {}).items() if key not in kind.protocol}
     ranges.update(parse_range(text) for text in args.range)
     storage = sweep_folder(args.storage, args.name)
-    root = storage / "data" if embedded else Path(args.data_root).expanduser().resolve()
+    root = embedded_data(storage) if embedded else Path(args.data_root).expanduser().resolve()
     train_counts = {} if embedded else check_datasets(
         root, kind.task, [d for d in kind.data_needed(datasets) if d not in kind.also_accepts])
     tiny = embedded and profile.get("pretrain_tiny") and model == profile["model"]
-    pretrained = args.pretrained or (str(storage / "tiny-clip.pt") if tiny else None)
+    pretrained = args.pretrained or (str(embedded_weights(storage)) if tiny else None)
     shared = _base_values(kind, args, profile, root, model, pretrained)
     epochs = {"train.epochs": args.epochs} if args.epochs else {}
     own = {d: {"data.dataset": d, "data.prefix_cache_dir": str(prefix_cache_folder(storage, d))}

@@ -24,7 +24,7 @@ from vacsr.config import Config
 from vacsr.distributed.ray_hooks import RayRun
 from vacsr.errors import RunFailed, VacsrError
 from vacsr.records.logger import mlflow_logger
-from vacsr.sweep.flow.recovery import outage
+from vacsr.sweep.search.recovery import outage
 from vacsr.train.failure import clear_run_failure, read_run_failure, record_run_failure
 
 

@@ -71,7 +71,8 @@ def validate_space(space: dict[str, Domain]) -> None:
                 raise ConfigError(f"search space {key}: empty or inverted range "
                                   f"[{domain.low}, {domain.high}]")
             if isinstance(domain, LogFloat) and domain.low <= 0:
-                raise ConfigError(f"search space {key}: a log range needs low > 0, got {domain.low}")
+                raise ConfigError(f"search space {key}: a log range needs low > 0, "
+                                  f"got {domain.low}")
             sample = domain.low
         set_value(probe, key, sample)  # raises for keys that are not config keys
 
