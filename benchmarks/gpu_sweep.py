@@ -10,7 +10,8 @@ CUDA), so the same sweep schedules, packs and places its trials on GPU ids while
 
 While the sweep runs, a thread polls Ray's free GPUs; at the end one line says what the GPUs held:
 
-    SUMMARY done in 95 s; peak 2.0 of 2 GPUs reserved at once; search trials on GPU ids 0,0,1,1 (devices cpu)
+    SUMMARY done in 95 s; peak 2.0 of 2 GPUs reserved at once; search trials on GPU ids
+    0,0,1,1 (devices cpu)
 
 (the ids come from each search trial's workers.json; the final phase's runs are left out).
 """
@@ -60,10 +61,12 @@ class GpuReservations:
 
 
 def search_trial_placements(sweep_folder: Path) -> list[dict]:
-    """Every worker of the search trials under a sweep folder (workers.json), final runs left out."""
+    """Every worker of the search trials under a sweep folder (workers.json), final runs left
+    out."""
     from vacsr.distributed.worker_gpus import WORKERS_FILE, read_workers
+    from vacsr.sweep.plan.folders import FINAL
 
-    return [worker for path in sorted(sweep_folder.rglob(WORKERS_FILE)) if "final" not in path.parts
+    return [worker for path in sorted(sweep_folder.rglob(WORKERS_FILE)) if FINAL not in path.parts
             for worker in read_workers(path.parent)]
 
 

@@ -1,8 +1,10 @@
-"""Evaluation entry points: features + head -> a flat dict of metrics (paper sec. 4, appendices C-D).
+"""Evaluation entry points: features + head -> a flat dict of metrics (paper sec. 4, appendices
+C-D).
 
-These are what the CLI, the trainers and the sweep call. Scoring goes through a scorer object:
-a local `ChunkedScorer` by default, or anything with the same `score(queries, items, ...)` method
-(e.g. `vacsr.distributed.EvalPool`, which scores on Ray actors).
+The tasks (vacsr/tasks.py) call these; the CLI, the trainer and the sweep reach them through a
+task. Scoring goes through a scorer object: a local `ChunkedScorer` by default, or anything with
+the same `score(queries, items, ...)` method (e.g. `vacsr.distributed.EvalPool`, which scores on
+Ray actors).
 """
 from __future__ import annotations
 
@@ -34,14 +36,16 @@ class RetrievalEvaluation:
 
 
 def evaluate_retrieval(image_feats: torch.Tensor, text_feats: torch.Tensor, head: nn.Module,
-                       caption_to_image, image_ids=None, caption_ids=None, **kwargs) -> dict[str, float]:
+                       caption_to_image, image_ids=None, caption_ids=None,
+                       **kwargs) -> dict[str, float]:
     """Image-text retrieval metrics as a flat dict of floats; see evaluate_retrieval_detailed."""
     return evaluate_retrieval_detailed(image_feats, text_feats, head, caption_to_image,
                                        image_ids, caption_ids, **kwargs).metrics
 
 
-def evaluate_retrieval_detailed(image_feats: torch.Tensor, text_feats: torch.Tensor, head: nn.Module,
-                                caption_to_image, image_ids=None, caption_ids=None, *,
+def evaluate_retrieval_detailed(image_feats: torch.Tensor, text_feats: torch.Tensor,
+                                head: nn.Module, caption_to_image, image_ids=None,
+                                caption_ids=None, *,
                                 ks: Sequence[int] = (1, 5, 10), num_folds: int | None = None,
                                 eccv_metrics: bool | None = None, two_stage_k: int | None = None,
                                 memory_budget_bytes: int = 256 * 2**20, device=None,
@@ -90,8 +94,8 @@ def evaluate_retrieval_detailed(image_feats: torch.Tensor, text_feats: torch.Ten
         analysis = uncertainty_analysis(result, caption_to_image, num_bins)
         for direction, bins in analysis.items():
             metrics[f"uncertainty_{direction}_pearson"] = bins["pearson_bins"]
-            metrics[f"sigma_top1_{direction}_mean"] = float(np.nanmean(
-                (result.query_topk if direction == "i2t" else result.item_topk).sigma[:, 0].numpy()))
+            topk = result.query_topk if direction == "i2t" else result.item_topk
+            metrics[f"sigma_top1_{direction}_mean"] = float(np.nanmean(topk.sigma[:, 0].numpy()))
         if uncertainty_plot is not None:
             plot_uncertainty(analysis, uncertainty_plot)
     metrics["eval_seconds"] = float(result.stats.get("seconds", float("nan")))

@@ -57,7 +57,7 @@ def main(kind: SweepKind, argv: list[str] | None = None) -> int:
         return print_plan(kind, args)
     start = time.time()
     locks: list[DriverLock] = []
-    try:  # one driver per sweep folder, from before its data is written (sweep/ownership.py)
+    try:  # one driver per sweep folder from before its data is written (plan/ownership.py)
         plan = plan_from_args(kind, args, on_folder=lambda folder: locks.append(DriverLock(folder)))
         from vacsr.sweep.flow.driver import mlflow_ui_hint, run_sweep
 

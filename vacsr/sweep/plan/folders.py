@@ -5,6 +5,7 @@ checkpoints: the sweep folder, or --ray-storage as a local path or an s3:// gs:/
     <sweep folder>/                   sweep_folder(--storage, --name)
       sweep_state.json                state_file: what is done (vacsr/records/sweep_state.py)
       optuna.db                       optuna_url: the studies, unless --optuna-storage
+      mlflow.db                       the runs, unless --tracking-uri (vacsr/records/uri.py)
       driver.lock, .space-reserve     the running driver's lock and room to close its records
       trials/<dataset>/               trial_folder: the trials' run folders, selection.json,
                                       asha_stops.json

@@ -30,7 +30,8 @@ from vacsr.train.failure import clear_run_failure, read_run_failure, record_run_
 
 def recorded_failure(output_dir: Path) -> str | None:
     """The error an earlier attempt of this trial recorded, unless another try cures it (a full
-    disk, a tracking server that did not answer: the resume retrains those, sweep/repair.py)."""
+    disk, a tracking server that did not answer: the resume retrains those,
+    vacsr/sweep/search/recovery.py)."""
     error = read_run_failure(output_dir)
     if error is not None and outage(error):
         clear_run_failure(output_dir)

@@ -65,7 +65,7 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
     storage_failed = plan.resume and repair_experiment(folder)  # what a full disk left
     if plan.resume and tune.Tuner.can_restore(folder, storage_filesystem=filesystem):
         # errored trials stay failed, their errors are deterministic (worker loss is retried by
-        # Ray Train inside the trial), unless a full disk stopped them (sweep/repair.py)
+        # Ray Train inside the trial), unless a full disk stopped them (search/recovery.py)
         return tune.Tuner.restore(folder, trainable=trainable, resume_unfinished=True,
                                   resume_errored=storage_failed, restart_errored=False,
                                   storage_filesystem=filesystem)
