@@ -10,7 +10,7 @@ from tests.architecture.source_imports import PACKAGE, imports_in, vacsr_modules
 LAYERS: list[tuple[str, list[str]]] = [
     ("base", ["vacsr", "vacsr.errors", "vacsr.atomic", "vacsr.redact", "vacsr.seed", "vacsr.stop",
               "vacsr.threads", "vacsr.results", "vacsr.task_names", "vacsr.help_format",
-              "vacsr.compute_device", "vacsr.folder_lock", "vacsr.plots"]),
+              "vacsr.compute_device", "vacsr.paths", "vacsr.folder_lock", "vacsr.plots"]),
     ("config", ["vacsr.config.*"]),
     ("data", ["vacsr.data.*"]),
     ("model", ["vacsr.model.*"]),

@@ -15,21 +15,25 @@ from vacsr.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class LogFloat:
+class _Range:
+    """The closed range [low, high] a key is drawn from."""
     low: float
     high: float
 
 
 @dataclass(frozen=True)
-class Float:
-    low: float
-    high: float
+class LogFloat(_Range):
+    """A float drawn on a log scale (learning rates, weight decay)."""
 
 
 @dataclass(frozen=True)
-class Int:
-    low: int
-    high: int
+class Float(_Range):
+    """A float drawn uniformly."""
+
+
+@dataclass(frozen=True)
+class Int(_Range):
+    """An integer drawn uniformly, both ends included."""
 
 
 @dataclass(frozen=True)
