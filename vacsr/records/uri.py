@@ -32,6 +32,8 @@ from vacsr.errors import ConfigError
 from vacsr.paths import absolute_path
 from vacsr.redact import redact_uri, split_credentials  # one redaction, also for error lines
 
+_absolute = absolute_path  # the name vacsr/records/tracker.py imports it by
+
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 DB_NAME = "mlflow.db"
 DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
@@ -70,7 +72,7 @@ def sqlite_path(uri: str) -> Path | None:
 
 def _absolute_sqlite(uri: str) -> str:
     match, path = _SQLITE.match(uri), sqlite_path(uri)
-    if match is None or path is None or (path.isabsolute_path() and not str(path).startswith("~")):
+    if match is None or path is None or (path.is_absolute() and not str(path).startswith("~")):
         return uri
     # "sqlite:///" + "/abs/path" is SQLAlchemy's spelling of an absolute path.
     return f"{match.group(1)}{absolute_path(path)}{match.group(3) or ''}"
