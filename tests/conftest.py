@@ -32,7 +32,8 @@ torch.set_num_threads(1)
 
 
 # The two lanes of Ray tests, by module, balanced by their measured time (`--durations`): about
-# 6.5 minutes each when both run at once on 2 cores. A Ray test in a module not listed joins "ray-a".
+# 6.5 minutes each when both run at once on 2 cores. A Ray test in a module not listed joins
+# "ray-a".
 RAY_LANES = {
     "ray-a": ("test_sweep_e2e.py", "test_sweep_disk_full.py", "test_sweep_kinds.py",
               "test_sweep_failures.py", "test_sweep_tracking_down.py"),

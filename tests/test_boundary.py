@@ -3,19 +3,17 @@ that drive it (records, sweep, distributed): checked by importing the core, and 
 every module, where an import inside a function counts as much as one at the top."""
 from __future__ import annotations
 
-import ast
 import pkgutil
 import subprocess
 import sys
-from pathlib import Path
 
 import vacsr
+from tests.architecture.source_imports import PACKAGE, imports_in, module_name
 
 FORBIDDEN = ("ray", "mlflow", "optuna")
 OUTSIDE_CORE = ("vacsr.distributed", "vacsr.records", "vacsr.sweep")
 # package -> the vacsr packages none of its modules may import (the trainer is handed its logger)
 NOT_IMPORTED = {"vacsr.train": ("vacsr.records", "vacsr.sweep", "vacsr.distributed")}
-PACKAGE = Path(__file__).resolve().parents[1] / "vacsr"
 
 
 def test_core_modules_import_no_cluster_packages():
@@ -30,29 +28,6 @@ def test_core_modules_import_no_cluster_packages():
     assert out.stdout.strip() == "", f"core imported: {out.stdout.strip()}"
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports_in(source: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
-    """(line, imported module) for every import anywhere in `source` (functions, classes and
-    TYPE_CHECKING blocks too); `from a import b` yields a and a.b, relative imports resolved."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                package = module.split(".")[:None if is_package else -1]
-                package = package[:len(package) - (node.level - 1)]
-                base = ".".join(package + ([base] if base else []))
-            found.append((node.lineno, base))
-            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
-    return found
-
-
 def _within(name: str, packages: tuple[str, ...] | list[str]) -> bool:
     return any(name == package or name.startswith(package + ".") for package in packages)
 
@@ -62,7 +37,7 @@ def forbidden_imports() -> tuple[list[str], int]:
     and how many modules were read."""
     found, paths = [], sorted(PACKAGE.rglob("*.py"))
     for path in paths:
-        name = _module_name(path)
+        name = module_name(path)
         banned = [] if _within(name, OUTSIDE_CORE) else list(FORBIDDEN)
         for package, packages in NOT_IMPORTED.items():
             banned += packages if _within(name, (package,)) else ()

@@ -112,7 +112,8 @@ def test_raycluster_manifest_structure():
 
 def test_rayjob_entrypoint_runs_an_existing_sweep_with_valid_arguments():
     from sweeps.base2novel import SWEEP
-    from vacsr.sweep.plan.command_line import _datasets, _ray_storage, build_parser
+    from vacsr.sweep.plan.command_line import _datasets, build_parser
+    from vacsr.sweep.plan.inputs import check_ray_storage
     from vacsr.sweep.spec.space import parse_range
 
     job = _kind("RayJob")
@@ -123,7 +124,7 @@ def test_rayjob_entrypoint_runs_an_existing_sweep_with_valid_arguments():
     assert (REPO / argv[1]).is_file()
     args = build_parser(SWEEP).parse_args(argv[2:])  # SystemExit on a bad flag
     _datasets(SWEEP, args.datasets)
-    _ray_storage(args.ray_storage)
+    check_ray_storage(args.ray_storage)
     for text in args.range:
         parse_range(text)
     assert args.gpus_per_worker >= 1 and args.data_root and args.storage.startswith("/shared")

@@ -10,10 +10,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 def test_dataset_inputs_name_source_and_digest_of_each_split(tmp_path):
     from vacsr.config import Config
-    from vacsr.data.digest import fingerprints
     from vacsr.data.generate import generate_all
     from vacsr.records import MlflowTracker
-    from vacsr.records.inputs import log_dataset_inputs
+    from vacsr.records.inputs import fingerprints, log_dataset_inputs
 
     root = generate_all(tmp_path / "data", datasets=["eurosat"], per_class=(4, 3, 2))
     config = Config()

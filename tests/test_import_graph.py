@@ -3,19 +3,13 @@ has one job, and a module that needs another's names imports it, never the other
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "vacsr"
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+from tests.architecture.source_imports import vacsr_modules
 
 
 def import_graph() -> dict[str, set[str]]:
     """module -> the vacsr modules it imports anywhere in its body."""
-    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = vacsr_modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         for node in ast.walk(ast.parse(path.read_text())):

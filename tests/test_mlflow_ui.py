@@ -83,7 +83,8 @@ def _sweep_records(tmp_path: Path, monkeypatch) -> tuple[object, str, dict[str, 
     # where run_dataset imports them from as it runs
     monkeypatch.setattr("vacsr.sweep.search.tune.search_dataset", search)
     monkeypatch.setattr("vacsr.sweep.final.seeds.final_runs", finals)
-    monkeypatch.setattr(driver, "quiet_logging", lambda verbose: None)  # leaves os.environ alone
+    # leaves os.environ alone
+    monkeypatch.setattr("vacsr.sweep.flow.dataset_task.quiet_logging", lambda verbose: None)
 
     state = SweepState(plan.storage / "sweep_state.json", fresh=True)
     parent = MlflowTracker(plan.tracking_uri)

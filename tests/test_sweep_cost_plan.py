@@ -128,8 +128,8 @@ def test_a_run_refused_by_its_measured_plan_leaves_its_folder_unused(tmp_path, m
 
     from conftest import sweep_plan
     from vacsr.errors import ConfigError
-    from vacsr.records.sweep_state import state_path
     from vacsr.sweep.flow.driver import run_sweep
+    from vacsr.sweep.plan.folders import state_file
 
     plan = sweep_plan(BASE2NOVEL, tmp_path / "sweeps", ["--datasets", "dtd", "--range",
                       "train.batch_size=choice:8,4096"], monkeypatch=monkeypatch)
@@ -139,5 +139,5 @@ def test_a_run_refused_by_its_measured_plan_leaves_its_folder_unused(tmp_path, m
             run_sweep(plan)
     finally:
         ray.shutdown()
-    assert not state_path(plan.storage).exists()  # a fixed command may start the sweep there
+    assert not state_file(plan.storage).exists()  # a fixed command may start the sweep there
     assert not (plan.storage / "tune").exists()

@@ -43,7 +43,7 @@ def test_the_reserve_holds_room_that_a_full_disk_gives_back(small_disk, tmp_path
     """Held, the reserve's megabytes are taken from the disk; released on a full disk, they are
     room to write again (the driver's records); held on a full disk, one StorageError line."""
     from vacsr.errors import StorageError
-    from vacsr.sweep.flow.recovery import SpaceReserve
+    from vacsr.sweep.search.recovery import SpaceReserve
 
     disk = small_disk.mount(tmp_path / "disk", 8 << 20)
     reserve = SpaceReserve(disk, size=2 << 20)
@@ -69,7 +69,7 @@ def test_the_reserve_writes_its_blocks_where_the_filesystem_has_no_fallocate(tmp
     would give nothing back on a full disk)."""
     import errno
 
-    from vacsr.sweep.flow.recovery import SpaceReserve
+    from vacsr.sweep.search.recovery import SpaceReserve
 
     def unsupported(fd, offset, length):
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
@@ -87,7 +87,7 @@ def test_the_reserve_writes_its_blocks_where_the_filesystem_has_no_fallocate(tmp
 def test_a_storage_failure_is_found_in_an_error_chain_or_a_remote_traceback():
     import errno
 
-    from vacsr.sweep.flow.recovery import storage_failure
+    from vacsr.sweep.search.recovery import storage_failure
 
     try:
         try:

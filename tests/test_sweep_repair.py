@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import cloudpickle
 
-from vacsr.sweep.flow.recovery import repair_experiment
+from vacsr.sweep.search.recovery import repair_experiment
 
 
 def _trial(folder, name, error_text):

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from vacsr.errors import UsageError, VacsrError
-from vacsr.help_format import DefaultsHelp, flag_error
+from vacsr.help_format import DefaultsHelp, flag_error, nonempty
 from vacsr.results import format_metrics
 from vacsr.train.run_files import CHECKPOINT_FILE
 
@@ -25,13 +25,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UsageError(flag_error(self.prog, message))
-
-
-def _nonempty(text: str) -> str:
-    """argparse type: a value that must not be empty (empty would mean the current folder)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a non-empty value, got ''")
-    return text
 
 
 def _positive_int(text: str) -> int:
@@ -63,7 +56,7 @@ def _per_class(text: str) -> tuple[int, int, int]:
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=_nonempty,
+    parser.add_argument("--config", type=nonempty,
                         help="YAML file of overrides (sections: model, adapter, loss, optim, "
                              "data, train)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, applied last")
@@ -218,12 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=cmd_train)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint on a dataset split")
-    ev.add_argument("--checkpoint", required=True, type=_nonempty,
+    ev.add_argument("--checkpoint", required=True, type=nonempty,
                     help=f"a vacsr checkpoint ({CHECKPOINT_FILE})")
     _add_config_args(ev)
     ev.add_argument("--split", default="test", choices=("test", "val", "train"),
                     help="test (default), val or train")
-    ev.add_argument("--out", type=_nonempty, help="metrics JSON (default: beside the checkpoint)")
+    ev.add_argument("--out", type=nonempty, help="metrics JSON (default: beside the checkpoint)")
     ev.add_argument("--two-stage", type=_positive_int, metavar="K",
                     help="retrieval: cosine top-K re-ranked")
     ev.add_argument("--actors", type=_positive_int, metavar="N",
@@ -231,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=cmd_eval)
 
     pre = sub.add_parser("pretrain-tiny", help="pretrain the tiny CLIP on synthetic data")
-    pre.add_argument("--out", required=True, type=_nonempty, help="weights file to write")
+    pre.add_argument("--out", required=True, type=nonempty, help="weights file to write")
     pre.add_argument("--epochs", type=_positive_int, default=6,
                      help="contrastive pretraining epochs")
     pre.add_argument("--num-images", type=_positive_int, default=1024,
@@ -240,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     pre.set_defaults(func=cmd_pretrain_tiny)
 
     gen = sub.add_parser("generate-data", help="write synthetic datasets in the real layouts")
-    gen.add_argument("--root", required=True, type=_nonempty,
+    gen.add_argument("--root", required=True, type=nonempty,
                      help="folder to write (one sub-folder a dataset)")
     gen.add_argument("--datasets", type=_names, help="comma-separated names (default: all)")
     gen.add_argument("--seed", type=int, default=0, help="seed of the synthetic images")
@@ -250,13 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate_data)
 
     best = sub.add_parser("best", help="best config and metrics per dataset of a sweep (MLflow)")
-    best.add_argument("--experiment", default="vacsr-base2novel", type=_nonempty,
+    best.add_argument("--experiment", default="vacsr-base2novel", type=nonempty,
                       help="vacsr-base2novel, vacsr-retrieval or vacsr-domain_generalization")
-    best.add_argument("--sweep", type=_nonempty, help="sweep name (default: the newest sweep)")
-    best.add_argument("--tracking-uri", type=_nonempty,
+    best.add_argument("--sweep", type=nonempty, help="sweep name (default: the newest sweep)")
+    best.add_argument("--tracking-uri", type=nonempty,
                       help="the sweep's MLflow store (default: $MLFLOW_TRACKING_URI, else "
                            "./mlflow.db); read only, never created")
-    best.add_argument("--export", type=_nonempty,
+    best.add_argument("--export", type=nonempty,
                       help="folder to write <dataset>.yaml best configs into")
     best.add_argument("--table", action="store_true",
                       help="print the sweep's table (mean ± std over seeds) from MLflow alone")
@@ -265,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     best.set_defaults(func=cmd_best)
 
     demo = sub.add_parser("demo", help="end-to-end run on synthetic data with the tiny model")
-    demo.add_argument("--workdir", default="demo_data", type=_nonempty,
+    demo.add_argument("--workdir", default="demo_data", type=nonempty,
                       help="where data, weights and runs go")
     demo.add_argument("--epochs", type=_positive_int, default=3,
                       help="epochs of the demo's training run")

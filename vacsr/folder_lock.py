@@ -22,6 +22,7 @@ from pathlib import Path
 
 from vacsr.atomic import STORAGE_ERRNOS
 from vacsr.errors import ConfigError, StorageError
+from vacsr.paths import absolute_path
 
 # how long a refused process waits for the owner to write its pid into a fresh lock file
 _HOLDER_WAIT_S = 1.0
@@ -51,16 +52,12 @@ def missing_folders(folder: Path) -> list[Path]:
     return missing[::-1]
 
 
-def _absolute(path: str | Path) -> Path:
-    return Path(os.path.abspath(os.path.expanduser(str(path))))
-
-
 def check_output_folder(folder: str | Path, what: str, *, named: Path | None = None) -> Path:
     """The absolute `folder`, once it is known that it is (or can be created as) a folder this
     process can write; else one ConfigError / StorageError line naming it (or `named`, the file
     to be written there) and `what` it is for. Nothing is created: a probe file is written into
     the nearest existing folder and removed."""
-    folder = _absolute(folder)
+    folder = absolute_path(folder)
     named = named or folder
     missing = missing_folders(folder)
     existing = missing[0].parent if missing else folder
@@ -79,7 +76,7 @@ def check_output_folder(folder: str | Path, what: str, *, named: Path | None = N
 def check_output_file(path: str | Path, what: str) -> Path:
     """`check_output_folder` for the folder of a file about to be written, and the file's own
     name not taken by a folder."""
-    path = _absolute(path)
+    path = absolute_path(path)
     if path.is_dir():
         raise ConfigError(f"{path}: is a folder; expected a file path for {what}")
     check_output_folder(path.parent, what, named=path)
@@ -96,7 +93,7 @@ class FolderLock:
     _held: dict[Path, list] = {}  # lock file -> [descriptor, holds] of this process
 
     def __init__(self, folder: str | Path, file_name: str, in_use: str) -> None:
-        self.folder = _absolute(folder)
+        self.folder = absolute_path(folder)
         self.path = self.folder / file_name
         self._created: list[Path] = []
         self._holding = False

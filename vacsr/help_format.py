@@ -1,8 +1,15 @@
-"""The help layout of vacsr's command lines (`vacsr` and the sweep scripts): each option's
-default shown where it has one, and a bad flag's one line."""
+"""What vacsr's command lines (`vacsr` and the sweep scripts) share: the help layout (each
+option's default shown where it has one), a bad flag's one line, the non-empty value type."""
 from __future__ import annotations
 
 import argparse
+
+
+def nonempty(text: str) -> str:
+    """argparse type: a value that must not be empty (empty would mean the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a value, got an empty string")
+    return text
 
 
 def flag_error(prog: str, message: str) -> str:

@@ -1,11 +1,14 @@
 """An evaluation's results: which of its entries are results, the base-to-novel harmonic mean,
-and results as text for the console (`vacsr train`, `vacsr eval`, the demo). Plain Python: the
-sweep driver's table uses them without importing torch."""
+results as text for the console (`vacsr train`, `vacsr eval`, the demo), and the final table's
+conventions (its decimals, its best-val column, a kind's table as plain data) shared by the
+sweep's report and the MLflow view of it. Plain Python: neither imports torch for them."""
 from __future__ import annotations
 
 # an evaluation's entries that count or time (vacsr/eval/evaluate.py) or name the run: not results,
 # so no table column and no line on a metric's axis
 NOT_RESULTS = ("seed", "eval_seconds", "num_samples")
+DIGITS = 2  # decimals of the table's numbers (percentages), in results.md and the MLflow view
+VAL = "val"  # a row's best val (the selection's), the table's "best val" column
 
 
 def format_metrics(metrics: dict) -> str:
@@ -13,11 +16,18 @@ def format_metrics(metrics: dict) -> str:
     rows = [(k, v) for k, v in metrics.items() if isinstance(v, (int, float))]
     width = max((len(k) for k, _ in rows), default=0)
     return "\n".join(f"{k:<{width}}  {v:10.4f}" if isinstance(v, float)
-                     else f"{k:<{width}}  {v:>10}"
-                     for k, v in rows)
+                     else f"{k:<{width}}  {v:>10}" for k, v in rows)
 
 
 def harmonic_mean(base: float, novel: float) -> float:
     """H = 2 B N / (B + N) of base and novel accuracy (paper sec. 4.2, Table 5); 0 when both
     are 0."""
     return 0.0 if base + novel == 0 else 2.0 * base * novel / (base + novel)
+
+
+def table_spec(table) -> dict:
+    """A sweep kind's Table as plain data (logged on the sweep's run: vacsr/records/artifacts.py
+    SWEEP_INFO)."""
+    return {"columns": [list(c) for c in table.columns],
+            "harmonic": list(table.harmonic) if table.harmonic else None,
+            "published": {k: list(v) for k, v in table.published.items()}}

@@ -1,9 +1,10 @@
 """Datasets: records (base.py), synthetic data, loaders of the real on-disk layouts.
 
-`build_retrieval` and `build_classification` turn a DataConfig into named splits; the training code
-needs nothing else from this package. With `data.root` set, the dataset names below read the real
-layouts (paper appendix C.1); `vacsr.data.generate.generate_all(root)` writes synthetic data in
-those layouts. `dataset="synthetic"` without a root keeps the in-memory synthetic data.
+`build_retrieval` and `build_classification` turn a DataConfig into named splits (each task's
+`build_splits`, vacsr/tasks.py); the loaders, sampler and encodings a run uses are modules of
+their own. With `data.root` set, the dataset names below read the real layouts (paper appendix
+C.1); `vacsr.data.generate.generate_all(root)` writes synthetic data in those layouts.
+`dataset="synthetic"` without a root keeps the in-memory synthetic data.
 """
 from __future__ import annotations
 

@@ -25,29 +25,35 @@ class ImageDataset(torch.utils.data.Dataset):
         return self.transform(load_image(self.images[index])), index
 
 
-class CaptionPairDataset(torch.utils.data.Dataset):
-    """One item per caption: (image tensor, caption text, image index) for retrieval training."""
+class _SplitDataset(torch.utils.data.Dataset):
+    """A split's records, one item per entry of its `items` field, each image transformed."""
 
-    def __init__(self, data: RetrievalData, transform: Callable) -> None:
+    items = ""  # the records' field with one entry per item
+
+    def __init__(self, data: RetrievalData | ClassificationData, transform: Callable) -> None:
         self.data, self.transform = data, transform
 
     def __len__(self) -> int:
-        return len(self.data.captions)
+        return len(getattr(self.data, self.items))
+
+    def image(self, image_index: int):
+        return self.transform(load_image(self.data.images[image_index]))
+
+
+class CaptionPairDataset(_SplitDataset):
+    """One item per caption: (image tensor, caption text, image index) for retrieval training."""
+
+    items = "captions"
 
     def __getitem__(self, index: int):
         image_index = self.data.caption_to_image[index]
-        image = self.transform(load_image(self.data.images[image_index]))
-        return image, self.data.captions[index], image_index
+        return self.image(image_index), self.data.captions[index], image_index
 
 
-class LabelledImageDataset(torch.utils.data.Dataset):
+class LabelledImageDataset(_SplitDataset):
     """(image tensor, label) for classification training and evaluation."""
 
-    def __init__(self, data: ClassificationData, transform: Callable) -> None:
-        self.data, self.transform = data, transform
-
-    def __len__(self) -> int:
-        return len(self.data.labels)
+    items = "labels"
 
     def __getitem__(self, index: int):
-        return self.transform(load_image(self.data.images[index])), self.data.labels[index]
+        return self.image(index), self.data.labels[index]

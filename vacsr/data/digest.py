@@ -1,8 +1,8 @@
 """What a run read, as a fingerprint: each split's records (image paths relative to the folder
 that holds them, labels, captions) hashed, so two runs can be told to have used the same data.
 
-The tracking layer logs these as MLflow dataset inputs (vacsr/records/inputs.py); nothing here
-imports MLflow.
+The tracking layer builds a run's splits and logs these as MLflow dataset inputs
+(vacsr/records/inputs.py); nothing here imports MLflow or the tasks.
 """
 from __future__ import annotations
 
@@ -24,13 +24,6 @@ class SplitFingerprint:
     digest: str
     items: int  # images (classification) or image-caption pairs (retrieval)
     classes: int | None = None
-
-
-def build_splits(data, seed: int) -> dict[str, Split]:
-    """The splits a run with this DataConfig and seed reads (as training builds them)."""
-    from vacsr.tasks import task_type  # the model stack: loaded only when splits are read
-
-    return task_type(data.task).build_splits(data, seed)
 
 
 def _paths(split: Split) -> list[str]:
@@ -69,5 +62,6 @@ def fingerprint(name: str, split: Split) -> SplitFingerprint:
     return SplitFingerprint(name, source, sha.hexdigest()[:DIGEST_CHARS], len(split.captions))
 
 
-def fingerprints(data, seed: int) -> list[SplitFingerprint]:
-    return [fingerprint(name, split) for name, split in build_splits(data, seed).items()]
+def fingerprints(splits: dict[str, Split]) -> list[SplitFingerprint]:
+    """One fingerprint per split, in the splits' order."""
+    return [fingerprint(name, split) for name, split in splits.items()]

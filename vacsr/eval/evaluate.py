@@ -1,9 +1,10 @@
 """Evaluation entry points: features + head -> a flat dict of metrics (paper sec. 4, appendices
 C-D).
 
-These are what the CLI, the trainers and the sweep call. Scoring goes through a scorer object:
-a local `ChunkedScorer` by default, or anything with the same `score(queries, items, ...)` method
-(e.g. `vacsr.distributed.EvalPool`, which scores on Ray actors).
+The tasks (vacsr/tasks.py) call these; the CLI, the trainer and the sweep reach them through a
+task. Scoring goes through a scorer object: a local `ChunkedScorer` by default, or anything with
+the same `score(queries, items, ...)` method (e.g. `vacsr.distributed.EvalPool`, which scores on
+Ray actors).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""A run's and a sweep's records: the only vacsr package that imports mlflow (the library core
-never does; vacsr/sweep/cli.py imports it once more, unused, only so that a job's interpreter
-without the driver's dependencies fails at once in the sweep script's import guard).
+"""A run's and a sweep's records: the only vacsr package that imports mlflow (the library core,
+vacsr.distributed and vacsr.sweep reach MLflow through it; vacsr/sweep/cli.py only checks that
+mlflow is installed, without importing it).
 
 - `uri`: `resolve_tracking_uri` / `check_tracking_uri` pick the store (SQLite next to the runs by
   default) and fail fast with a one-line ConfigError before any training starts.

@@ -13,10 +13,11 @@ from typing import Any
 from vacsr.atomic import atomic_write_json
 from vacsr.config import Config
 from vacsr.errors import ConfigError
+from vacsr.paths import absolute_path
 from vacsr.plots import plot_training_curves
 from vacsr.records.names import RUN_KEY_TAG
 from vacsr.records.tracker import MlflowTracker, open_tracker
-from vacsr.records.uri import _absolute, check_tracking_uri, redact_uri, resolve_tracking_uri
+from vacsr.records.uri import check_tracking_uri, redact_uri, resolve_tracking_uri
 from vacsr.train.run_files import METRICS_FILE
 
 RUN_STATE_FILE = "mlflow_run.json"  # in a training output_dir: the run a resumed training continues
@@ -51,7 +52,7 @@ class TrackingCallback:
             raise ConfigError(f"tracking mode: expected max or min, got {mode!r}")
         self.tracking_uri = tracking_uri
         self.run_id = run_id
-        self.output_dir = str(_absolute(output_dir))
+        self.output_dir = str(absolute_path(output_dir))
         self.metric = metric
         self.mode = mode
         self._tracker: MlflowTracker | None = None
@@ -70,7 +71,7 @@ class TrackingCallback:
         MlflowTracker.start_recorded) and log the config. Writes output_dir/mlflow_run.json."""
         uri = resolve_tracking_uri(tracking_uri)
         check_tracking_uri(uri)
-        output_dir = _absolute(config.train.output_dir)
+        output_dir = absolute_path(config.train.output_dir)
         resume = config.train.resume if resume is None else resume
         tracker = open_tracker(uri)
         # the run's id is recorded before its config is logged: a process killed while the

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 
-from vacsr.data.digest import SplitFingerprint, fingerprints
+from vacsr.data.digest import SplitFingerprint
+from vacsr.data.digest import fingerprints as split_fingerprints
 
 CONTEXTS = {"train": "train", "val": "validation", "test": "test"}
 
@@ -32,6 +33,14 @@ def dataset_inputs(name: str, prints: list[SplitFingerprint]) -> list:
             Dataset(**entity, profile=json.dumps(profile)),
             tags=[InputTag(MLFLOW_DATASET_CONTEXT, CONTEXTS.get(split.split, split.split))]))
     return inputs
+
+
+def fingerprints(data, seed: int) -> list[SplitFingerprint]:
+    """The splits a run with this DataConfig and seed reads (as training builds them), each
+    fingerprinted."""
+    from vacsr.tasks import task_type  # the model stack: loaded only when splits are read
+
+    return split_fingerprints(task_type(data.task).build_splits(data, seed))
 
 
 def log_dataset_inputs(tracker, config) -> list[SplitFingerprint]:

@@ -1,4 +1,5 @@
-"""A sweep's records in its MLflow store: the one face vacsr/sweep has of MLflow.
+"""A sweep's runs in its MLflow store: started, continued, closed and read back here (the sweep's
+saved view, dataset inputs and store checks are view.py, inputs.py and uri.py of this package).
 
 In the kind's experiment: the sweep's run, a run per dataset under it, and under each dataset
 run its trials' and final seeds' runs (tag `mlflow.parentRunId`). The driver starts the sweep's

@@ -1,5 +1,6 @@
-"""sweep_state.json: what a restarted driver (`--resume`) needs beyond Tune's experiment folders
-and the Optuna study: the MLflow run ids and each finished dataset's per-seed results.
+"""sweep_state.json (its place: vacsr/sweep/plan/folders.py): what a restarted driver
+(`--resume`) needs beyond Tune's experiment folders and the Optuna study: the MLflow run ids and
+each finished dataset's per-seed results.
 
 Only the driver's main thread changes and writes it (datasets report back to it), so no lock.
 A file of another shape (edited by hand, or not this file at all) stops the resume with one
@@ -21,7 +22,6 @@ from vacsr.errors import ConfigError
 if TYPE_CHECKING:
     from vacsr.records.tracker import MlflowTracker
 
-STATE_FILE = "sweep_state.json"  # in the sweep folder
 FORMAT = 2  # the record format this vacsr writes and resumes
 # the types each recorded field may hold (a field not yet written is absent)
 TOP_FIELDS = {"format": int, "datasets": dict, "settings": dict, "parent_run_id": str,
@@ -46,10 +46,6 @@ def _shape_error(data: Any) -> str | None:
         if entry.get("done") and not isinstance(entry.get("result", {}).get("per_seed"), list):
             return f"dataset '{name}' is done without its per-seed results"
     return None
-
-
-def state_path(sweep_folder: Path) -> Path:
-    return sweep_folder / STATE_FILE
 
 
 class SweepState:

@@ -20,6 +20,7 @@ from mlflow.exceptions import MlflowException
 
 from vacsr.config import Config, public_dict, save_config
 from vacsr.errors import ConfigError
+from vacsr.paths import absolute_path
 from vacsr.records.client import HeldClient, client_uri
 from vacsr.records.client_settings import apply_client_settings
 from vacsr.records.names import (
@@ -38,7 +39,6 @@ from vacsr.records.names import (
     param_value,
 )
 from vacsr.records.uri import (
-    _absolute,
     redact_uri,
     resolve_tracking_uri,
     sqlite_path,
@@ -202,7 +202,7 @@ class MlflowTracker:
         if db is None:
             return None
         slug = re.sub(r"[^\w.\-]", "_", experiment).strip(".") or "experiment"
-        return (_absolute(db).parent / ARTIFACTS_DIR / slug).as_uri()
+        return (absolute_path(db).parent / ARTIFACTS_DIR / slug).as_uri()
 
     def finish(self, status: str = "FINISHED") -> None:
         """End the run with `status`; a no-op when no run is held."""

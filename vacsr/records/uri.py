@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from vacsr.errors import ConfigError
+from vacsr.paths import absolute_path
 from vacsr.redact import redact_uri, split_credentials  # one redaction, also for error lines
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
@@ -48,11 +49,6 @@ USER_ENV, PASSWORD_ENV, TOKEN_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKIN
 PLUGIN_AUTH_ENVS = ("MLFLOW_TRACKING_AUTH", "MLFLOW_TRACKING_AWS_SIGV4")
 # how long opening a store waits for another process that is creating it (store_creation_lock)
 STORE_CREATION_WAIT_S = 120.0
-
-
-def _absolute(path: str | Path) -> Path:
-    """Absolute, user-expanded, without following symlinks (the folder may not exist yet)."""
-    return Path(os.path.abspath(os.path.expanduser(str(path))))
 
 
 def _scheme(uri: str) -> str | None:
@@ -77,14 +73,14 @@ def _absolute_sqlite(uri: str) -> str:
     if match is None or path is None or (path.is_absolute() and not str(path).startswith("~")):
         return uri
     # "sqlite:///" + "/abs/path" is SQLAlchemy's spelling of an absolute path.
-    return f"{match.group(1)}{_absolute(path)}{match.group(3) or ''}"
+    return f"{match.group(1)}{absolute_path(path)}{match.group(3) or ''}"
 
 
 def _absolute_file(uri: str) -> str:
     parts = urllib.parse.urlsplit(uri)
     if parts.netloc not in ("", "localhost") or parts.path.startswith("/"):
         return uri
-    return _absolute(urllib.parse.unquote(parts.path)).as_uri()
+    return absolute_path(urllib.parse.unquote(parts.path)).as_uri()
 
 
 def resolve_tracking_uri(uri: str | None = None, default_dir: str | Path = ".") -> str:
@@ -95,10 +91,10 @@ def resolve_tracking_uri(uri: str | None = None, default_dir: str | Path = ".") 
     """
     chosen = (uri or os.environ.get(TRACKING_URI_ENV) or "").strip()
     if not chosen:
-        return f"sqlite:///{_absolute(default_dir) / DB_NAME}"
+        return f"sqlite:///{absolute_path(default_dir) / DB_NAME}"
     scheme = _scheme(chosen)
     if scheme is None:
-        path = _absolute(chosen)
+        path = absolute_path(chosen)
         return f"sqlite:///{path if path.suffix == '.db' else path / DB_NAME}"
     if scheme.startswith("sqlite"):
         return _absolute_sqlite(chosen)
@@ -129,7 +125,7 @@ def check_tracking_uri(uri: str | None, timeout_s: float = 5.0) -> None:
         if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
             raise _unreachable(shown, "the file store is refused by MLflow >= 3.13 (use sqlite:///"
                                       "<folder>/mlflow.db or set MLFLOW_ALLOW_FILE_STORE=true)")
-        _check_folder(shown, _absolute(urllib.parse.urlsplit(resolved).path))
+        _check_folder(shown, absolute_path(urllib.parse.urlsplit(resolved).path))
     elif scheme.split("+")[0] in DB_PORTS:
         _check_tcp(shown, resolved, timeout_s)
     else:
@@ -235,13 +231,13 @@ def _check_sqlite(shown: str, uri: str, timeout_s: float) -> None:
     path = sqlite_path(uri)
     if path is None:  # in-memory database: nothing on disk to check
         return
-    _check_folder(shown, _absolute(path).parent)
+    _check_folder(shown, absolute_path(path).parent)
     if not path.exists():
         return
     # mode=rw opens an existing file, never creates one, and quietly falls back to read-only
     # when the file cannot be written: only a write tells, so write one and roll it back
     try:
-        conn = sqlite3.connect(f"file:{urllib.parse.quote(str(_absolute(path)))}?mode=rw",
+        conn = sqlite3.connect(f"file:{urllib.parse.quote(str(absolute_path(path)))}?mode=rw",
                                uri=True, timeout=timeout_s, isolation_level=None)
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -273,9 +269,9 @@ def check_store_exists(uri: str | None, expected: str) -> str:
     resolved = resolve_tracking_uri(uri)
     shown, scheme = uri or resolved, _scheme(resolved) or ""
     if scheme.startswith("sqlite") and (path := sqlite_path(resolved)) is not None:
-        _check_sqlite_store(shown, _absolute(path), expected)
+        _check_sqlite_store(shown, absolute_path(path), expected)
     elif scheme == "file":
-        folder = _absolute(urllib.parse.unquote(urllib.parse.urlsplit(resolved).path))
+        folder = absolute_path(urllib.parse.unquote(urllib.parse.urlsplit(resolved).path))
         if not folder.is_dir():
             raise _unreachable(shown, f"no MLflow store at {folder} (no such folder); expected "
                                       f"{expected}")
@@ -310,7 +306,7 @@ def store_creation_lock(uri: str, timeout_s: float = STORE_CREATION_WAIT_S):
     other stores, and file systems without flock on folders, pass through."""
     path = sqlite_path(uri)
     try:
-        fd = os.open(_absolute(path).parent, os.O_RDONLY | os.O_DIRECTORY) if path else None
+        fd = os.open(absolute_path(path).parent, os.O_RDONLY | os.O_DIRECTORY) if path else None
     except OSError:  # no folder yet: SQLite reports that itself
         fd = None
     try:

@@ -27,7 +27,7 @@ import time
 from urllib.parse import quote, urlencode
 
 from vacsr.records.tracker import open_tracker
-from vacsr.sweep.report.table import DIGITS, VAL, table_spec
+from vacsr.results import DIGITS, VAL, table_spec
 
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 VIEW_PARAM = "viewStateShareKey"
@@ -54,8 +54,9 @@ def view_key(sweep: str) -> str:
 
 
 def table_metrics(row: dict, titles: list[str]) -> dict[str, float]:
-    """A table row (report.table_rows) as the metrics the view shows, rounded as the table shows
-    them: table/<column>, its spread over seeds (with 2+ seeds), table/val (dataset rows)."""
+    """A table row (table_rows, vacsr/sweep/report/table.py) as the metrics the view shows,
+    rounded as the table shows them: table/<column>, its spread over seeds (with 2+ seeds),
+    table/val (dataset rows)."""
     metrics = {}
     for title in titles:
         if title in row:

@@ -4,17 +4,18 @@ MLflow through vacsr.records. The sub-packages follow a sweep's flow:
 - `spec/`: what a sweep is, as data: `SweepKind` (kind.py), the paper's ranges and published
   numbers (paper.py), search spaces (space.py). sweeps/*.py declare their kinds with these.
 - `plan/`: the flags to a checked `SweepPlan` before Ray starts (command_line.py, inputs.py,
-  plan.py, the embedded profile embedded.yaml), the sweep folder's layout (folders.py) and who
-  owns it (ownership.py).
-- `flow/`: the driver (driver.py: datasets -> search -> final runs -> table), the progress
-  events of the dataset tasks (events.py), and recovery from a full disk or a tracking outage
-  (recovery.py).
+  plan.py, the embedded profile embedded.yaml), the sweep folder's layout, spelled only in
+  folders.py, and who owns it (ownership.py).
 - `search/`: one dataset's Tune + Optuna search (tune.py), the Optuna searcher
-  (optuna_searcher.py), ASHA with its recorded stops (asha.py), which trial wins (selection.py)
-  and the trial itself (trial.py, trial_run.py).
+  (optuna_searcher.py), ASHA with its recorded stops (asha.py), which trial wins (selection.py),
+  the trial itself (trial.py, trial_run.py), recovery from a full disk or a tracking outage
+  (recovery.py) and the resume's check of the search's files (resume_files.py).
 - `final/`: the selected config re-run on every seed, then its test evaluations (seeds.py).
 - `report/`: the final table (table.py), `vacsr best` (best.py), the sensitivity analysis
   (importance.py) and the console progress (progress.py).
+- `flow/`: the driver (driver.py: datasets -> search -> final runs -> table), a dataset's Ray
+  task (dataset_task.py) and the progress events of the dataset tasks (events.py).
 
-`cli.py` is the one entry: `main(kind)` of the sweep scripts.
+`cli.py` is the one entry: `main(kind)` of the sweep scripts. Each sub-package imports only the
+ones listed before it (docs/architecture.md).
 """

@@ -57,7 +57,7 @@ def main(kind: SweepKind, argv: list[str] | None = None) -> int:
         return print_plan(kind, args)
     start = time.time()
     locks: list[DriverLock] = []
-    try:  # one driver per sweep folder, from before its data is written (sweep/ownership.py)
+    try:  # one driver per sweep folder from before its data is written (plan/ownership.py)
         plan = plan_from_args(kind, args, on_folder=lambda folder: locks.append(DriverLock(folder)))
         from vacsr.sweep.flow.driver import mlflow_ui_hint, run_sweep
 
@@ -70,7 +70,7 @@ def main(kind: SweepKind, argv: list[str] | None = None) -> int:
         return 2
     except Exception as exc:  # the MLflow server went away while the driver itself logged
         from vacsr.sweep.flow.driver import SweepTrackingDown
-        from vacsr.sweep.flow.recovery import tracking_failure
+        from vacsr.sweep.search.recovery import tracking_failure
 
         down = tracking_failure(exc)
         if not down:

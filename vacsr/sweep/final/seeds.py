@@ -18,7 +18,7 @@ from vacsr.distributed.eval_actor import PoolScorer
 from vacsr.distributed.train import fit_ray
 from vacsr.records import TrackingCallback
 from vacsr.records.sweep_records import place_child_run
-from vacsr.sweep.plan.folders import copy_from_storage
+from vacsr.sweep.plan.folders import FINAL, copy_from_storage, final_run_folder
 from vacsr.sweep.plan.plan import SweepPlan
 from vacsr.train.run_files import CHECKPOINT_FILE
 
@@ -29,8 +29,8 @@ RETRAINED_TAG = "vacsr.retrained"  # why the trial's checkpoint was not reused (
 def final_config(best, plan: SweepPlan, dataset: str, seed: int, parent_run_id: str):
     config = copy.deepcopy(best)
     config.train.seed = seed
-    config.train.output_dir = str(plan.storage / "final" / dataset / f"seed{seed}")
-    config.train.storage_path = plan.ray_path("final")
+    config.train.output_dir = str(final_run_folder(plan.storage, dataset, seed))
+    config.train.storage_path = plan.ray_path(FINAL)
     config.train.eval_test = False  # test is scored once, by the evaluation actors
     place_child_run(config, tracking_uri=plan.tracking_uri, experiment=plan.kind.experiment,
                     parent_run_id=parent_run_id, run_name=f"{dataset}-final-seed{seed}")

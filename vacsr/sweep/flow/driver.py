@@ -22,26 +22,29 @@ from pathlib import Path
 import ray
 
 from vacsr.atomic import atomic_write_text
-from vacsr.config import flatten, save_config
 from vacsr.distributed.cluster import ensure_ray, quiet_logging
 from vacsr.errors import StorageError, VacsrError
 from vacsr.model.pretrained_cache import weights_record
 from vacsr.records import MlflowTracker, redact_uri
-from vacsr.records.artifacts import BEST_CONFIG, FINAL_RUNS, SWEEP_INFO, SWEEP_PLAN
+from vacsr.records.artifacts import SWEEP_INFO, SWEEP_PLAN
 from vacsr.records.sweep_records import SweepRecords
-from vacsr.records.sweep_state import SweepState, state_path
+from vacsr.records.sweep_state import SweepState
 from vacsr.records.view import publish_table, runs_link
+from vacsr.results import table_spec
 from vacsr.stop import SIGNALS, Stopped
+from vacsr.sweep.flow.dataset_task import run_dataset
 from vacsr.sweep.flow.events import EventSink, start_event_log
-from vacsr.sweep.flow.recovery import SpaceReserve, storage_failure, tracking_failure
 from vacsr.sweep.plan.cost_plan import trial_pace
+from vacsr.sweep.plan.folders import error_file, report_folder, run_folders, state_file
 from vacsr.sweep.plan.ownership import claim_state
 from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism, short_of, trial_needs
 from vacsr.sweep.plan.preview import preview_costs
 from vacsr.sweep.plan.studies import check_optuna_storage, fail_running_trials, open_optuna_storage
-from vacsr.sweep.report.importance import importance_section, record_sensitivity
+from vacsr.sweep.report.importance import importance_section
 from vacsr.sweep.report.progress import SweepProgress
-from vacsr.sweep.report.table import readable, table_spec, write_report
+from vacsr.sweep.report.table import write_report
+from vacsr.sweep.search.recovery import SpaceReserve, storage_failure, tracking_failure
+from vacsr.sweep.search.resume_files import check_resume_files
 from vacsr.train.scratch import clear_scratch
 
 
@@ -80,49 +83,6 @@ class SweepTrackingDown(VacsrError):
 class SweepOutcome:
     rows: list[dict]
     failed: dict[str, str] = field(default_factory=dict)
-
-
-def write_best_config(config, folder: Path) -> Path:
-    """The best config as YAML that `vacsr train --config` accepts unchanged."""
-    config.train.ray = False
-    path = folder / BEST_CONFIG
-    save_config(config, path)
-    return path
-
-
-def run_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: int,
-                report: EventSink) -> dict:
-    """One dataset, start to end (a Ray task): search, final seed runs, its MLflow run."""
-    # here, not at the top: the driver process never trains or reads data, and these bring
-    # torch, open_clip's model stack and Ray Train (seconds of start-up) that only the dataset's
-    # task needs
-    from vacsr.records.inputs import log_dataset_inputs
-    from vacsr.sweep.final.seeds import final_runs
-    from vacsr.sweep.search.tune import search_dataset
-
-    quiet_logging(plan.verbose)
-    best = search_dataset(plan, dataset, dataset_run_id, max_concurrent, report)
-    run = SweepRecords(plan.tracking_uri, plan.kind.experiment).continue_run(dataset_run_id)
-    run.log_artifact(write_best_config(best["config"], plan.storage / "best" / dataset))
-    values = flatten(best["config"])
-    selected = {key: values[key] for key in plan.spaces[dataset]}
-    # as a person reads them (the view's columns); best_config.yaml and the selected trial's run
-    # hold the exact values
-    run.log_params({key: readable(value) for key, value in selected.items()})
-    importance = record_sensitivity(plan, dataset, run, selected)  # appendix E, per dataset
-    log_dataset_inputs(run, best["config"])  # the runs table's Dataset column
-    finals = final_runs(plan, dataset, best, dataset_run_id, report)
-    per_seed = finals["per_seed"]
-    keys = [k for k in per_seed[0] if k != "seed"]
-    for row in per_seed:  # per seed at step = seed, so the UI charts them side by side
-        run.log_epoch(row["seed"], {f"test_seed/{k}": row[k] for k in keys})
-    # their means over seeds are the table's row, logged once the table is made (table/*)
-    run.log_best({plan.kind.metric: best["val"], "num_trials": best["num_trials"],
-                  "failed_trials": best["failed_trials"]})
-    run.log_json(FINAL_RUNS, finals)
-    run.finish()
-    return {"val": best["val"], "per_seed": per_seed, "num_trials": best["num_trials"],
-            "importance": importance}
 
 
 class StopRequest:
@@ -218,7 +178,7 @@ def _finish_dataset(plan: SweepPlan, state: SweepState, dataset: str, ref) -> st
         lines = str(cause).strip().splitlines()
         why = lines[-1][:300] if lines else repr(cause)
         if not isinstance(cause, VacsrError):  # a bug, not a bad input: keep the traceback
-            path = atomic_write_text(plan.storage / "errors" / f"{dataset}.txt", str(exc))
+            path = atomic_write_text(error_file(plan.storage, dataset), str(exc))
             why = f"{type(cause).__name__}: {why} (traceback: {path})"
         state.update(dataset, failed=why)
         close_left_open(plan, state, [dataset], "FAILED")  # nothing RUNNING for a resume
@@ -260,12 +220,14 @@ def _close_records(plan: SweepPlan, state: SweepState, parent: MlflowTracker, st
 
 def _start(plan: SweepPlan, stop: StopRequest) -> SweepState:
     """The sweep's folder claimed and Ray started; a stop meanwhile (noted by `stop`, or caught
-    by Ray's own handler within ray.init: distributed/cluster.py) shuts down what started."""
+    by Ray's own handler within ray.init: vacsr/distributed/cluster.py) shuts down what started."""
     try:
         plan.storage.mkdir(parents=True, exist_ok=True)
-        state = claim_state(plan)  # a used folder takes only --resume, with its own settings
-        # what killed runs left of their temporary copies (train/scratch.py): nothing trains yet
-        clear_scratch(plan.storage / "trials", plan.storage / "final")
+        # a used folder takes only --resume, with its own settings and readable files
+        state = claim_state(plan, check_resume_files)
+        # what killed runs left of their temporary copies (vacsr/train/scratch.py): nothing
+        # trains yet
+        clear_scratch(*run_folders(plan.storage))
         state.update(weights=weights_record(plan.configs[plan.datasets[0]].model.pretrained))
         quiet_logging(plan.verbose)
         ensure_ray(address=plan.ray_address, log_to_driver=plan.verbose)
@@ -288,7 +250,7 @@ def _measured_plan(plan: SweepPlan) -> dict:
         return preview_costs(plan)
     except VacsrError:
         if not plan.resume:
-            state_path(plan.storage).unlink(missing_ok=True)
+            state_file(plan.storage).unlink(missing_ok=True)
         raise
 
 
@@ -313,7 +275,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
                              trial_estimate_s=trial_pace(cost))
     reserve = SpaceReserve(plan.storage)
     try:
-        reserve.hold()  # room to close the records if the disk fills up (sweep/reserve.py)
+        reserve.hold()  # room to close the records if the disk fills up (search/recovery.py)
         failed = _run_datasets(plan, state, parent_id, progress, stop)
         stop.check()
     except BaseException as exc:
@@ -339,7 +301,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     reserve.release()
     progress.close()
     results = state.finished(plan.datasets)
-    rows, paths, text = write_report(plan.kind, results, failed, plan.storage / "report",
+    rows, paths, text = write_report(plan.kind, results, failed, report_folder(plan.storage),
                                      sections=importance_section(results, plan.kind.metric))
     for path in paths:
         parent.log_artifact(path)

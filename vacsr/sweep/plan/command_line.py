@@ -13,17 +13,23 @@ from typing import Any, Callable
 
 from vacsr import config as cfg
 from vacsr.errors import ConfigError
-from vacsr.help_format import DefaultsHelp, flag_error
+from vacsr.help_format import DefaultsHelp, flag_error, nonempty
 from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
 from vacsr.sweep.plan.cost_plan import check_memory
 from vacsr.sweep.plan.counts import step_prompts
-from vacsr.sweep.plan.folders import prefix_cache_folder, storage_filesystem, sweep_folder
+from vacsr.sweep.plan.folders import (
+    embedded_data,
+    embedded_weights,
+    prefix_cache_folder,
+    sweep_folder,
+)
 from vacsr.sweep.plan.inputs import (
     check_datasets,
     check_devices,
     check_model,
     check_pretrained,
     check_ray_address,
+    check_ray_storage,
     check_sweep_name,
     note_fewer_shots,
 )
@@ -66,12 +72,6 @@ def _positive(cast):
     return check
 
 
-def _nonempty(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a value, got an empty string")
-    return text
-
-
 def _seed(text: str) -> int:
     try:
         value = int(text)
@@ -85,7 +85,7 @@ def _seed(text: str) -> int:
 def _seed_list(text: str) -> tuple[int, ...]:
     """--seeds: comma-separated seeds, each in the range every seeded library takes."""
     try:
-        return tuple(dict.fromkeys(_seed(part) for part in _nonempty(text).split(",")))
+        return tuple(dict.fromkeys(_seed(part) for part in nonempty(text).split(",")))
     except argparse.ArgumentTypeError as exc:
         raise argparse.ArgumentTypeError(f"{exc} (in {text!r})" if text.strip() else str(exc)
                                          ) from None
@@ -118,13 +118,13 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
     p = OneLineParser(prog=f"sweeps/{kind.name}.py", description=_description(kind, profile),
                       formatter_class=DefaultsHelp)
     env = lambda name: os.environ.get(name) or None  # noqa: E731 (an empty variable is unset)
-    p.add_argument("--datasets", type=_nonempty,
+    p.add_argument("--datasets", type=nonempty,
                    help=f"comma-separated subset of {', '.join(kind.datasets)} (default: all)")
-    p.add_argument("--data-root", type=_nonempty, default=env("VACSR_DATA_ROOT"),
+    p.add_argument("--data-root", type=nonempty, default=env("VACSR_DATA_ROOT"),
                    help="folder with the datasets in their real layouts (env VACSR_DATA_ROOT); "
                         "default: the embedded profile, synthetic data under the sweep folder")
-    p.add_argument("--model", type=_nonempty, help="open_clip model name (default vacsr-tiny)")
-    p.add_argument("--pretrained", type=_nonempty,
+    p.add_argument("--model", type=nonempty, help="open_clip model name (default vacsr-tiny)")
+    p.add_argument("--pretrained", type=nonempty,
                    help="open_clip tag or local weights file (default: the model's own "
                         "initialisation; without --data-root the tiny CLIP pretrained once per "
                         "machine)")
@@ -137,18 +137,18 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
                    help=f"seeds of the final re-runs ({default('seeds')})")
     p.add_argument("--name", type=_sweep_name, default=kind.name,
                    help="sweep name: its folder under --storage (letters, digits, . _ -)")
-    p.add_argument("--storage", type=_nonempty, default=env("VACSR_SWEEP_STORAGE") or "sweeps_out",
+    p.add_argument("--storage", type=nonempty, default=env("VACSR_SWEEP_STORAGE") or "sweeps_out",
                    help="sweep folder; on a multi-node cluster a path every node mounts "
                         "(env VACSR_SWEEP_STORAGE)")
-    p.add_argument("--ray-storage", type=_nonempty, default=env("VACSR_RAY_STORAGE"),
+    p.add_argument("--ray-storage", type=nonempty, default=env("VACSR_RAY_STORAGE"),
                    help="Tune/Train experiments and checkpoints: a shared path or an s3:// gs:// "
                         "URI (env VACSR_RAY_STORAGE; default: the sweep folder)")
-    p.add_argument("--optuna-storage", type=_nonempty, default=env("VACSR_OPTUNA_STORAGE"),
+    p.add_argument("--optuna-storage", type=nonempty, default=env("VACSR_OPTUNA_STORAGE"),
                    help="Optuna RDB URL, e.g. postgresql://... (env VACSR_OPTUNA_STORAGE; "
                         "default: sqlite in the sweep folder)")
-    p.add_argument("--tracking-uri", type=_nonempty, default=env("MLFLOW_TRACKING_URI"),
+    p.add_argument("--tracking-uri", type=nonempty, default=env("MLFLOW_TRACKING_URI"),
                    help="MLflow URI (env MLFLOW_TRACKING_URI; default: sqlite in the sweep folder)")
-    p.add_argument("--ray-address", type=_nonempty, default=env("RAY_ADDRESS"),
+    p.add_argument("--ray-address", type=nonempty, default=env("RAY_ADDRESS"),
                    help="Ray cluster to join (env RAY_ADDRESS, set by `ray job submit`; "
                         "default: start a local Ray of its own)")
     p.add_argument("--workers", type=_positive(int), default=1, help="Ray Train workers per trial")
@@ -185,7 +185,7 @@ def _add_plan_flags(p: argparse.ArgumentParser) -> None:
                    help="print what the sweep would cost (counts, steps, device-hours, wall time, "
                         "peak memory per dataset, from a short calibration where trials run) "
                         "and exit; writes nothing but --plan-out")
-    p.add_argument("--plan-out", type=_nonempty, metavar="PATH",
+    p.add_argument("--plan-out", type=nonempty, metavar="PATH",
                    help="with --plan: also write the plan as JSON to PATH")
     p.add_argument("--device-memory-gib", type=_positive(float),
                    help="memory of a worker's device: a configuration whose estimated peak "
@@ -213,32 +213,18 @@ def _datasets(kind: SweepKind, text: str | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _ray_storage(text: str | None) -> str:
-    """A URI pyarrow can open (s3://, gs://, file://...) as given; a path made absolute."""
-    if text is None:
-        return ""
-    if "://" not in text:
-        return str(Path(text).expanduser().resolve())
-    try:
-        storage_filesystem(text)
-    except Exception as exc:  # pyarrow raises ArrowInvalid / ValueError / OSError by scheme
-        raise ConfigError(f"--ray-storage {text!r}: not a storage URI pyarrow can open "
-                          f"({str(exc).splitlines()[0]})") from None
-    return text
-
-
 def _embedded_data(kind: SweepKind, profile: dict, storage: Path, model: str,
                    pretrained: str | None, datasets: list[str]) -> tuple[Path, str | None]:
     """No --data-root: synthetic data in the real layouts (and the pretrained tiny CLIP)."""
     from vacsr.data.generate import generate_all
 
-    root = storage / "data"
+    root = embedded_data(storage)
     if not (root / ".generated").is_file():
         print(f"writing synthetic datasets in their real layouts under {root}", flush=True)
         names = [d for d in kind.data_needed(datasets) if d not in kind.also_accepts]
         generate_all(root, datasets=names, per_class=tuple(profile["synthetic_per_class"]))
         (root / ".generated").write_text("ok\n")
-    weights = storage / "tiny-clip.pt"
+    weights = embedded_weights(storage)
     if pretrained is None and profile.get("pretrain_tiny") and model == profile["model"]:
         from vacsr.model.pretrained_cache import install_pretrained
 
@@ -306,11 +292,11 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
               for key, text in profile.get("range", {}).items() if key not in kind.protocol}
     ranges.update(parse_range(text) for text in args.range)
     storage = sweep_folder(args.storage, args.name)
-    root = storage / "data" if embedded else Path(args.data_root).expanduser().resolve()
+    root = embedded_data(storage) if embedded else Path(args.data_root).expanduser().resolve()
     train_counts = {} if embedded else check_datasets(
         root, kind.task, [d for d in kind.data_needed(datasets) if d not in kind.also_accepts])
     tiny = embedded and profile.get("pretrain_tiny") and model == profile["model"]
-    pretrained = args.pretrained or (str(storage / "tiny-clip.pt") if tiny else None)
+    pretrained = args.pretrained or (str(embedded_weights(storage)) if tiny else None)
     shared = _base_values(kind, args, profile, root, model, pretrained)
     epochs = {"train.epochs": args.epochs} if args.epochs else {}
     own = {d: {"data.dataset": d, "data.prefix_cache_dir": str(prefix_cache_folder(storage, d))}
@@ -340,7 +326,7 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
         resume=args.resume, parallel=args.parallel_datasets,
         concurrent_trials=args.concurrent_trials,
         trial_cpus=_pick(args.trial_cpus, profile, "trial_cpus"),
-        ray_storage=_ray_storage(args.ray_storage), optuna_url=args.optuna_storage or "",
+        ray_storage=check_ray_storage(args.ray_storage), optuna_url=args.optuna_storage or "",
         ray_address=args.ray_address, eval_actors=args.eval_actors, verbose=args.verbose,
         device_memory_gib=args.device_memory_gib,
         synthetic_per_class=tuple(profile["synthetic_per_class"]) if embedded else None)

@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 
 from vacsr.errors import ConfigError
+from vacsr.sweep.plan.folders import storage_filesystem
 
 # a sweep name is one folder under --storage and part of Optuna study and MLflow run names
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -171,5 +172,20 @@ def check_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) ->
                           f"within {timeout_s:g} s); start it, or check RAY_ADDRESS") from None
 
 
+def check_ray_storage(text: str | None) -> str:
+    """A URI pyarrow can open (s3://, gs://, file://...) as given; a path made absolute."""
+    if text is None:
+        return ""
+    if "://" not in text:
+        return str(Path(text).expanduser().resolve())
+    try:
+        storage_filesystem(text)
+    except Exception as exc:  # pyarrow raises ArrowInvalid / ValueError / OSError by scheme
+        raise ConfigError(f"--ray-storage {text!r}: not a storage URI pyarrow can open "
+                          f"({str(exc).splitlines()[0]})") from None
+    return text
+
+
 __all__ = ["check_datasets", "check_devices", "check_model", "check_pretrained",
-           "check_ray_address", "check_sweep_name", "check_trials_fit", "note_fewer_shots"]
+           "check_ray_address", "check_ray_storage", "check_sweep_name", "check_trials_fit",
+           "note_fewer_shots"]

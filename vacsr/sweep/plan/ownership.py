@@ -13,17 +13,16 @@
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from vacsr.config import flatten, shown
 from vacsr.errors import ConfigError
 from vacsr.folder_lock import FolderLock
-from vacsr.records.sweep_state import SweepState, state_path
+from vacsr.records.sweep_state import SweepState
+from vacsr.sweep.plan.folders import LOCK_FILE, state_file
 from vacsr.sweep.plan.plan import SweepPlan
 
-LOCK_FILE = "driver.lock"
 # config keys that place or pace a run but do not change its results
 RESOURCE_KEYS = ("train.cpus_per_worker", "train.progress", "data.num_workers")
 
@@ -78,34 +77,12 @@ def _studies_of(plan: SweepPlan) -> list[str]:
     return sorted(n for n in names if n in {f"{plan.name}-{d}" for d in plan.kind.datasets})
 
 
-def check_resume_files(plan: SweepPlan, state: SweepState) -> None:
-    """What --resume reads for each unfinished dataset, checked before Ray starts: its recorded
-    selection, and Tune's experiment state in a local Ray storage (a zero-byte file is what a
-    full disk leaves, cleared by sweep/repair.py; anything else unreadable stops here)."""
-    from vacsr.sweep.search.selection import read_selection
-
-    for dataset in plan.datasets:
-        if state.dataset(dataset).get("done"):
-            continue
-        read_selection(plan.storage / "trials" / dataset)  # ConfigError when damaged
-        folder = Path(plan.ray_path("tune", dataset))
-        if "://" in str(plan.ray_root) or not folder.is_dir():
-            continue
-        for file in sorted(folder.glob("experiment_state-*.json")):
-            try:
-                ok = file.stat().st_size == 0 or isinstance(json.loads(file.read_text()), dict)
-            except (OSError, ValueError, UnicodeDecodeError):
-                ok = False
-            if not ok:
-                raise ConfigError(f"--resume: {file}: Tune's experiment state is damaged (not a "
-                                  "JSON object); restore the file, or start a new sweep with "
-                                  "another --name")
-
-
-def claim_state(plan: SweepPlan) -> SweepState:
+def claim_state(plan: SweepPlan, check_files: Callable[[SweepPlan, SweepState], None] | None
+                = None) -> SweepState:
     """The sweep's state: a fresh one for a new sweep in an unused folder, the recorded one for
-    `--resume` with the same settings; ConfigError (one line) otherwise."""
-    path = state_path(plan.storage)
+    `--resume` with the same settings; ConfigError (one line) otherwise. `check_files` checks
+    what the resume will read (the driver passes vacsr/sweep/search/resume_files.py's)."""
+    path = state_file(plan.storage)
     settings = sweep_settings(plan)
     if not plan.resume:
         used = path.is_file() or _studies_of(plan)
@@ -122,7 +99,8 @@ def claim_state(plan: SweepPlan) -> SweepState:
                               "resume would open the sweep's MLflow runs a second time: restore "
                               "the file, or start a new sweep with another --name")
         state = SweepState(path, fresh=False)
-        check_resume_files(plan, state)  # a damaged file is named first, then an old format
+        if check_files:  # a damaged file is named first, then an old format
+            check_files(plan, state)
         state.check_format()
         recorded = state.data.get("settings")
         diffs = _differences(recorded, settings) if recorded else []

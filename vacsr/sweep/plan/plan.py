@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vacsr.config import Config, from_dict, set_value, validate
-from vacsr.sweep.plan.folders import join_storage
+from vacsr.sweep.plan.folders import join_storage, optuna_url
 from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.spec.space import Domain
 
@@ -60,7 +60,7 @@ class SweepPlan:
 
     @property
     def optuna_storage_url(self) -> str:
-        return self.optuna_url or f"sqlite:///{self.storage / 'optuna.db'}"
+        return self.optuna_url or optuna_url(self.storage)
 
 
 def step_decay_epoch(epochs: int) -> int:
@@ -85,8 +85,8 @@ def build_config(layers: list[dict[str, Any]], user_keys: set[str]) -> Config:
 
 
 def trains_in_trial(train) -> bool:
-    """A run of one worker trains in its Tune trial actor (vacsr/sweep/search/trial_run.py); a run of
-    several is a Ray Train TorchTrainer whose workers reserve their own resources."""
+    """A run of one worker trains in its Tune trial actor (vacsr/sweep/search/trial_run.py); a
+    run of several is a Ray Train TorchTrainer whose workers reserve their own resources."""
     return train.workers == 1
 
 

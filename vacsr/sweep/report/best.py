@@ -20,8 +20,9 @@ from vacsr.records.artifacts import (
 from vacsr.records.sweep_records import DATASET_TAG, SweepRecords
 from vacsr.records.uri import check_store_exists
 from vacsr.records.view import TABLE_PREFIX
+from vacsr.results import DIGITS, VAL
 from vacsr.sweep.report.importance import Sensitivity, importance_table
-from vacsr.sweep.report.table import DIGITS, VAL, readable, table_rows, to_markdown
+from vacsr.sweep.report.table import readable, table_rows, to_markdown
 
 VAL_COLUMN = f"{TABLE_PREFIX}{VAL}"  # the selection's val metric, shown under its own name
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from vacsr.atomic import atomic_write, atomic_write_json
 from vacsr.records.artifacts import IMPORTANCE_DIR, IMPORTANCE_FILE, IMPORTANCE_PLOT
+from vacsr.sweep.plan.folders import importance_folder
 from vacsr.sweep.report.table import readable
 from vacsr.sweep.spec.space import Choice, Domain, Int, LogFloat
 
@@ -210,7 +211,7 @@ def record_sensitivity(plan, dataset: str, tracker, selected: dict[str, Any]) ->
                                     selected=selected)
     finally:
         storage.engine.dispose()
-    folder = plan.storage / "report" / FOLDER / dataset
+    folder = importance_folder(plan.storage, dataset)
     json_path = atomic_write_json(folder / IMPORTANCE_FILE, asdict(sensitivity))
     png_path = plot_sensitivity(sensitivity, folder / IMPORTANCE_PLOT)
     tracker.log_artifact(json_path, FOLDER)

@@ -56,7 +56,8 @@ class SweepProgress:
         self._refresh()
 
     def event(self, event: dict) -> None:
-        """An event a dataset's task sent (vacsr/sweep/search/tune.py TrialEvents, final.py)."""
+        """An event a dataset's task sent (vacsr/sweep/search/tune.py TrialEvents,
+        vacsr/sweep/final/seeds.py)."""
         dataset = event["dataset"]
         served, evaluated = event.get("cache", (0, 0))
         self.cache = [self.cache[0] + served, self.cache[1] + evaluated]

@@ -2,8 +2,8 @@
 as mean ± std over the seeds (CoOp's parse_test_res.py), H from the seed-averaged base and novel
 (paper sec. 4.1), an average row, published rows beside; Markdown, CSV, a per-seed CSV and a chart.
 
-Everything here works from plain data (a table spec and per-seed metrics), so `vacsr best --table`
-rebuilds the same table from the MLflow store alone.
+Everything here works from plain data (a table spec, vacsr/results.py, and per-seed metrics),
+so `vacsr best --table` rebuilds the same table from the MLflow store alone.
 """
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ from statistics import mean, pstdev
 from typing import Any
 
 from vacsr.atomic import atomic_write, atomic_write_text
-from vacsr.results import NOT_RESULTS, harmonic_mean
+from vacsr.results import DIGITS, NOT_RESULTS, VAL, harmonic_mean, table_spec
+from vacsr.sweep.plan.folders import PER_SEED_CSV, RESULTS_CSV, RESULTS_MD, RESULTS_PNG
 
 HIDDEN = NOT_RESULTS  # per-seed entries that are not results
-DIGITS = 2  # decimals of the table's numbers (percentages), in results.md and the MLflow view
-VAL = "val"  # a row's best val (the selection's), the table's "best val" column
 
 
 def readable(value: Any, digits: int = 4) -> str:
@@ -38,14 +37,6 @@ def readable(value: Any, digits: int = 4) -> str:
     if isinstance(value, float) and math.isfinite(value):
         return f"{value:.{digits}g}"
     return str(value)
-
-
-def table_spec(table) -> dict[str, Any]:
-    """A kind's Table as plain data (logged on the sweep's run: vacsr/records/artifacts.py
-    SWEEP_INFO)."""
-    return {"columns": [list(c) for c in table.columns],
-            "harmonic": list(table.harmonic) if table.harmonic else None,
-            "published": {k: list(v) for k, v in table.published.items()}}
 
 
 def _columns(spec: dict, results: dict[str, dict]) -> list[tuple[str, str]]:
@@ -95,8 +86,6 @@ def table_rows(spec: dict, results: dict[str, dict], failed: dict[str, str] | No
     for dataset, why in (failed or {}).items():
         rows.append({"dataset": dataset, "failed": why})
     return rows
-
-
 
 
 def _cell(row: dict, title: str) -> str:
@@ -169,9 +158,9 @@ def write_report(kind, results: dict[str, dict], failed: dict[str, str], folder:
     spec = table_spec(kind.table)
     rows = table_rows(spec, results, failed)
     text = to_markdown(spec, rows) + sections
-    paths = [atomic_write_text(folder / "results.md", text),
-             atomic_write_text(folder / "results.csv", _csv(rows)),
-             atomic_write_text(folder / "per_seed.csv", _csv(per_seed_rows(results)))]
+    paths = [atomic_write_text(folder / RESULTS_MD, text),
+             atomic_write_text(folder / RESULTS_CSV, _csv(rows)),
+             atomic_write_text(folder / PER_SEED_CSV, _csv(per_seed_rows(results)))]
     if spec["columns"] and any("failed" not in r for r in rows):
-        paths.append(plot_columns(spec, rows, folder / "results.png"))
+        paths.append(plot_columns(spec, rows, folder / RESULTS_PNG))
     return rows, paths, text

@@ -1,1 +1,2 @@
-"""One dataset's search: Tune + Optuna over trials, ASHA, and which trial is selected."""
+"""One dataset's search: Tune + Optuna over trials, ASHA, which trial is selected, and what a
+full disk or a tracking outage leaves to repair."""

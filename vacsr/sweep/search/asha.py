@@ -10,8 +10,6 @@ from ray.tune.schedulers import ASHAScheduler
 
 from vacsr.atomic import atomic_write_json
 
-ASHA_STOPS_FILE = "asha_stops.json"  # in trials/<dataset>/ of the sweep folder
-
 
 class AshaStops:
     """Each trial ASHA stopped: the rung (epoch), its value there and the values it was compared

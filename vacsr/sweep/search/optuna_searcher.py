@@ -37,8 +37,10 @@ import optuna
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
-TUNE_TRIAL_ATTR = "tune_trial_id"  # Optuna user attribute: the Tune trial an Optuna trial configures
-CREATION_ATTR = "creation_index"  # Optuna user attribute: Tune trials the searcher created before
+# Optuna user attributes: the Tune trial an Optuna trial configures, and how many Tune trials
+# the searcher created before it
+TUNE_TRIAL_ATTR = "tune_trial_id"
+CREATION_ATTR = "creation_index"
 
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:

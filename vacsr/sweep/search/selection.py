@@ -16,8 +16,8 @@ from typing import Any
 
 from vacsr.atomic import atomic_write_json
 from vacsr.errors import ConfigError, VacsrError
+from vacsr.sweep.plan.folders import SELECTION_FILE
 
-SELECTION_FILE = "selection.json"
 SELECTION_FIELDS = {"trial_id": str, "suggested": dict, "val": (int, float), "num_trials": int,
                     "failed_trials": int, "checkpoint": (str, type(None))}
 

@@ -24,13 +24,14 @@ from vacsr.config import Config
 from vacsr.distributed.ray_hooks import RayRun
 from vacsr.errors import RunFailed, VacsrError
 from vacsr.records.logger import mlflow_logger
-from vacsr.sweep.flow.recovery import outage
+from vacsr.sweep.search.recovery import outage
 from vacsr.train.failure import clear_run_failure, read_run_failure, record_run_failure
 
 
 def recorded_failure(output_dir: Path) -> str | None:
     """The error an earlier attempt of this trial recorded, unless another try cures it (a full
-    disk, a tracking server that did not answer: the resume retrains those, sweep/repair.py)."""
+    disk, a tracking server that did not answer: the resume retrains those,
+    vacsr/sweep/search/recovery.py)."""
     error = read_run_failure(output_dir)
     if error is not None and outage(error):
         clear_run_failure(output_dir)

@@ -1,8 +1,8 @@
 """One dataset's search: Tune + Optuna over Ray Train trials, then the best trial (paper sec. 4.1,
 appendix C: selection on the validation split only).
 
-Runs inside the dataset's Ray task (vacsr/sweep/flow/driver.py): each dataset's Tuner lives in a process
-of its own, so datasets searched side by side share no Tune or Optuna state.
+Runs inside the dataset's Ray task (vacsr/sweep/flow/dataset_task.py): each dataset's Tuner
+lives in a process of its own, so datasets searched side by side share no Tune or Optuna state.
 """
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from ray import tune
 from vacsr.distributed.storage_fs import ray_storage
 from vacsr.errors import VacsrError
 from vacsr.records.sweep_records import SweepRecords
-from vacsr.sweep.flow.recovery import TRACKING_DOWN_NOTE, repair_experiment, tracking_failure
-from vacsr.sweep.plan.folders import join_storage
+from vacsr.sweep.plan.folders import TRIALS, TUNE, asha_stops_file, join_storage, trial_folder
 from vacsr.sweep.plan.plan import SweepPlan, trains_in_trial, trial_resources
 from vacsr.sweep.plan.studies import fail_running_trials, open_optuna_storage
-from vacsr.sweep.search.asha import ASHA_STOPS_FILE, AshaStops, RecordingASHA
+from vacsr.sweep.search.asha import AshaStops, RecordingASHA
 from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
+from vacsr.sweep.search.recovery import TRACKING_DOWN_NOTE, repair_experiment, tracking_failure
 from vacsr.sweep.search.selection import (
     creation_order,
     read_selection,
@@ -47,8 +47,8 @@ def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str) -> str:
     """The dataset's trial function, registered under a name of its own: Tune keeps trainables
     per job and name, and the datasets' tasks share the driver's job, so one shared name would
     let a dataset's trials run another dataset's config."""
-    meta = TrialMeta(dataset=dataset, trial_root=str(plan.storage / "trials" / dataset),
-                     ray_storage=plan.ray_path("trials", dataset), tracking_uri=plan.tracking_uri,
+    meta = TrialMeta(dataset=dataset, trial_root=str(trial_folder(plan.storage, dataset)),
+                     ray_storage=plan.ray_path(TRIALS, dataset), tracking_uri=plan.tracking_uri,
                      experiment=plan.kind.experiment, parent_run_id=dataset_run_id)
     trainable = tune.with_parameters(run_trial, base=plan.configs[dataset], meta=meta)
     name = f"vacsr-{plan.name}-{dataset}"
@@ -60,12 +60,12 @@ def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str) -> str:
 def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: int,
            callbacks: list, stops: AshaStops) -> tune.Tuner:
     """A new Tuner, or the restored one when --resume finds this dataset's experiment."""
-    storage_path, filesystem = ray_storage(plan.ray_path("tune"))  # whole files (storage_fs.py)
+    storage_path, filesystem = ray_storage(plan.ray_path(TUNE))  # whole files (storage_fs.py)
     folder = join_storage(storage_path, dataset)
     storage_failed = plan.resume and repair_experiment(folder)  # what a full disk left
     if plan.resume and tune.Tuner.can_restore(folder, storage_filesystem=filesystem):
         # errored trials stay failed, their errors are deterministic (worker loss is retried by
-        # Ray Train inside the trial), unless a full disk stopped them (sweep/repair.py)
+        # Ray Train inside the trial), unless a full disk stopped them (search/recovery.py)
         return tune.Tuner.restore(folder, trainable=trainable, resume_unfinished=True,
                                   resume_errored=storage_failed, restart_errored=False,
                                   storage_filesystem=filesystem)
@@ -76,7 +76,8 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
                                points_to_evaluate=[start_point(space, base)])
     max_epochs = max(base.train.epochs, getattr(space.get("train.epochs"), "high", 0))
     # a trial that trains in its actor is restarted by Tune when the actor is lost (Ray Train
-    # restarts the workers of the others); its own errors end at once (vacsr/sweep/search/trial_run.py)
+    # restarts the workers of the others); its own errors end at once
+    # (vacsr/sweep/search/trial_run.py)
     in_actor = trains_in_trial(base.train)
     retries = base.train.max_failures if in_actor else 0
     return tune.Tuner(
@@ -144,7 +145,7 @@ def search_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concu
                    report: Callable[[dict], None] = lambda event: None) -> dict:
     """Run (or resume) the dataset's search; the best trial's config, val metric and checkpoint.
     A resumed sweep whose search of this dataset was done takes the recorded choice."""
-    folder = plan.storage / "trials" / dataset
+    folder = trial_folder(plan.storage, dataset)
     recorded = read_selection(folder) if plan.resume else None
     selection = recorded or _search(plan, dataset, dataset_run_id, max_concurrent, report)
     if recorded is None:
@@ -157,7 +158,7 @@ def _search(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: 
     """The search itself, its trials' MLflow runs closed and marked; the selection record."""
     storage = open_optuna_storage(plan)
     study = f"{plan.name}-{dataset}"
-    stops = AshaStops(plan.storage / "trials" / dataset / ASHA_STOPS_FILE)
+    stops = AshaStops(asha_stops_file(plan.storage, dataset))
     tuner = _tuner(plan, dataset, _trainable(plan, dataset, dataset_run_id), storage,
                    max_concurrent, [TrialEvents(dataset, plan.kind.metric, report)], stops)
     results = tuner.fit()

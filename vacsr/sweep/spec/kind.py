@@ -48,7 +48,8 @@ class SweepKind:
     evaluations: tuple[Evaluation, ...] = ()
     averages: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # per-seed means
     table: Table = Table()
-    batch_sizes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # searched, per dataset
+    # the batch sizes searched, per dataset
+    batch_sizes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     also_accepts: tuple[str, ...] = ()  # dataset names accepted beyond `datasets`
     mode: str = "max"
 

@@ -15,21 +15,25 @@ from vacsr.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class LogFloat:
+class _Range:
+    """The closed range [low, high] a key is drawn from."""
     low: float
     high: float
 
 
 @dataclass(frozen=True)
-class Float:
-    low: float
-    high: float
+class LogFloat(_Range):
+    """A float drawn on a log scale (learning rates, weight decay)."""
 
 
 @dataclass(frozen=True)
-class Int:
-    low: int
-    high: int
+class Float(_Range):
+    """A float drawn uniformly."""
+
+
+@dataclass(frozen=True)
+class Int(_Range):
+    """An integer drawn uniformly, both ends included."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,8 @@ def validate_space(space: dict[str, Domain]) -> None:
                 raise ConfigError(f"search space {key}: empty or inverted range "
                                   f"[{domain.low}, {domain.high}]")
             if isinstance(domain, LogFloat) and domain.low <= 0:
-                raise ConfigError(f"search space {key}: a log range needs low > 0, got {domain.low}")
+                raise ConfigError(f"search space {key}: a log range needs low > 0, "
+                                  f"got {domain.low}")
             sample = domain.low
         set_value(probe, key, sample)  # raises for keys that are not config keys
 

@@ -1,9 +1,10 @@
 """Recovering from a full disk or a tracking outage: the room kept to close the records, the
 classification of a failure, and the repair of a Tune folder before `--resume`.
 
-Room kept in the sweep folder so that a full disk can still close the sweep's records. A full disk stops every writer at once, the driver's record keeping included: the SQLite files of
-MLflow and Optuna in the sweep folder need room for their journals to mark runs KILLED and
-trials FAIL, and sweep_state.json is written whole. So while a driver runs it holds
+Room kept in the sweep folder so that a full disk can still close the sweep's records. A full
+disk stops every writer at once, the driver's record keeping included: the SQLite files of MLflow
+and Optuna in the sweep folder need room for their journals to mark runs KILLED and trials FAIL,
+and sweep_state.json is written whole. So while a driver runs it holds
 `<sweep folder>/.space-reserve` (RESERVE_BYTES, allocated, not sparse); when a storage error
 stops the sweep it removes that file first and closes its records in the room it frees. A
 `--resume` allocates it again, and stops with one line while the disk is still full.
@@ -26,8 +27,8 @@ from pathlib import Path
 
 from vacsr.atomic import STORAGE_ADVICE, STORAGE_ERRNOS
 from vacsr.errors import StorageError
+from vacsr.sweep.plan.folders import RESERVE_FILE
 
-RESERVE_FILE = ".space-reserve"
 RESERVE_BYTES = 4 * 2**20  # MLflow's and Optuna's journals for a few hundred row updates
 
 # a full, quota-limited or failing disk: what freeing space (or another try) cures
@@ -162,8 +163,8 @@ def failed_on_outage(folder: Path) -> bool:
 
 def repair_experiment(folder: str) -> bool:
     """Clear a local experiment folder for restore; True when its errored trials should resume
-    (they failed on storage or on the tracking server). A URI (s3://...) is left as it is: object stores write whole
-    objects or none."""
+    (they failed on storage or on the tracking server). A URI (s3://...) is left as it is:
+    object stores write whole objects or none."""
     if "://" in folder or not Path(folder).is_dir():
         return False
     clear_empty_files(Path(folder))

@@ -1,0 +1,113 @@
+"""vacsr's one layer order (docs/architecture.md): a module imports only from its own layer or
+the layers below it, never from one above, counting every import in its source (inside functions
+and TYPE_CHECKING blocks too). A new module must be given a layer here before it can pass."""
+from __future__ import annotations
+
+from tests.architecture.source_imports import PACKAGE, imports_in, vacsr_modules
+
+# lowest first. "pkg.*" is the package and everything in it; any other entry is that module only.
+# Where an exact entry and a "pkg.*" both match, the exact one decides.
+LAYERS: list[tuple[str, list[str]]] = [
+    ("base", ["vacsr", "vacsr.errors", "vacsr.atomic", "vacsr.redact", "vacsr.seed", "vacsr.stop",
+              "vacsr.threads", "vacsr.results", "vacsr.task_names", "vacsr.help_format",
+              "vacsr.compute_device", "vacsr.paths", "vacsr.folder_lock", "vacsr.plots"]),
+    ("config", ["vacsr.config.*"]),
+    ("data", ["vacsr.data.*"]),
+    ("model", ["vacsr.model.*"]),
+    # the backbone's encodings of a split and their on-disk cache: data run through the model
+    ("encoding", ["vacsr.data.encoding", "vacsr.data.prefix_cache"]),
+    ("eval", ["vacsr.eval.*"]),
+    ("tasks", ["vacsr.tasks"]),
+    ("train", ["vacsr.train.*"]),
+    ("records", ["vacsr.records.*"]),
+    ("distributed", ["vacsr.distributed.*"]),
+    ("sweep.spec", ["vacsr.sweep", "vacsr.sweep.spec.*"]),
+    ("sweep.plan", ["vacsr.sweep.plan.*"]),
+    ("sweep.search", ["vacsr.sweep.search.*"]),
+    ("sweep.final", ["vacsr.sweep.final.*"]),
+    ("sweep.report", ["vacsr.sweep.report.*"]),
+    ("sweep.flow", ["vacsr.sweep.flow.*"]),
+    ("sweep.cli", ["vacsr.sweep.cli"]),
+    ("cli", ["vacsr.demo", "vacsr.cli"]),
+]
+
+
+def layer_of(module: str, layers=LAYERS) -> int | None:
+    """The index of the module's layer; None when no entry names it."""
+    packages = []
+    for index, (_, entries) in enumerate(layers):
+        if module in entries:
+            return index
+        packages += [(len(e), index) for e in entries if e.endswith(".*")
+                     and (module == e[:-2] or module.startswith(e[:-1]))]
+    return max(packages)[1] if packages else None
+
+
+def _imported_module(target: str, modules) -> str | None:
+    """The vacsr module an import names (`from m import name` yields m.name: that is m)."""
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def upward_imports(sources: dict[str, tuple[str, str, bool]], layers=LAYERS) -> list[str]:
+    """Each import from a lower layer into a higher one, as
+    'file:line: importer (its layer) -> imported (its layer)'. sources: module -> (where shown,
+    source text, is a package)."""
+    found = []
+    for module, (where, source, is_package) in sorted(sources.items()):
+        own = layer_of(module, layers)
+        for line, target in imports_in(source, module, is_package):
+            imported = _imported_module(target, sources) if target.startswith("vacsr") else None
+            if imported is None or own is None:
+                continue
+            theirs = layer_of(imported, layers)
+            if theirs is not None and theirs > own:
+                found.append(f"{where}:{line}: {module} ({layers[own][0]}) -> {imported} "
+                             f"({layers[theirs][0]})")
+    return sorted(set(found))
+
+
+def _package_sources() -> dict[str, tuple[str, str, bool]]:
+    return {name: (str(path.relative_to(PACKAGE.parent)), path.read_text(),
+                   path.name == "__init__.py") for name, path in vacsr_modules().items()}
+
+
+def test_the_checker_flags_an_import_from_a_higher_layer():
+    layers = [("low", ["vacsr.low.*"]), ("high", ["vacsr.high", "vacsr.high.*"])]
+    sources = {"vacsr.low.a": ("low/a.py", "import os\n"
+                                           "def f():\n"
+                                           "    from vacsr.high.b import thing\n", False),
+               "vacsr.high.b": ("high/b.py", "from vacsr.low.a import f\n", False)}
+    assert upward_imports(sources, layers) == [
+        "low/a.py:3: vacsr.low.a (low) -> vacsr.high.b (high)"]
+    typing_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import vacsr.high.b\n"
+    sources["vacsr.low.a"] = ("low/a.py", typing_only, False)
+    assert upward_imports(sources, layers) == [
+        "low/a.py:3: vacsr.low.a (low) -> vacsr.high.b (high)"]
+
+
+def test_the_exact_entry_decides_over_its_package():
+    assert layer_of("vacsr.data.encoding") > layer_of("vacsr.model.backbone")
+    assert layer_of("vacsr.data.base") < layer_of("vacsr.model.backbone")
+    assert layer_of("vacsr.config") == layer_of("vacsr.config.anything")
+
+
+def test_every_vacsr_module_has_a_layer_and_a_new_one_has_none():
+    modules = vacsr_modules()
+    assert len(modules) > 100 and "vacsr.sweep.flow.driver" in modules
+    assert [m for m in modules if layer_of(m) is None] == []
+    assert layer_of("vacsr.new_module") is None and layer_of("vacsr.sweep.new.module") is None
+
+
+def test_every_entry_names_a_module():
+    modules = vacsr_modules()
+    stale = [e for _, entries in LAYERS for e in entries
+             if not any(m == e or (e.endswith(".*") and (m == e[:-2] or m.startswith(e[:-1])))
+                        for m in modules)]
+    assert stale == []
+
+
+def test_no_module_imports_from_a_higher_layer():
+    found = upward_imports(_package_sources())
+    assert found == [], "\n".join(found)
