@@ -5,31 +5,47 @@ from __future__ import annotations
 
 from tests.architecture.source_imports import PACKAGE, imports_in, vacsr_modules
 
-# lowest first. "pkg.*" is the package and everything in it; any other entry is that module only.
-# Where an exact entry and a "pkg.*" both match, the exact one decides.
-LAYERS: list[tuple[str, list[str]]] = [
-    ("base", ["vacsr", "vacsr.errors", "vacsr.atomic", "vacsr.redact", "vacsr.seed", "vacsr.stop",
-              "vacsr.threads", "vacsr.results", "vacsr.task_names", "vacsr.help_format",
-              "vacsr.compute_device", "vacsr.paths", "vacsr.folder_lock", "vacsr.plots"]),
-    ("config", ["vacsr.config.*"]),
-    ("data", ["vacsr.data.*"]),
-    ("model", ["vacsr.model.*"]),
-    # the backbone's encodings of a split and their on-disk cache: data run through the model
-    ("encoding", ["vacsr.data.encoding", "vacsr.data.prefix_cache"]),
-    ("eval", ["vacsr.eval.*"]),
-    ("tasks", ["vacsr.tasks"]),
-    ("train", ["vacsr.train.*"]),
-    ("records", ["vacsr.records.*"]),
-    ("distributed", ["vacsr.distributed.*"]),
-    ("sweep.spec", ["vacsr.sweep", "vacsr.sweep.spec.*"]),
-    ("sweep.plan", ["vacsr.sweep.plan.*"]),
-    ("sweep.search", ["vacsr.sweep.search.*"]),
-    ("sweep.final", ["vacsr.sweep.final.*"]),
-    ("sweep.report", ["vacsr.sweep.report.*"]),
-    ("sweep.flow", ["vacsr.sweep.flow.*"]),
-    ("sweep.cli", ["vacsr.sweep.cli"]),
-    ("cli", ["vacsr.demo", "vacsr.cli"]),
-]
+# lowest first, a layer a line: its name, then its entries. "pkg.*" is the package and everything
+# in it; any other entry is that module only. Where an exact entry and a "pkg.*" both match, the
+# exact one decides. "encoding" is the backbone's encodings of a split and their on-disk cache:
+# data run through the model.
+LAYER_TABLE = """
+base:         vacsr vacsr.errors vacsr.atomic vacsr.redact vacsr.seed vacsr.stop vacsr.threads
+              vacsr.results vacsr.task_names vacsr.help_format vacsr.compute_device vacsr.paths
+              vacsr.folder_lock vacsr.plots
+config:       vacsr.config.*
+data:         vacsr.data.*
+model:        vacsr.model.*
+encoding:     vacsr.data.encoding vacsr.data.prefix_cache
+eval:         vacsr.eval.*
+tasks:        vacsr.tasks
+train:        vacsr.train.*
+records:      vacsr.records.*
+distributed:  vacsr.distributed.*
+sweep.spec:   vacsr.sweep vacsr.sweep.spec.*
+sweep.plan:   vacsr.sweep.plan.*
+sweep.search: vacsr.sweep.search.*
+sweep.final:  vacsr.sweep.final.*
+sweep.report: vacsr.sweep.report.*
+sweep.flow:   vacsr.sweep.flow.*
+sweep.cli:    vacsr.sweep.cli
+cli:          vacsr.demo vacsr.cli
+"""
+
+
+def parse_layers(table: str) -> list[tuple[str, list[str]]]:
+    """[(layer, its entries)] from a table whose continuation lines start with white space."""
+    layers: list[tuple[str, list[str]]] = []
+    for line in table.strip().splitlines():
+        if line[:1].isspace():
+            layers[-1][1].extend(line.split())
+        else:
+            name, entries = line.split(":", 1)
+            layers.append((name, entries.split()))
+    return layers
+
+
+LAYERS = parse_layers(LAYER_TABLE)
 
 
 def layer_of(module: str, layers=LAYERS) -> int | None:
@@ -85,6 +101,12 @@ def test_the_checker_flags_an_import_from_a_higher_layer():
     sources["vacsr.low.a"] = ("low/a.py", typing_only, False)
     assert upward_imports(sources, layers) == [
         "low/a.py:3: vacsr.low.a (low) -> vacsr.high.b (high)"]
+
+
+def test_the_table_reads_as_layers_in_order():
+    assert LAYERS[0][0] == "base" and "vacsr.plots" in LAYERS[0][1]
+    assert [name for name, _ in LAYERS][-3:] == ["sweep.flow", "sweep.cli", "cli"]
+    assert dict(LAYERS)["encoding"] == ["vacsr.data.encoding", "vacsr.data.prefix_cache"]
 
 
 def test_the_exact_entry_decides_over_its_package():

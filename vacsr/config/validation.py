@@ -7,22 +7,9 @@ import typing
 from typing import Any
 
 from vacsr.compute_device import parse_device
+from vacsr.config import schema
 from vacsr.config.overrides import quoted, section_types
-from vacsr.config.schema import (
-    ADAPTER_INITS,
-    ADAPTER_KINDS,
-    BACKBONE_GRADS,
-    LOSS_NEG_COLUMNS,
-    LOSS_REDUCTIONS,
-    MAX_CAPTIONS_PER_IMAGE,
-    MAX_IMAGE_SIZE,
-    MAX_SEED,
-    MAX_SPLIT_PIXEL_BYTES,
-    TRAINABLE_SIDES,
-    Config,
-    DataConfig,
-    OptimConfig,
-)
+from vacsr.config.schema import Config, DataConfig, OptimConfig
 from vacsr.config.serialise import to_dict
 from vacsr.errors import ConfigError
 from vacsr.task_names import TASK_NAMES
@@ -47,13 +34,13 @@ def validate(config: Config) -> Config:
            m.trainable_image_blocks)
     _check(m.trainable_text_blocks >= -1, "model.trainable_text_blocks", "-1 (all) or >= 0",
            m.trainable_text_blocks)
-    _one_of("model.trainable_side", m.trainable_side, TRAINABLE_SIDES)
-    _one_of("adapter.kind", a.kind, ADAPTER_KINDS)
+    _one_of("model.trainable_side", m.trainable_side, schema.TRAINABLE_SIDES)
+    _one_of("adapter.kind", a.kind, schema.ADAPTER_KINDS)
     _check(a.hidden_dim >= 1, "adapter.hidden_dim", ">= 1", a.hidden_dim)
     _check(a.latent_dim >= 1, "adapter.latent_dim", ">= 1", a.latent_dim)
     _check(a.num_components >= 1, "adapter.num_components", "K >= 1", a.num_components)
     _check(a.decoder_hidden_dim >= 0, "adapter.decoder_hidden_dim", ">= 0", a.decoder_hidden_dim)
-    _one_of("adapter.init", a.init, ADAPTER_INITS)
+    _one_of("adapter.init", a.init, schema.ADAPTER_INITS)
     if a.init == "cosine":  # two first-layer units and two decoder units carry +-cos
         _check(a.hidden_dim >= 2, "adapter.hidden_dim", ">= 2 with adapter.init=cosine",
                a.hidden_dim)
@@ -69,9 +56,9 @@ def validate(config: Config) -> Config:
     _check(loss.num_hard_negatives >= 1, "loss.num_hard_negatives", "N_h >= 1",
            loss.num_hard_negatives)
     _one_of("loss.neg_sigma_target", loss.neg_sigma_target, ("label", "positive"))
-    _one_of("loss.reduction", loss.reduction, LOSS_REDUCTIONS)
-    _one_of("loss.neg_columns", loss.neg_columns, LOSS_NEG_COLUMNS)
-    _one_of("loss.backbone_grad", loss.backbone_grad, BACKBONE_GRADS)
+    _one_of("loss.reduction", loss.reduction, schema.LOSS_REDUCTIONS)
+    _one_of("loss.neg_columns", loss.neg_columns, schema.LOSS_NEG_COLUMNS)
+    _one_of("loss.backbone_grad", loss.backbone_grad, schema.BACKBONE_GRADS)
     _validate_optim(o)
     _one_of("data.task", d.task, TASK_NAMES)
     _validate_synthetic_sizes(d)
@@ -82,7 +69,7 @@ def validate(config: Config) -> Config:
     _one_of("data.subsample_classes", d.subsample_classes, ("all", "base", "novel"))
     _check(0 <= d.noise_ratio < 1, "data.noise_ratio", "in [0, 1)", d.noise_ratio)
     _check(t.epochs >= 1, "train.epochs", ">= 1", t.epochs)
-    _check(0 <= t.seed <= MAX_SEED, "train.seed", f"0 to {MAX_SEED}", t.seed)
+    _check(0 <= t.seed <= schema.MAX_SEED, "train.seed", f"0 to {schema.MAX_SEED}", t.seed)
     _check(t.batch_size >= 2, "train.batch_size", ">= 2", t.batch_size)
     _check(t.eval_every >= 1, "train.eval_every", ">= 1", t.eval_every)
     _check(t.workers >= 1, "train.workers", ">= 1", t.workers)
@@ -97,19 +84,20 @@ def validate(config: Config) -> Config:
 
 def max_synthetic_images(image_size: int) -> int:
     """The most synthetic images of `image_size` pixels a split holds (MAX_SPLIT_PIXEL_BYTES)."""
-    return MAX_SPLIT_PIXEL_BYTES // (3 * image_size * image_size)
+    return schema.MAX_SPLIT_PIXEL_BYTES // (3 * image_size * image_size)
 
 
 def _validate_synthetic_sizes(d: DataConfig) -> None:
-    _check(8 <= d.image_size <= MAX_IMAGE_SIZE, "data.image_size",
-           f"8 to {MAX_IMAGE_SIZE} pixels", d.image_size)
+    _check(8 <= d.image_size <= schema.MAX_IMAGE_SIZE, "data.image_size",
+           f"8 to {schema.MAX_IMAGE_SIZE} pixels", d.image_size)
     most = max_synthetic_images(d.image_size)
     for key, count in (("data.num_train", d.num_train), ("data.num_test", d.num_test)):
         _check(1 <= count <= most, key,
                f"1 to {most:,} images of {d.image_size}x{d.image_size} pixels (a synthetic split "
-               f"is held in memory: at most {MAX_SPLIT_PIXEL_BYTES >> 30} GiB of pixels)", count)
-    _check(1 <= d.captions_per_image <= MAX_CAPTIONS_PER_IMAGE, "data.captions_per_image",
-           f"1 to {MAX_CAPTIONS_PER_IMAGE}", d.captions_per_image)
+               f"is held in memory: at most {schema.MAX_SPLIT_PIXEL_BYTES >> 30} GiB of pixels)",
+               count)
+    _check(1 <= d.captions_per_image <= schema.MAX_CAPTIONS_PER_IMAGE, "data.captions_per_image",
+           f"1 to {schema.MAX_CAPTIONS_PER_IMAGE}", d.captions_per_image)
 
 
 def _validate_optim(o: OptimConfig) -> None:
