@@ -5,7 +5,7 @@ go in two lanes (RAY_LANES), xdist groups that run one test after another, so th
 runs one lane beside its share of the other tests. Two Ray instances can run at once: a local
 `ray.init` takes free ports (the dashboard tries the next port when 8265 is taken) and a test's
 cluster started with `ray start` names free ports for all that have fixed defaults and stops
-only its own nodes (tests/test_sweep_e2e.py). Two lanes and no more: a Ray test keeps both
+only its own nodes (tests/e2e/test_sweep_e2e.py). Two lanes and no more: a Ray test keeps both
 cores busy for long stretches, so a third at once would only slow the others.
 """
 from __future__ import annotations
@@ -30,9 +30,13 @@ os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
+# The repository: the tests sit in folders by concern below tests/, and reach vacsr/, sweeps/,
+# cluster/ and benchmarks/ from here
+REPO = Path(__file__).resolve().parent.parent
 
-# The two lanes of Ray tests, by module, balanced by their measured time (`--durations`): about
-# 6.5 minutes each when both run at once on 2 cores. A Ray test in a module not listed joins "ray-a".
+# The two lanes of Ray tests, by module basename, balanced by their measured time (`--durations`):
+# about 6.5 minutes each when both run at once on 2 cores. A Ray test in a module not listed joins
+# "ray-a".
 RAY_LANES = {
     "ray-a": ("test_sweep_e2e.py", "test_sweep_disk_full.py", "test_sweep_kinds.py",
               "test_sweep_failures.py", "test_sweep_tracking_down.py"),

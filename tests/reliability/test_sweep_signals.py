@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
+
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800)]
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _children() -> dict[int, int]:
@@ -218,10 +219,11 @@ def test_a_stopped_and_resumed_sweep_gives_the_uninterrupted_table_and_choices(t
                                                                                weights):
     """The same sweep command, run once without a stop and once stopped twice, each stop
     followed by --resume: SIGKILL of the driver during a trial, SIGTERM one second after
-    the first dataset's last trial (the other dataset still training), then SIGHUP as it trains. Both end with the same results.md and the
-    same chosen config for each dataset (the dataset run's params, best_config.yaml). On the
-    way: a second driver on the folder is refused, each stop leaves nothing RUNNING, and a new
-    sweep in the used folder is refused with the records unchanged."""
+    the first dataset's last trial (the other dataset still training), then SIGHUP as it
+    trains. Both end with the same results.md and the same chosen config for each dataset (the
+    dataset run's params, best_config.yaml). On the way: a second driver on the folder is
+    refused, each stop leaves nothing RUNNING, and a new sweep in the used folder is refused
+    with the records unchanged."""
     reference, log = _sweep(tmp_path / "clean", weights)
     assert reference.wait(timeout=900) == 0, Path(log).read_text()[-3000:]
     clean = tmp_path / "clean" / "base2novel"

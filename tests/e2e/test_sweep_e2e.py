@@ -3,8 +3,8 @@ loopback sharing local storage, an MLflow server (cluster/mlflow-server.sh, SQLi
 artifacts) on loopback, `ray job submit -- python sweeps/base2novel.py` over three datasets,
 two searched side by side, the driver stopped once the first is done and resubmitted with --resume,
 then every run and artifact checked in the server and `vacsr best` run against it. (The sweep's
-default of all 11 datasets is tested in tests/test_sweep_space.py, each one's layout in
-tests/test_data_classification.py.)"""
+default of all 11 datasets is tested in tests/sweep/test_sweep_space.py, each one's layout in
+tests/data/test_data_classification.py.)"""
 from __future__ import annotations
 
 import json
@@ -20,11 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from conftest import REPO, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1200)]
 
-REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
