@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, free_port
+from conftest import REPO, free_port, stop_session
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1200)]
 
@@ -61,22 +61,6 @@ def _wait_started(node: subprocess.Popen, log: Path, timeout: float = 180) -> No
         time.sleep(0.5)
 
 
-def _stop_node(node: subprocess.Popen) -> None:
-    """SIGTERM lets `ray start --block` stop its node's processes; whatever is left in its
-    session after a minute is killed."""
-    if node.poll() is None:
-        node.terminate()
-        try:
-            node.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(node.pid, 9)
-    except ProcessLookupError:
-        pass
-    node.wait(timeout=30)
-
-
 @pytest.fixture
 def ray_cluster(tmp_path):
     """A head and a worker node (1 CPU each) on loopback: two trials at once must use both.
@@ -105,7 +89,9 @@ def ray_cluster(tmp_path):
         yield f"http://127.0.0.1:{dashboard}"
     finally:
         for node in reversed(nodes):
-            _stop_node(node)
+            # SIGTERM lets `ray start --block` stop its node's processes; whatever is left in
+            # its session after a minute is killed
+            stop_session(node, leader_only=True)
         for temp in temps:
             shutil.rmtree(temp, ignore_errors=True)
 
