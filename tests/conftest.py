@@ -53,6 +53,10 @@ TINY_CLIP_GROUP = "tiny-clip"
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
+    # a module renamed or gone would leave its lane short and "ray-a" long, silently
+    stale = [module for module in LANE_OF_MODULE if not any(REPO.glob(f"tests/*/{module}"))]
+    if stale:
+        raise pytest.UsageError(f"RAY_LANES names {stale[0]}, no test module under tests/")
     for item in items:
         if item.get_closest_marker("ray"):
             lane = LANE_OF_MODULE.get(item.path.name, "ray-a")
