@@ -107,7 +107,7 @@ def test_yaml_alias_bomb_is_one_line(tmp_path, where):
     config.write_text(f"loss:\n  gamma: {ALIAS_BOMB}\n")
     given = [f"loss.gamma={ALIAS_BOMB}"] if where == "override" else ["--config", config]
     line = refused(_cli(["train", *given, f"train.output_dir={tmp_path / 'run'}"],
-                         cap_memory=True))
+                        cap_memory=True))
     assert "YAML alias *a" in line and "no anchors or aliases" in line, line
     assert (f"{config}: holds" in line) if where == "config-file" else "loss.gamma=" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bomb.yaml"]
@@ -116,7 +116,7 @@ def test_yaml_alias_bomb_is_one_line(tmp_path, where):
 def test_deeply_nested_override_is_one_line(tmp_path, capsys):
     nested = "[" * 5000 + "]" * 5000
     line = one_line(["train", f"optim.decay_epochs={nested}",
-                      f"train.output_dir={tmp_path / 'run'}"], capsys)
+                     f"train.output_dir={tmp_path / 'run'}"], capsys)
     assert "override 'optim.decay_epochs=[[[" in line and "nested deeper than 16" in line
     assert len(line) < 400 and list(tmp_path.iterdir()) == []
 
@@ -148,7 +148,7 @@ def test_output_dir_that_is_no_folder(tmp_path, capsys, weights, no_model_built,
     out = {"file": tmp_path / "taken", "dev-null": Path("/dev/null"),
            "below-a-file": tmp_path / "taken" / "run"}[kind]
     line = one_line(["train", *TINY, f"model.pretrained={weights}",
-                      f"train.output_dir={out}"], capsys)
+                     f"train.output_dir={out}"], capsys)
     assert line.startswith(f"vacsr: error: {out}: ") and "expected a folder for the run" in line
     assert ("a character device" if kind == "dev-null" else f"{tmp_path / 'taken'} is a file"
             if kind == "below-a-file" else "is a file") in line
@@ -162,7 +162,7 @@ def test_read_only_output_dir(tmp_path, capsys, weights, read_only, no_model_bui
     folder = read_only(tmp_path / "ro")
     out = folder / "run" if inside else folder
     line = one_line(["train", *TINY, f"model.pretrained={weights}",
-                      f"train.output_dir={out}"], capsys)
+                     f"train.output_dir={out}"], capsys)
     assert f"{out}: cannot write (" in line and "expected a writable folder for the run" in line
     assert list(folder.iterdir()) == []
 
@@ -171,7 +171,7 @@ def test_read_only_output_dir(tmp_path, capsys, weights, read_only, no_model_bui
 @pytest.mark.parametrize("key", ["data.num_train", "data.num_test"])
 def test_huge_synthetic_split_is_refused_at_validation(tmp_path, key):
     line = refused(_cli(["train", "data.image_size=1024", f"{key}=1000000", "train.device=cpu",
-                          f"train.output_dir={tmp_path / 'run'}"], cap_memory=True))
+                         f"train.output_dir={tmp_path / 'run'}"], cap_memory=True))
     assert f"{key}: expected 1 to 682 images of 1024x1024 pixels" in line
     assert "got 1000000" in line and list(tmp_path.iterdir()) == []
 
@@ -281,7 +281,7 @@ def test_resume_mismatch_leaves_the_run_folder_as_it_was(tmp_path, capsys, k2_ch
     run = k2_checkpoint.parent
     config_before = (run / "config.yaml").read_text()
     one_line(["train", *TINY, f"model.pretrained={weights}", "adapter.num_components=3",
-          f"train.output_dir={run}"], capsys)
+              f"train.output_dir={run}"], capsys)
     assert (run / "config.yaml").read_text() == config_before  # still the checkpoint's config
 
 
@@ -304,7 +304,7 @@ def test_full_disk_during_training_names_the_checkpoint(tmp_path, capsys, weight
     monkeypatch.setattr(torch, "save", full_disk)
     run = tmp_path / "run"
     line = one_line(["train", *TINY, f"model.pretrained={weights}", f"train.output_dir={run}"],
-                capsys)
+                    capsys)
     assert f"{run / 'last.ckpt'}: cannot write (no space left on the device)" in line
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
 
@@ -319,7 +319,7 @@ def test_other_settings_into_a_finished_run_folder_are_refused(tmp_path, capsys,
     shutil.copy(k2_checkpoint.parent / "config.yaml", run / "config.yaml")
     before = {p.name: p.read_bytes() for p in run.iterdir()}
     line = one_line(["train", *TINY, f"model.pretrained={weights}", "optim.lr=0.3", "loss.gamma=5",
-                 "train.seed=7", f"train.output_dir={run}"], capsys)
+                     "train.seed=7", f"train.output_dir={run}"], capsys)
     for part in (str(run / "last.ckpt"), "trained with other settings", "loss.gamma=1.0 (this "
                  "config has 5.0)", "optim.lr=", "train.seed=1 (this config has 7)",
                  "train.resume=false"):
@@ -347,7 +347,7 @@ def test_pretrained_file_that_is_not_weights(tmp_path, capsys, kind):
     else:
         torch.save({"visual": _RunsCode()}, path)
     line = one_line(["train", f"model.pretrained={path}", "train.device=cpu",
-                      f"train.output_dir={tmp_path / 'run'}"], capsys)
+                     f"train.output_dir={tmp_path / 'run'}"], capsys)
     assert f"model.pretrained: {path} is not vacsr-tiny weights" in line
     nothing_written(tmp_path / "run")
 
@@ -480,7 +480,7 @@ def test_best_export_into_a_read_only_folder(tmp_path, capsys):
     (tmp_path / "ro").mkdir()
     with _read_only(tmp_path / "ro") as folder:
         line = one_line(["best", "--export", folder, "--tracking-uri",
-                          f"sqlite:///{tmp_path / 'mlflow.db'}"], capsys)
+                         f"sqlite:///{tmp_path / 'mlflow.db'}"], capsys)
         assert f"{folder}: cannot write" in line and list(folder.iterdir()) == []
 
 
@@ -490,7 +490,7 @@ def test_pretrain_into_a_missing_folder_on_a_read_only_file_system(tmp_path, cap
     folder = read_only(tmp_path / "ro")
     out = folder / "missing" / "w.pt"
     line = one_line(["pretrain-tiny", "--out", out, "--num-images", "26", "--epochs", "1"],
-                     capsys)
+                    capsys)
     assert f"{out}: cannot write (" in line and "for the pretrained weights" in line
     assert list(folder.iterdir()) == []
 
@@ -675,8 +675,8 @@ def test_train_with_refused_credentials_is_one_line(tmp_path, capsys, weights, s
     with _serving(status, REFUSED) as uri:
         given = uri.replace("//", "//alice:wrong@")
         line = one_line(["train", *TINY, f"model.pretrained={weights}", "tracking.enabled=true",
-                          f"tracking.uri={given}", f"train.output_dir={tmp_path / 'run'}"],
-                         capsys)
+                         f"tracking.uri={given}", f"train.output_dir={tmp_path / 'run'}"],
+                        capsys)
     shown = uri.replace("//", "//alice:***@")
     assert line.startswith(f"vacsr: error: MLflow tracking URI {shown}: the server refused the "
                            f"credentials (HTTP {status}; sent user 'alice' and a password)")
@@ -708,8 +708,8 @@ def test_json_server_that_is_not_mlflow_leaves_no_run_folder(tmp_path, capsys, w
                                                              no_model_built):
     with _serving(200, b'{"status": "ok"}') as uri:
         line = one_line(["train", *TINY, f"model.pretrained={weights}", "tracking.enabled=true",
-                          f"tracking.uri={uri}", f"train.output_dir={tmp_path / 'run'}"],
-                         capsys)
+                         f"tracking.uri={uri}", f"train.output_dir={tmp_path / 'run'}"],
+                        capsys)
     assert f"MLflow tracking URI {uri}: answered, but not as an MLflow tracking server" in line
     assert list(tmp_path.iterdir()) == []
 
@@ -717,7 +717,7 @@ def test_json_server_that_is_not_mlflow_leaves_no_run_folder(tmp_path, capsys, w
 def test_json_server_that_is_not_mlflow(tmp_path, capsys):
     with _serving(200, b'{"status": "ok"}') as uri:
         line = one_line(["train", "tracking.enabled=true", f"tracking.uri={uri}",
-                          "train.device=cpu", f"train.output_dir={tmp_path / 'run'}"], capsys)
+                         "train.device=cpu", f"train.output_dir={tmp_path / 'run'}"], capsys)
     assert f"MLflow tracking URI {uri}: answered, but not as an MLflow tracking server" in line
     nothing_written(tmp_path / "run")
 
@@ -731,7 +731,7 @@ def test_sqlite_store_that_cannot_be_written_while_its_folder_can(tmp_path, caps
     before = db.read_bytes()
     with _read_only(db):
         line = one_line(["train", "tracking.enabled=true", f"tracking.uri=sqlite:///{db}",
-                          "train.device=cpu", f"train.output_dir={tmp_path / 'run'}"], capsys)
+                         "train.device=cpu", f"train.output_dir={tmp_path / 'run'}"], capsys)
     assert f"{db} is not a writable SQLite database" in line
     assert db.read_bytes() == before and sorted(p.name for p in db.parent.iterdir()) == [db.name]
     nothing_written(tmp_path / "run")
