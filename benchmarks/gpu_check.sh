@@ -18,8 +18,8 @@
 # It ends with one summary block (each check: ok/fail and its key figure) and exits 1 when a check
 # failed. Without CUDA it says so and exits 0, unless DRY_RUN=1.
 #
-# DRY_RUN=1 (`make gpu-check DRY_RUN=1`; tests/test_gpu_check.py runs it) executes every step on
-# the CPU at tiny sizes through the same code: the gpu tests (they skip without CUDA), the bf16
+# DRY_RUN=1 (`make gpu-check DRY_RUN=1`; tests/e2e/test_gpu_check.py runs it) executes every step
+# on the CPU at tiny sizes through the same code: the gpu tests (they skip without CUDA), the bf16
 # training step on vacsr-tiny (train.amp_on_cpu), the bf16 scorer on 50 x 250 pairs, and the
 # sweep on two logical GPUs of a local Ray (benchmarks/gpu_sweep.py): four trials of half a GPU
 # each, which Ray must run all at once, packed two per GPU (train.device=cpu keeps the tensors on
@@ -124,7 +124,7 @@ fi
 
 SWEEP=(--datasets caltech101 --storage "$OUT/sweep" --name gpu-check)
 # the test files that hold GPU-marked tests: collecting only them keeps the step short
-mapfile -t GPU_TESTS < <(grep -l "pytest.mark.gpu" tests/test_*.py)
+mapfile -t GPU_TESTS < <(grep -rl --include="test_*.py" "pytest.mark.gpu" tests | sort)
 if [ "$DRY_RUN" = 1 ]; then
     # a busy CPU can take longer than Ray Train's 60 s default to start a worker process
     export RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S=${RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S:-600}

@@ -5,18 +5,20 @@ go in two lanes (RAY_LANES), xdist groups that run one test after another, so th
 runs one lane beside its share of the other tests. Two Ray instances can run at once: a local
 `ray.init` takes free ports (the dashboard tries the next port when 8265 is taken) and a test's
 cluster started with `ray start` names free ports for all that have fixed defaults and stops
-only its own nodes (tests/test_sweep_e2e.py). Two lanes and no more: a Ray test keeps both
+only its own nodes (tests/e2e/test_sweep_e2e.py). Two lanes and no more: a Ray test keeps both
 cores busy for long stretches, so a third at once would only slow the others.
 """
 from __future__ import annotations
 
-import fcntl
 import os
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+
+# one process at a time between those of a test run: the lock the pretrained cache takes
+from vacsr.model.pretrained_cache import _exclusive as _locked
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Ray Train gives a worker group 60 s to start; on a loaded 2-core machine a run's processes can
@@ -30,9 +32,12 @@ os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
+# The repository: the tests sit in folders by concern below tests/, and reach vacsr/, sweeps/,
+# cluster/ and benchmarks/ from here
+REPO = Path(__file__).resolve().parent.parent
 
-# The two lanes of Ray tests, by module, balanced by their measured time (`--durations`): about
-# 6.5 minutes each when both run at once on 2 cores. A Ray test in a module not listed joins
+# The two lanes of Ray tests, by module basename, balanced by their measured time (`--durations`):
+# about 6.5 minutes each when both run at once on 2 cores. A Ray test in a module not listed joins
 # "ray-a".
 RAY_LANES = {
     "ray-a": ("test_sweep_e2e.py", "test_sweep_disk_full.py", "test_sweep_kinds.py",
@@ -48,6 +53,10 @@ TINY_CLIP_GROUP = "tiny-clip"
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
+    # a module renamed or gone would leave its lane short and "ray-a" long, silently
+    stale = [module for module in LANE_OF_MODULE if not any(REPO.glob(f"tests/*/{module}"))]
+    if stale:
+        raise pytest.UsageError(f"RAY_LANES names {stale[0]}, no test module under tests/")
     for item in items:
         if item.get_closest_marker("ray"):
             lane = LANE_OF_MODULE.get(item.path.name, "ray-a")
@@ -67,17 +76,6 @@ def pytest_collection_finish(session):
     if loose:
         raise pytest.UsageError(f"pytest-xdist did not group the Ray tests ({loose[0]}); "
                                 "install the pytest that pyproject.toml allows")
-
-
-@contextmanager
-def _locked(path: Path):
-    """An exclusive lock on `path` between the processes of one test run."""
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _run_root(tmp_path_factory) -> Path:
@@ -249,17 +247,47 @@ def tracked_train(tmp_path: Path, weights: Path, capsys, *overrides: str) -> str
     return err
 
 
+def error_line(code, err: str) -> str:
+    """The line `vacsr: error: ...` a refused command ends with, checked: exit status `code` 2
+    and `err`, its whole stderr, that one line alone (no traceback, no warning beside it)."""
+    lines = err.splitlines()
+    assert code == 2, err[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("vacsr: error: "), lines[-5:]
+    assert err == lines[0] + "\n", err
+    return lines[0]
+
+
 def one_line(argv, capsys, entry=None) -> str:
-    """The one stderr line `vacsr: error: ...` of a command that must fail with exit status 2
-    (`entry`: the `vacsr` command's main unless given)."""
+    """error_line of `entry(argv)` in this process (`entry`: the `vacsr` command's main unless
+    given; an argparse refusal exits, and its exit status counts as the return)."""
     if entry is None:
         from vacsr.cli import main as entry
-    code = entry([str(a) for a in argv])
-    err = capsys.readouterr().err
-    lines = err.splitlines()
-    assert code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("vacsr: error: "), lines
-    return lines[0]
+    try:
+        code = entry([str(a) for a in argv])
+    except SystemExit as stop:
+        code = stop.code
+    return error_line(code, capsys.readouterr().err)
+
+
+def refused(out) -> str:
+    """error_line of a finished subprocess (a subprocess.CompletedProcess run with text=True)."""
+    return error_line(out.returncode, out.stderr)
+
+
+def assert_same_results(straight, resumed) -> None:
+    """A resumed run's results (TrainResult) are the uninterrupted run's: every final metric and
+    every weight of its checkpoint."""
+    from vacsr.train.checkpoint import load_checkpoint
+
+    for key, value in straight.final_metrics.items():
+        if not key.endswith("eval_seconds"):  # wall-clock time, not a result
+            # nan = nan: a Fig. 3 correlation over too few filled bins is nan in both runs
+            assert resumed.final_metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6,
+                                                               nan_ok=True), key
+    a = load_checkpoint(straight.checkpoint)["model"]
+    b = load_checkpoint(resumed.checkpoint)["model"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], msg=name)
 
 
 def nothing_written(folder: Path) -> None:
@@ -284,12 +312,14 @@ def http_serving(handler):
         thread.join(timeout=5)
 
 
-def answering(status: int, content_type: str, body: bytes):
-    """An http.server handler class answering every GET with `status` and `body`."""
+def responding(reply, content_type: str = "application/json"):
+    """An http.server handler class answering every GET with what `reply(request)` returns:
+    (HTTP status, body), `request` the handler (its path, its headers)."""
     import http.server
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's naming)
+            status, body = reply(self)
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
@@ -300,6 +330,11 @@ def answering(status: int, content_type: str, body: bytes):
             pass
 
     return Handler
+
+
+def answering(status: int, content_type: str, body: bytes):
+    """An http.server handler class answering every GET with `status` and `body`."""
+    return responding(lambda request: (status, body), content_type)
 
 
 def basic_auth_proxy(upstream: str, user: str, password: str, port: int = 0):
@@ -420,26 +455,31 @@ class Servers:
                              cwd=cwd, timeout=timeout)
         return f"http://127.0.0.1:{port}", process
 
-    @staticmethod
-    def stop(process, timeout: float = 60) -> None:
-        """SIGTERM to the session `process` leads, then SIGKILL to whatever is left in it after
-        `timeout` seconds."""
-        import signal
-        import subprocess
 
+def stop_session(process, timeout: float = 60, *, leader_only: bool = False) -> None:
+    """SIGTERM to the session `process` leads, then SIGKILL to whatever is left in it after
+    `timeout` seconds. `leader_only`: the SIGTERM to `process` alone (`ray start --block` stops
+    its node's processes itself)."""
+    import signal
+    import subprocess
+
+    if leader_only:
+        if process.poll() is None:
+            process.terminate()
+    else:
         try:
             os.killpg(process.pid, signal.SIGTERM)
         except ProcessLookupError:  # the whole session has ended already
             pass
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait(timeout=30)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=30)
 
 
 @pytest.fixture
@@ -448,7 +488,7 @@ def servers(tmp_path):
     started = Servers(tmp_path)
     yield started
     for process in reversed(started.started):
-        Servers.stop(process)
+        stop_session(process)
 
 
 @pytest.fixture(scope="module")
@@ -495,6 +535,17 @@ def small_adapter(seed: int | None = None, *, embed_dim: int = 16, hidden_dim: i
         for p in head.parameters():
             p.mul_(3.0)
     return head
+
+
+def built_plan(kind, folder: Path, **fields):
+    """A SweepPlan built directly, as the driver holds it, without the command line's checks and
+    imports (seconds): named "t", no datasets, its sweep folder `folder`/sweep, its records in
+    the SQLite store `folder`/mlflow.db; `fields` set any of SweepPlan's fields."""
+    from vacsr.sweep.plan.plan import SweepPlan
+
+    plan = dict(name="t", configs={}, spaces={}, storage=folder / "sweep",
+                tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
+    return SweepPlan(kind=kind, **{**plan, **fields})
 
 
 def sweep_plan(kind, storage: Path, argv=(), *, data: Path | None = None, monkeypatch=None):

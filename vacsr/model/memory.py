@@ -23,8 +23,8 @@ needs no input: input, LN-2 in, q k v, attention out, GELU input). With the last
 frozen prefix below them runs without autograd and saves nothing: activations are kept only from
 the first trainable block up. N = 0 saves no block activations. a = 0 with fused attention
 (scaled_dot_product_attention keeps a (B, heads, T) log-sum-exp), 1 with the math kernel. These
-match torch's saved tensors within a few percent (tests/test_memory.py). Gradients and activations
-count as live together; backward-pass transients and allocator slack are not counted.
+match torch's saved tensors within a few percent (tests/unit/test_memory.py). Gradients and
+activations count as live together; backward-pass transients and allocator slack are not counted.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ of each chosen config (the dataset runs' params) and Dataset. The link carries o
 key: the UI ignores a saved view when the URL also sets a search facet.
 
 That tag is the UI's own format, not an API: the view is saved only on the MLflow releases whose
-UI was checked to read it (VIEW_FORMAT_MLFLOW; tests/test_mlflow_ui.py renders it). On another
+UI was checked to read it (VIEW_FORMAT_MLFLOW; tests/e2e/test_mlflow_ui.py renders it). On another
 release the sweep says so in one line, and its link opens the sweep's runs filtered and sorted.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ VIEW_PARAM = "viewStateShareKey"
 TABLE_PREFIX = "table/"
 ROW_TAG = "vacsr.table_row"  # the table row a run holds: its dataset, or "average (N datasets)"
 # the MLflow releases (major.minor) whose UI reads the view as view_state writes it: add one
-# once tests/test_mlflow_ui.py passes on it
+# once tests/e2e/test_mlflow_ui.py passes on it
 VIEW_FORMAT_MLFLOW = ("3.17",)
 
 

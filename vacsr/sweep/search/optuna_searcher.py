@@ -23,7 +23,7 @@ Why not Ray's `OptunaSearch`, which takes `storage=`, `study_name=` and `points_
 too: restored on `--resume`, it reports a continued trial to the Optuna trial the stopped driver
 marked FAIL, which raises, and its final value never reaches the study (so the resumed search
 samples other configs than an uninterrupted one would); nor does it record the Tune trial id
-that selection's creation order needs. tests/test_optuna_searcher.py shows both on the
+that selection's creation order needs. tests/sweep/test_optuna_searcher.py shows both on the
 installed Ray.
 """
 from __future__ import annotations

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
+
 HEAVY = ("torch", "ray", "mlflow", "optuna", "open_clip", "torchvision", "pandas")
-SCRIPT = str(Path(__file__).resolve().parents[1] / "sweeps" / "base2novel.py")
+SCRIPT = str(REPO / "sweeps" / "base2novel.py")
 
 # run `target` (a module's main or a script) as its user would; report what it imported at exit
 PROBE = """

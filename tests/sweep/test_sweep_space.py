@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import built_plan
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from vacsr.errors import ConfigError
 from vacsr.sweep.search.selection import DatasetFailed, select_best
@@ -121,12 +122,11 @@ def test_storage_paths_and_copies_for_paths_and_uris(tmp_path):
 def test_parallel_plan_never_oversubscribes(cpus, workers, cpw, trial_cpus, parallel, concurrent,
                                             expected):
     from vacsr.config import load_config
-    from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism
+    from vacsr.sweep.plan.plan import plan_parallelism
 
     config = load_config(overrides=[f"train.workers={workers}", f"train.cpus_per_worker={cpw}"])
-    plan = SweepPlan(kind=BASE2NOVEL, name="t", configs={f"d{i}": config for i in range(11)},
-                     spaces={}, storage=Path("/tmp"), tracking_uri="sqlite:///x.db",
-                     parallel=parallel, trial_cpus=trial_cpus, concurrent_trials=concurrent)
+    plan = built_plan(BASE2NOVEL, Path("/tmp"), configs={f"d{i}": config for i in range(11)},
+                      parallel=parallel, trial_cpus=trial_cpus, concurrent_trials=concurrent)
     datasets_at_once, trials_each = plan_parallelism(plan, {"CPU": cpus})
     assert (datasets_at_once, trials_each) == expected
     actor_cpus = 0 if workers == 1 else trial_cpus  # a one-worker trial's actor is its worker

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import make_dataset_folders, one_line
+from conftest import REPO, make_dataset_folders, one_line
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 
-PACKAGE = Path(__file__).resolve().parents[1] / "vacsr"
+PACKAGE = REPO / "vacsr"
 
 
 def _files(folder: Path) -> dict[str, bytes]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
 
 
 def test_ray_storage_writes_whole_files_or_none(small_disk, tmp_path):

@@ -3,8 +3,8 @@ loopback sharing local storage, an MLflow server (cluster/mlflow-server.sh, SQLi
 artifacts) on loopback, `ray job submit -- python sweeps/base2novel.py` over three datasets,
 two searched side by side, the driver stopped once the first is done and resubmitted with --resume,
 then every run and artifact checked in the server and `vacsr best` run against it. (The sweep's
-default of all 11 datasets is tested in tests/test_sweep_space.py, each one's layout in
-tests/test_data_classification.py.)"""
+default of all 11 datasets is tested in tests/sweep/test_sweep_space.py, each one's layout in
+tests/data/test_data_classification.py.)"""
 from __future__ import annotations
 
 import json
@@ -20,11 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from conftest import REPO, free_port, stop_session
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1200)]
 
-REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
@@ -62,22 +61,6 @@ def _wait_started(node: subprocess.Popen, log: Path, timeout: float = 180) -> No
         time.sleep(0.5)
 
 
-def _stop_node(node: subprocess.Popen) -> None:
-    """SIGTERM lets `ray start --block` stop its node's processes; whatever is left in its
-    session after a minute is killed."""
-    if node.poll() is None:
-        node.terminate()
-        try:
-            node.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(node.pid, 9)
-    except ProcessLookupError:
-        pass
-    node.wait(timeout=30)
-
-
 @pytest.fixture
 def ray_cluster(tmp_path):
     """A head and a worker node (1 CPU each) on loopback: two trials at once must use both.
@@ -106,7 +89,9 @@ def ray_cluster(tmp_path):
         yield f"http://127.0.0.1:{dashboard}"
     finally:
         for node in reversed(nodes):
-            _stop_node(node)
+            # SIGTERM lets `ray start --block` stop its node's processes; whatever is left in
+            # its session after a minute is killed
+            stop_session(node, leader_only=True)
         for temp in temps:
             shutil.rmtree(temp, ignore_errors=True)
 

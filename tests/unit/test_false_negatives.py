@@ -3,14 +3,14 @@
 losses through benchmarks/bench_false_negatives.py."""
 import importlib.util
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import REPO
 from vacsr.data.concepts import ConceptSpec, add_correspondence_noise, make_concept_data
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_false_negatives.py"
+_PATH = REPO / "benchmarks" / "bench_false_negatives.py"
 _spec = importlib.util.spec_from_file_location("bench_false_negatives", _PATH)
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
+
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.timeout(600)

@@ -1,6 +1,7 @@
 """A password in the tracking URI reaches MLflow (through its own environment variables) and
 nothing else: no console line, log record, param, artifact or file holds it. A whole sweep with
-one, stopped by its server's death and resumed, is tests/test_sweep_tracking_down.py."""
+one, stopped by its server's death and resumed, is
+tests/reliability/test_sweep_tracking_down.py."""
 from __future__ import annotations
 
 import logging

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import vacsr.eval.evaluate as eval_engine
+from conftest import assert_same_results
 from vacsr.config import load_config
 from vacsr.errors import CheckpointError
 from vacsr.eval.scorer import ChunkedScorer
@@ -167,14 +168,7 @@ def test_bf16_checkpoint_resumes_exactly_and_refuses_another_precision(tmp_path,
     resumed_trainer = Trainer(_config(tmp_path / "b", tiny_weights, *two, "train.resume=true"))
     resumed = resumed_trainer.fit()
     assert resumed_trainer.start_epoch == 1
-    for key, value in straight.final_metrics.items():
-        if not key.endswith("eval_seconds"):
-            assert resumed.final_metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6,
-                                                               nan_ok=True), key
-    a = load_checkpoint(straight.checkpoint)["model"]
-    b = load_checkpoint(resumed.checkpoint)["model"]
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], msg=name)
+    assert_same_results(straight, resumed)
     fp32 = Trainer(_config(tmp_path / "b", tiny_weights, "train.epochs=3", *RETRIEVAL,
                            "train.resume=true"))
     with pytest.raises(CheckpointError, match="trained in bf16, this run would continue in fp32"):

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import sweep_plan
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 CHROMIUM = shutil.which("chromium")
@@ -40,18 +42,15 @@ def _sweep_records(tmp_path: Path, monkeypatch) -> tuple[object, str, dict[str, 
     from vacsr.records import MlflowTracker, TrackingCallback
     from vacsr.records.sweep_state import SweepState
     from vacsr.sweep.flow import driver
-    from vacsr.sweep.plan.command_line import build_parser, plan_from_args
     from vacsr.sweep.report.table import write_report
     from vacsr.sweep.spec.space import start_point, suggest
 
     weights = tmp_path / "weights.pt"  # a weights file the stubbed search never loads
     torch.save({}, weights)
-    args = build_parser(SWEEP).parse_args([
-        "--datasets", ",".join(DATASETS), "--data-root", str(tmp_path / "data"),
-        "--storage", str(tmp_path / "sweeps"), "--pretrained", str(weights),
-        "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
     generate_all(tmp_path / "data", datasets=list(DATASETS))  # the plan checks the folders
-    plan = plan_from_args(SWEEP, args)
+    plan = sweep_plan(SWEEP, tmp_path / "sweeps", [
+        "--datasets", ",".join(DATASETS), "--data-root", str(tmp_path / "data"),
+        "--pretrained", str(weights), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
     plan.storage.mkdir(parents=True)
 
     def search(plan, dataset, dataset_run_id, max_concurrent, report):

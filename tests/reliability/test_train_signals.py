@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

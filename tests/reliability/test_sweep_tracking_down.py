@@ -3,9 +3,10 @@ reach, and once the server is back `--resume` completes the sweep with every run
 trial run once.
 
 The server sits behind basic auth and the sweep's --tracking-uri carries the password, so this is
-also the whole-sweep test of tests/test_secrets.py: through the trials, the selection, the final
-seed run, the report, the stop line and the resume, the password reaches the server's requests and
-nothing else (the console, the sweep folder, the server's store, Ray's session folders)."""
+also the whole-sweep test of tests/records/test_secrets.py: through the trials, the selection, the
+final seed run, the report, the stop line and the resume, the password reaches the server's
+requests and nothing else (the console, the sweep folder, the server's store, Ray's session
+folders)."""
 from __future__ import annotations
 
 import os
@@ -18,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import basic_auth_proxy
+from conftest import REPO, basic_auth_proxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800)]
 
-REPO = Path(__file__).resolve().parents[1]
 USER, PASSWORD = "vacsr", "s3cr3t-pw"
 
 

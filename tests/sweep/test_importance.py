@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from conftest import built_plan, one_line
 from vacsr.sweep.report.importance import (
     MIN_FINISHED_TRIALS,
     analyse_study,
@@ -93,13 +94,11 @@ def _plan(tmp_path):
     the base-to-novel kind and eurosat's real search space."""
     from sweeps.base2novel import SWEEP
     from vacsr.config import Config
-    from vacsr.sweep.plan.plan import SweepPlan
     from vacsr.sweep.spec.space import dataset_space
 
     space = dataset_space(dict(SWEEP.space), SWEEP.batch_sizes["eurosat"])
-    return SweepPlan(kind=SWEEP, name="base2novel", configs={"eurosat": Config()},
-                     spaces={"eurosat": space}, storage=tmp_path / "sweeps",
-                     tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    return built_plan(SWEEP, tmp_path, name="base2novel", configs={"eurosat": Config()},
+                      spaces={"eurosat": space}, storage=tmp_path / "sweeps")
 
 
 @pytest.mark.slow
@@ -168,10 +167,8 @@ def test_the_dataset_run_holds_the_table_and_figure_and_best_prints_them(tmp_pat
     assert "metrics: base=70.00, novel=60.00, H=64.62, val/acc=71.23" in out, out
     assert "test_acc" not in out
 
-    assert main(["best", "--experiment", "vacsr-retrieval", "--tracking-uri",
-                 plan.tracking_uri]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(
-        "vacsr: error: MLflow experiment 'vacsr-retrieval' not found in ") and \
-        err.endswith("(it holds: vacsr-base2novel)\n"), err
+    line = one_line(["best", "--experiment", "vacsr-retrieval", "--tracking-uri",
+                     plan.tracking_uri], capsys)
+    assert line.startswith("vacsr: error: MLflow experiment 'vacsr-retrieval' not found in ") \
+        and line.endswith("(it holds: vacsr-base2novel)"), line
     assert load_config(tmp_path / "x" / "eurosat.yaml").loss.alpha_kl == 0.0007891721226571268

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import sweep_plan
+from conftest import built_plan, error_line, sweep_plan
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.retrieval import SWEEP as RETRIEVAL
 from vacsr.errors import ConfigError
@@ -60,9 +60,7 @@ def test_bad_cluster_settings_fail_before_any_trial(tmp_path):
 def test_empty_zero_or_out_of_range_flags_are_errors_not_defaults(argv, fragment, capsys):
     with pytest.raises(SystemExit) as stop:
         cli.build_parser(BASE2NOVEL).parse_args(argv)
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and err.count("\n") == 1, err
-    assert err.startswith("vacsr: error: ") and fragment in err
+    assert fragment in error_line(stop.value.code, capsys.readouterr().err)
 
 
 def test_the_largest_seed_is_taken(tmp_path):
@@ -136,11 +134,9 @@ def test_a_seed_run_records_its_test_metrics_once_across_driver_restarts(tmp_pat
     from vacsr.config import load_config
     from vacsr.records import MlflowTracker
     from vacsr.sweep.final.seeds import _log_test, final_config
-    from vacsr.sweep.plan.plan import SweepPlan
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    plan = SweepPlan(kind=BASE2NOVEL, name="t", configs={}, spaces={},
-                     storage=tmp_path / "sweep", tracking_uri=uri)
+    plan = built_plan(BASE2NOVEL, tmp_path)
+    uri = plan.tracking_uri
     parent = MlflowTracker(uri)
     parent_id = parent.start(BASE2NOVEL.experiment, "eurosat")
     config = final_config(load_config(overrides=["train.epochs=3"]), plan, "eurosat", 1,
@@ -168,12 +164,10 @@ def test_a_damaged_trial_checkpoint_is_said_and_the_retrained_seed_run_tagged(tm
     from vacsr.config import load_config
     from vacsr.records import MlflowTracker
     from vacsr.sweep.final.seeds import RETRAINED_TAG, _log_test, _reuse_trial, final_config
-    from vacsr.sweep.plan.plan import SweepPlan
     from vacsr.sweep.report.progress import SweepProgress
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    plan = SweepPlan(kind=BASE2NOVEL, name="t", configs={}, spaces={},
-                     storage=tmp_path / "sweep", tracking_uri=uri)
+    plan = built_plan(BASE2NOVEL, tmp_path)
+    uri = plan.tracking_uri
     trial_checkpoint = plan.storage / "tune" / "eurosat" / "t1" / "checkpoint_2" / "last.ckpt"
     trial_checkpoint.parent.mkdir(parents=True)
     trial_checkpoint.write_bytes(damage)

@@ -14,21 +14,21 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import REPO
+
 pytestmark = [pytest.mark.timeout(1900)]
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _dry_run(tmp_path, steps: tuple[str, ...]) -> dict[str, str]:
     """Run the dry run's `steps` (GPU_CHECK_STEPS); its summary row of each step."""
     # os.environ carries conftest.py's longer Ray Train worker start timeout
     env = {**os.environ, "PY": sys.executable, "DRY_RUN": "1", "GPU_CHECK_OUT": str(tmp_path),
-           "PYTHONPATH": str(ROOT), "GPU_CHECK_STEPS": " ".join(steps)}
-    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env,
+           "PYTHONPATH": str(REPO), "GPU_CHECK_STEPS": " ".join(steps)}
+    run = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], env=env,
                          capture_output=True, text=True, timeout=1850)
     out = run.stdout
     assert run.returncode == 0, (out[-3000:], run.stderr[-2000:])
@@ -45,7 +45,7 @@ def _dry_run(tmp_path, steps: tuple[str, ...]) -> dict[str, str]:
 def test_an_unknown_step_is_one_line_and_exit_2_before_any_step(tmp_path):
     env = {**os.environ, "PY": sys.executable, "DRY_RUN": "1", "GPU_CHECK_OUT": str(tmp_path),
            "GPU_CHECK_STEPS": "scorer sweeps"}
-    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env,
+    run = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], env=env,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stderr.strip().splitlines() == [

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
+
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800)]
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _children() -> dict[int, int]:

@@ -1,13 +1,18 @@
 """A sweep's bad inputs are refused before Ray starts: one line `vacsr: error: ...`, exit status
-2, and nothing written, neither under --storage nor beside it."""
+2, and nothing written, neither under --storage nor beside it. Also what a killed driver left
+behind: its Ray instance is ended by the next start, and nothing else is."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import answering, http_serving, make_dataset_folders
+from conftest import answering, http_serving, make_dataset_folders, one_line
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from vacsr.sweep import cli
 
@@ -16,14 +21,10 @@ def _refused(argv: list[str], storage: Path, capsys) -> str:
     """Run the sweep's entry point; the one stderr line it ends with (exit 2, no Ray)."""
     import ray
 
-    try:
-        code = cli.main(BASE2NOVEL, [*argv, "--storage", str(storage)])
-    except SystemExit as stop:  # argparse refuses a flag's value by exiting
-        code = stop.code
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and err[0].startswith("vacsr: error: "), (code, err)
+    line = one_line([*argv, "--storage", storage], capsys,
+                    entry=lambda args: cli.main(BASE2NOVEL, args))
     assert not ray.is_initialized()
-    return err[0]
+    return line
 
 
 def _nothing_written(tmp_path: Path, *kept: Path) -> None:
@@ -115,6 +116,18 @@ def test_a_device_the_runs_cannot_have_is_refused(tmp_path, capsys, data_root, a
     _nothing_written(tmp_path, data_root)
 
 
+@pytest.mark.parametrize("text, fragment", [
+    ("optim.schedule=choice:bogus", "optim.schedule of eurosat can draw 'bogus'"),
+    ("optim.schedule=choice:step,bogus", "can draw 'bogus'"),
+    ("train.epochs=int:-3:2", "train.epochs of eurosat can draw -3"),
+])
+def test_search_range_values_are_checked_before_ray_starts(tmp_path, capsys, data_root, text,
+                                                           fragment):
+    line = _refused(["--datasets", "eurosat", "--data-root", str(data_root), "--range", text],
+                    tmp_path / "sweeps", capsys)  # Ray not started: _refused checks it
+    assert fragment in line
+    assert not (tmp_path / "sweeps" / "base2novel" / "tune").exists()
+
 # ---------------------------------------------------------------- --resume of a damaged folder
 def _resume_refused(tmp_path, capsys, data_root) -> tuple[str, Path]:
     root = tmp_path / "store" / "base2novel"
@@ -149,6 +162,8 @@ def test_a_resume_without_its_sweep_state_is_refused_where_the_studies_remain(tm
     root = tmp_path / "store" / "base2novel"
     root.mkdir(parents=True)
     optuna.create_study(study_name="base2novel-eurosat", storage=f"sqlite:///{root}/optuna.db")
+    # Optuna's line about the new study, where its log handler was made under this capture
+    capsys.readouterr()
     line, _ = _resume_refused(tmp_path, capsys, data_root)
     assert f"{root / 'sweep_state.json'} is missing" in line and "base2novel-eurosat" in line
     assert not (root / "sweep_state.json").exists()
@@ -183,3 +198,43 @@ def test_a_tracking_server_that_refuses_the_credentials_is_one_line(tmp_path, ca
     assert "the server refused the credentials (HTTP 401" in line and "s3cret" not in line
     assert "alice:***@" in line and "MLFLOW_TRACKING_PASSWORD" in line
     _nothing_written(tmp_path, data_root)
+
+
+# ---------------------------------------------------------------- what a killed driver left
+_DRIVER = """
+import os, signal, subprocess, sys, time
+from vacsr.distributed.leftovers import record_instance
+child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                          "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+time.sleep(0.3)
+record_instance(sys.argv[1])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="process start times come from /proc")
+def test_a_dead_drivers_instance_is_ended_and_nothing_else(tmp_path, monkeypatch):
+    """Real processes: a 'driver' records its SIGTERM-ignoring child as its instance, is
+    SIGKILLed, and the next start ends the child; a live driver's record is left alone."""
+    from vacsr.distributed import leftovers
+
+    monkeypatch.setenv("VACSR_CACHE_DIR", str(tmp_path / "cache"))
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER, str(tmp_path / "session_dead")],
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        child = int(driver.stdout.readline())
+        assert leftovers.reap_dead_instances() == []  # its driver runs: not touched
+        assert leftovers.start_time(child) is not None
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=10)
+        live = leftovers.record_instance(str(tmp_path / "session_live"))  # this process: alive
+        started = time.monotonic()
+        assert leftovers.reap_dead_instances() == [child]
+        assert leftovers.start_time(child) is None and time.monotonic() - started < 5
+        assert sorted(p.name for p in (tmp_path / "cache" / "ray-instances").iterdir()) == [
+            live.name]
+    finally:
+        driver.kill()
+        driver.wait(timeout=10)

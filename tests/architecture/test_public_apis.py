@@ -3,9 +3,10 @@ method or attribute of theirs (a private name can change in any release without 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "vacsr"
+from conftest import REPO
+
+PACKAGE = REPO / "vacsr"
 # Ray's internal packages and the private names the run layer used before
 PRIVATE = re.compile(r"_internal|\._ot_|_completed_trials|\._embeds|\._trial_id"
                      r"|_create_default_callbacks|_initialize_and_run_controller|TrainController")

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from conftest import answering, http_serving
+from conftest import answering, http_serving, responding
 
 pytest.importorskip("mlflow")
 
@@ -22,22 +22,9 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-class _FakeMlflow(http.server.BaseHTTPRequestHandler):
-    """Answers like `mlflow server` when the asked experiment does not exist."""
-    paths: list[str] = []
-
-    def do_GET(self):  # noqa: N802 (http.server's naming)
-        type(self).paths.append(self.path)
-        body = json.dumps({"error_code": "RESOURCE_DOES_NOT_EXIST",
-                           "message": "Could not find experiment with name 'Default'"}).encode()
-        self.send_response(404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+# what `mlflow server` answers when the asked experiment does not exist
+NO_EXPERIMENT = json.dumps({"error_code": "RESOURCE_DOES_NOT_EXIST",
+                            "message": "Could not find experiment with name 'Default'"}).encode()
 
 
 def _error(uri: str) -> str:
@@ -65,12 +52,13 @@ def test_html_200_is_refused_and_the_password_hidden():
 
 
 def test_mlflow_like_server_passes_with_credentials_and_a_path_prefix():
-    _FakeMlflow.paths = []
-    with http_serving(_FakeMlflow) as uri:
+    paths = []
+    with http_serving(responding(lambda request: paths.append(request.path)
+                                 or (404, NO_EXPERIMENT))) as uri:
         check_tracking_uri(uri.replace("//", "//user:pw@") + "/", timeout_s=2.0)
         check_tracking_uri(uri + "/mlflow", timeout_s=2.0)
-    assert _FakeMlflow.paths == [f"{MLFLOW_PROBE_PATH}?experiment_name=Default",
-                                 f"/mlflow{MLFLOW_PROBE_PATH}?experiment_name=Default"]
+    assert paths == [f"{MLFLOW_PROBE_PATH}?experiment_name=Default",
+                     f"/mlflow{MLFLOW_PROBE_PATH}?experiment_name=Default"]
 
 
 def test_refused_credentials_and_server_errors_fail(monkeypatch):

@@ -5,7 +5,7 @@ stopped driver leaves its running Optuna trials FAIL (Optuna refuses to update a
 and Ray's searcher, restored on `--resume`, reports the continued trial to that finished trial:
 the report raises and the final value never reaches the study. The resumed search then samples
 from a study that lacks the trial, so it draws other configs than an uninterrupted run would.
-`OptunaStudySearch` reopens such a trial (tests/test_sweep_space.py,
+`OptunaStudySearch` reopens such a trial (tests/sweep/test_sweep_space.py,
 test_a_trial_failed_by_a_stopped_driver_reports_to_a_fresh_optuna_trial_on_resume). If a Ray
 release stops losing the value, this test fails (it runs on the newest Ray that `make test`
 installs): then Ray's searcher is worth another look.

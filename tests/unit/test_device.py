@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vacsr.cli import main
+from conftest import one_line
 from vacsr.compute_device import (
     DeviceSpec,
     parse_device,
@@ -38,10 +38,9 @@ def test_parse_device_rejects_everything_else_in_one_line(text):
 
 
 def _one_error_line(capsys, argv) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("vacsr: error: train.device: "), err
-    return err
+    line = one_line(argv, capsys)
+    assert line.startswith("vacsr: error: train.device: "), line
+    return line
 
 
 def test_unparsable_device_is_one_line_before_anything_runs(capsys, tmp_path):

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from conftest import assert_same_results
 from vacsr.config import load_config
 from vacsr.errors import CheckpointError
 from vacsr.train.checkpoint import load_checkpoint, save_checkpoint
@@ -45,15 +46,7 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, tiny_weight
     resumed = resumed_trainer.fit()
     assert resumed_trainer.start_epoch == 1  # continued, not restarted
     assert [h["epoch"] for h in resumed.history] == [1, 2]  # no epoch lost or repeated
-    for key, value in straight.final_metrics.items():
-        if not key.endswith("eval_seconds"):  # wall-clock time, not a result
-            # nan = nan: a Fig. 3 correlation over too few filled bins is nan in both runs
-            assert resumed.final_metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6,
-                                                               nan_ok=True), key
-    a = load_checkpoint(straight.checkpoint)["model"]
-    b = load_checkpoint(resumed.checkpoint)["model"]
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], msg=name)
+    assert_same_results(straight, resumed)
 
 
 def test_baseline_and_classification_paths_train(tmp_path, tiny_weights):

@@ -12,7 +12,8 @@ import jsonschema
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
+
 CLUSTER = REPO / "cluster"
 LAUNCHER = CLUSTER / "launcher" / "aws-gpu.yaml"
 KUBERAY = CLUSTER / "kuberay"
