@@ -65,8 +65,9 @@ def search_trial_placements(sweep_folder: Path) -> list[dict]:
     """Every worker of the search trials under a sweep folder (workers.json), final runs left
     out."""
     from vacsr.distributed.worker_gpus import WORKERS_FILE, read_workers
+    from vacsr.sweep.plan.folders import FINAL
 
-    return [worker for path in sorted(sweep_folder.rglob(WORKERS_FILE)) if "final" not in path.parts
+    return [worker for path in sorted(sweep_folder.rglob(WORKERS_FILE)) if FINAL not in path.parts
             for worker in read_workers(path.parent)]
 
 
