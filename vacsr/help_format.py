@@ -8,7 +8,8 @@ import argparse
 def nonempty(text: str) -> str:
     """argparse type: a value that must not be empty (empty would mean the current folder)."""
     if not text.strip():
-        raise argparse.ArgumentTypeError("expected a value, got an empty string")
+        raise argparse.ArgumentTypeError(
+            "expected a value, got an empty string (give a non-empty one)")
     return text
 
 
