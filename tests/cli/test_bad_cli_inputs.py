@@ -31,7 +31,8 @@ import pytest
 import torch
 import yaml
 
-from conftest import http_serving, nothing_written, one_line, refused, responding
+from conftest import nothing_written, one_line, refused
+from tests.support.servers import http_serving, responding
 from vacsr.atomic import atomic_write, atomic_write_bytes
 from vacsr.cli import main
 from vacsr.config import load_config

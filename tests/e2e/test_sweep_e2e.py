@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, free_port, stop_session
+from conftest import REPO
+from tests.support.servers import free_port, stop_session
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1200)]
 

@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from conftest import basic_auth_proxy
+from tests.support.servers import basic_auth_proxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

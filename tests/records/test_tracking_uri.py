@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from conftest import answering, http_serving, responding
+from tests.support.servers import answering, http_serving, responding
 
 pytest.importorskip("mlflow")
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, basic_auth_proxy
+from conftest import REPO
+from tests.support.servers import basic_auth_proxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800)]
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import answering, http_serving, make_dataset_folders, one_line
+from conftest import make_dataset_folders, one_line
 from sweeps.base2novel import SWEEP as BASE2NOVEL
+from tests.support.servers import answering, http_serving
 from vacsr.sweep import cli
 
 
