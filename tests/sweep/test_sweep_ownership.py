@@ -14,6 +14,7 @@ from conftest import sweep_plan
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from vacsr.errors import ConfigError
 from vacsr.sweep.plan.ownership import LOCK_FILE, DriverLock, claim_state
+from vacsr.sweep.search.resume_files import check_resume_files
 
 TWO = ["--datasets", "eurosat,dtd", "--trials", "2"]  # the sweep of these tests
 
@@ -43,29 +44,29 @@ def test_a_second_driver_is_refused_until_the_first_dies(tmp_path):
 
 def test_a_used_folder_takes_only_resume_with_its_own_settings(tmp_path):
     data = tmp_path / "data"
-    plan = sweep_plan(BASE2NOVEL, tmp_path, TWO, data=data)
-    state = claim_state(plan)
+
+    def claim(*argv):
+        """The sweep state a driver run with TWO and `argv` claims (resume files checked)."""
+        return claim_state(sweep_plan(BASE2NOVEL, tmp_path, [*TWO, *argv], data=data),
+                           check_resume_files)
+
+    state = claim()
     state.update(parent_run_id="abc")
     with pytest.raises(ConfigError, match=r"holds the sweep 'base2novel' already .*--resume"):
-        claim_state(sweep_plan(BASE2NOVEL, tmp_path, TWO, data=data))
-    resumed = claim_state(sweep_plan(BASE2NOVEL, tmp_path, [*TWO, "--resume"], data=data))
+        claim()
+    resumed = claim("--resume")
     assert resumed.data["parent_run_id"] == "abc"
     with pytest.raises(ConfigError, match=r"--resume: .* \(--trials 2 -> 3\)"):
-        claim_state(sweep_plan(BASE2NOVEL, tmp_path, [*TWO, "--resume", "--trials", "3"],
-                               data=data))
+        claim("--resume", "--trials", "3")
     with pytest.raises(ConfigError, match=r"--datasets eurosat,dtd -> eurosat"):
-        claim_state(sweep_plan(BASE2NOVEL, tmp_path, [*TWO, "--resume", "--datasets", "eurosat"],
-                               data=data))
+        claim("--resume", "--datasets", "eurosat")
     with pytest.raises(ConfigError, match=r"dtd config loss.gamma; eurosat config loss.gamma|"
                                           r"eurosat config loss.gamma; dtd config loss.gamma"):
-        claim_state(sweep_plan(BASE2NOVEL, tmp_path, [*TWO, "--resume", "--set", "loss.gamma=2"],
-                               data=data))
+        claim("--resume", "--set", "loss.gamma=2")
     with pytest.raises(ConfigError, match=r"search range loss.beta"):
-        claim_state(sweep_plan(BASE2NOVEL, tmp_path,
-                               [*TWO, "--resume", "--range", "loss.beta=log:0.5:2"], data=data))
+        claim("--resume", "--range", "loss.beta=log:0.5:2")
     # resources do not change results: a resume may place the runs differently
-    claim_state(sweep_plan(BASE2NOVEL, tmp_path, [*TWO, "--resume", "--cpus-per-worker", "2"],
-                           data=data))
+    claim("--resume", "--cpus-per-worker", "2")
     # a new sweep under another name has a folder of its own
-    second = claim_state(sweep_plan(BASE2NOVEL, tmp_path, [*TWO, "--name", "second"], data=data))
+    second = claim("--name", "second")
     assert second.data.get("parent_run_id") is None

@@ -77,8 +77,8 @@ def _studies_of(plan: SweepPlan) -> list[str]:
     return sorted(n for n in names if n in {f"{plan.name}-{d}" for d in plan.kind.datasets})
 
 
-def claim_state(plan: SweepPlan, check_files: Callable[[SweepPlan, SweepState], None] | None
-                = None) -> SweepState:
+def claim_state(plan: SweepPlan,
+                check_files: Callable[[SweepPlan, SweepState], None]) -> SweepState:
     """The sweep's state: a fresh one for a new sweep in an unused folder, the recorded one for
     `--resume` with the same settings; ConfigError (one line) otherwise. `check_files` checks
     what the resume will read (the driver passes vacsr/sweep/search/resume_files.py's)."""
@@ -99,8 +99,7 @@ def claim_state(plan: SweepPlan, check_files: Callable[[SweepPlan, SweepState], 
                               "resume would open the sweep's MLflow runs a second time: restore "
                               "the file, or start a new sweep with another --name")
         state = SweepState(path, fresh=False)
-        if check_files:  # a damaged file is named first, then an old format
-            check_files(plan, state)
+        check_files(plan, state)  # a damaged file is named first, then an old format
         state.check_format()
         recorded = state.data.get("settings")
         diffs = _differences(recorded, settings) if recorded else []
