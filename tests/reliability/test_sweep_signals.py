@@ -157,7 +157,7 @@ def _check_selection_agrees(root: Path) -> None:
         # index: the lost one has a KILLED run, or none when the stop came before it started,
         # and the study never took a value from it
         runless = set(order) - set(trials)
-        assert all(sum(i == order[t] for i in order.values()) == 2 for t in runless), order
+        assert all(sum(i == order[t] for i in order.values()) >= 2 for t in runless), order
         assert _optuna_states(root, dataset, runless) <= {"FAIL"}, order
         lost = {t: r for t, r in trials.items() if "selection_val/acc" not in r.data.metrics}
         assert all(r.info.status == "KILLED" for r in lost.values()), lost
