@@ -16,8 +16,9 @@ import torch
 from vacsr.config import load_config
 from vacsr.distributed.worker_gpus import read_workers
 from vacsr.train.checkpoint import load_checkpoint
-from vacsr.train.loop import Trainer, TrainResult
+from vacsr.train.loop import Trainer
 from vacsr.train.run_files import CHECKPOINT_FILE
+from vacsr.train.run_result import TrainResult
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 

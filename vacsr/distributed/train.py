@@ -10,7 +10,6 @@ import gc
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import ray
 import ray.train
@@ -21,9 +20,7 @@ from vacsr.distributed.backend import torch_config
 from vacsr.distributed.storage_fs import ray_storage
 from vacsr.train.failure import clear_run_failure, raise_if_run_failed, record_run_failure
 from vacsr.train.run_files import CHECKPOINT_FILE
-
-if TYPE_CHECKING:
-    from vacsr.train.loop import TrainResult
+from vacsr.train.run_result import TrainResult
 
 
 @contextmanager
@@ -95,7 +92,6 @@ def result_from_checkpoint(checkpoint, output_dir: Path) -> TrainResult:
     """Copy the run's final checkpoint to output_dir/CHECKPOINT_FILE and read its history."""
     from vacsr.distributed.ray_hooks import read_reported
     from vacsr.train.checkpoint import save_checkpoint
-    from vacsr.train.loop import TrainResult
 
     state = read_reported(checkpoint, output_dir)
     save_checkpoint(output_dir / CHECKPOINT_FILE, state)
