@@ -24,6 +24,7 @@ records:      vacsr.records.*
 distributed:  vacsr.distributed.*
 sweep.spec:   vacsr.sweep vacsr.sweep.spec.*
 sweep.plan:   vacsr.sweep.plan.*
+sweep.cost:   vacsr.sweep.cost.*
 sweep.search: vacsr.sweep.search.*
 sweep.final:  vacsr.sweep.final.*
 sweep.report: vacsr.sweep.report.*

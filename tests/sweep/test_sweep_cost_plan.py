@@ -13,8 +13,8 @@ from sweeps.domain_generalization import SWEEP as DOMAIN_GENERALIZATION
 from vacsr.data.classification import load_classification
 from vacsr.data.generate import generate_all
 from vacsr.sweep.cli import main
-from vacsr.sweep.plan import estimate
-from vacsr.sweep.plan.counts import count_dataset
+from vacsr.sweep.cost import estimate
+from vacsr.sweep.cost.counts import count_dataset
 from vacsr.sweep.report.progress import SweepProgress
 
 

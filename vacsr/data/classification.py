@@ -161,7 +161,7 @@ def _read_splits(root: Path, name: str, spec: DatasetSpec
 def read_dataset_splits(root: Path, name: str
                         ) -> tuple[Path, dict[str, Sequence[Item] | None]]:
     """(dataset folder, every item of each split) as a run lists them, before any sampling:
-    what a sweep's plan counts (vacsr/sweep/plan/counts.py)."""
+    what a sweep's plan counts (vacsr/sweep/cost/counts.py)."""
     return _read_splits(Path(root).expanduser().absolute(), name, _spec(name))
 
 

@@ -28,8 +28,8 @@ if _missing:
 def print_plan(kind: SweepKind, args) -> int:
     """--plan: the cost plan on stdout (and as JSON at --plan-out); 0, or 2 on bad input."""
     from vacsr.atomic import atomic_write_text
-    from vacsr.sweep.plan.cost_plan import format_cost_plan
-    from vacsr.sweep.plan.preview import preview_costs
+    from vacsr.sweep.cost.cost_plan import format_cost_plan
+    from vacsr.sweep.cost.preview import preview_costs
 
     try:
         out = Path(args.plan_out).expanduser().resolve() if args.plan_out else None

@@ -32,13 +32,13 @@ from vacsr.records.sweep_state import SweepState
 from vacsr.records.view import publish_table, runs_link
 from vacsr.results import table_spec
 from vacsr.stop import SIGNALS, Stopped
+from vacsr.sweep.cost.cost_plan import trial_pace
+from vacsr.sweep.cost.preview import preview_costs
 from vacsr.sweep.flow.dataset_task import run_dataset
 from vacsr.sweep.flow.events import EventSink, start_event_log
-from vacsr.sweep.plan.cost_plan import trial_pace
 from vacsr.sweep.plan.folders import error_file, report_folder, run_folders, state_file
 from vacsr.sweep.plan.ownership import claim_state
 from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism, short_of, trial_needs
-from vacsr.sweep.plan.preview import preview_costs
 from vacsr.sweep.plan.studies import check_optuna_storage, fail_running_trials, open_optuna_storage
 from vacsr.sweep.report.importance import importance_section
 from vacsr.sweep.report.progress import SweepProgress

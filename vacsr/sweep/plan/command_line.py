@@ -15,8 +15,8 @@ from vacsr import config as cfg
 from vacsr.errors import ConfigError
 from vacsr.help_format import DefaultsHelp, flag_error, nonempty
 from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
-from vacsr.sweep.plan.cost_plan import check_memory
-from vacsr.sweep.plan.counts import step_prompts
+from vacsr.sweep.cost.cost_plan import check_memory
+from vacsr.sweep.cost.counts import step_prompts
 from vacsr.sweep.plan.folders import (
     embedded_data,
     embedded_weights,

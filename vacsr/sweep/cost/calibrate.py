@@ -11,7 +11,7 @@ parts a training step and an evaluation pass are made of, per input, for one mod
                            trial actor is reused by the next trial), and again for the final runs
     teardown               s per dataset: the search's end after its last trial
 
-vacsr/sweep/plan/estimate.py composes a configuration's step from them (docs/performance.md).
+vacsr/sweep/cost/estimate.py composes a configuration's step from them (docs/performance.md).
 """
 from __future__ import annotations
 

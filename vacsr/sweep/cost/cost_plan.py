@@ -1,7 +1,7 @@
 """What a sweep will cost, before it runs: per dataset its counts, steps, trials and estimated
 device-seconds, the peak memory of its largest configuration against the device's, then totals
 and the wall time on the resources the sweep would get (`--plan`, and the run's own plan
-artifact). The formula is in vacsr/sweep/plan/estimate.py and docs/sweeps.md.
+artifact). The formula is in vacsr/sweep/cost/estimate.py and docs/sweeps.md.
 """
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import math
 
 from vacsr.config import flatten, set_value
 from vacsr.errors import ConfigError
-from vacsr.sweep.plan import estimate as est
-from vacsr.sweep.plan.calibrate import StepCosts
-from vacsr.sweep.plan.counts import DatasetCounts
+from vacsr.sweep.cost import estimate as est
+from vacsr.sweep.cost.calibrate import StepCosts
+from vacsr.sweep.cost.counts import DatasetCounts
 from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism, trains_in_trial, trial_resources
 from vacsr.sweep.spec.space import start_point, tower_depths
 

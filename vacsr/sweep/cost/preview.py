@@ -1,7 +1,7 @@
 """The cost plan of a checked SweepPlan: the counts from its data (the embedded profile's synthetic
 data, when the sweep folder holds none yet, generated in a temporary folder and deleted), the
 step costs measured by a calibration task where its trials would run, composed by
-vacsr/sweep/plan/cost_plan.py. Writes nothing.
+vacsr/sweep/cost/cost_plan.py. Writes nothing.
 """
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from vacsr.sweep.plan.calibrate import run_calibration
-from vacsr.sweep.plan.cost_plan import build_cost_plan
-from vacsr.sweep.plan.counts import DatasetCounts, count_dataset
+from vacsr.sweep.cost.calibrate import run_calibration
+from vacsr.sweep.cost.cost_plan import build_cost_plan
+from vacsr.sweep.cost.counts import DatasetCounts, count_dataset
 from vacsr.sweep.plan.plan import SweepPlan, trial_resources
 
 GENERATED = ".generated"  # the embedded profile's mark of finished synthetic data

@@ -1,5 +1,5 @@
 """A dataset's search and final phase in device-seconds, composed from measured per-input costs
-(vacsr/sweep/plan/calibrate.py) and the counts a run reads (vacsr/sweep/plan/counts.py).
+(vacsr/sweep/cost/calibrate.py) and the counts a run reads (vacsr/sweep/cost/counts.py).
 
 A configuration's training step (B images, P prompts, tower depths L_i, L_t):
 
@@ -26,8 +26,8 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from vacsr.sweep.plan.calibrate import StepCosts
-from vacsr.sweep.plan.counts import DatasetCounts
+from vacsr.sweep.cost.calibrate import StepCosts
+from vacsr.sweep.cost.counts import DatasetCounts
 from vacsr.sweep.spec.space import Choice, Domain, Int
 
 ASHA_GRACE, ASHA_REDUCTION = 1, 4  # as vacsr/sweep/search/tune.py configures RecordingASHA
