@@ -6,7 +6,7 @@ right after on the same machine, its trials' times read back from its MLflow run
 
 Measured: the wall time from the sweep run's start (after its own calibration) to the last
 trial's end (the trial phase, with the final seeds of datasets that finished meanwhile), and to
-the last dataset's end. The estimate is the plan's wall time (totals.wall_h: the datasets'
+the last dataset's end. The estimate is the plan's wall time (totals.wall_s: the datasets'
 searches and final seeds). A scratch sweep folder
 under the system's temporary folder is deleted afterwards.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vacsr.records.artifacts import SWEEP_PLAN  # noqa: E402
+from vacsr.records.artifacts import SWEEP_COST  # noqa: E402
 from vacsr.records.sweep_records import SweepRecords  # noqa: E402
 from vacsr.records.uri import resolve_tracking_uri  # noqa: E402
 
@@ -55,7 +55,7 @@ def measured_phases(folder: Path) -> tuple[float, float, dict]:
     start = sweep_run.info.start_time
     trial_end = max(r.info.end_time for r in trials)
     end = max(r.info.end_time for r in datasets)
-    own = records.artifact_json(sweep_run.info.run_id, SWEEP_PLAN)
+    own = records.artifact_json(sweep_run.info.run_id, SWEEP_COST)
     return (trial_end - start) / 1000, (end - start) / 1000, own
 
 
@@ -70,11 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         run_s = sweep(["--storage", str(storage), *subset])
         trial_s, with_finals_s, own = measured_phases(storage / "base2novel")
         plan = json.loads(out.read_text())
-    estimated = plan["totals"]["wall_h"] * 3600
+    estimated = plan["totals"]["wall_s"]
     print(f"--plan answered in {plan_s:.0f} s; the sweep ran {run_s:.0f} s")
     print(f"estimated wall of trials and final seeds {estimated:.0f} s (no stopping: "
-          f"{plan['totals']['wall_no_stop_h'] * 3600:.0f} s); the run's own plan "
-          f"{own['totals']['wall_h'] * 3600:.0f} s")
+          f"{plan['totals']['wall_no_stop_s']:.0f} s); the run's own plan "
+          f"{own['totals']['wall_s']:.0f} s")
     print(f"measured: trial phase {trial_s:.0f} s, with the final seeds {with_finals_s:.0f} s")
     ratio = estimated / with_finals_s
     within = abs(ratio - 1) <= TOLERANCE

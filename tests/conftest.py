@@ -334,10 +334,11 @@ def sweep_plan(kind, storage: Path, argv=(), *, data: Path | None = None, monkey
     every dataset's layout linked there (make_dataset_folders), passed as --data-root.
     Without it, the embedded profile: with `monkeypatch`, without writing its data or
     pretraining the tiny CLIP."""
+    from vacsr.sweep.cost.memory import refuse_unfit
     from vacsr.sweep.plan import command_line as cli
 
     if data is None and monkeypatch is not None:
         monkeypatch.setattr(cli, "_embedded_data", lambda *a: None)
     root = [] if data is None else ["--data-root", str(make_dataset_folders(data))]
     args = cli.build_parser(kind).parse_args([*root, "--storage", str(storage), *argv])
-    return cli.plan_from_args(kind, args)
+    return cli.plan_from_args(kind, args, check_memory=refuse_unfit)

@@ -1,7 +1,9 @@
 """SIGTERM, SIGINT and SIGHUP as one exception, so that a stopped `vacsr train` closes what it
 opened (its MLflow run as KILLED) and exits 128 + the signal's number with one line. SIGHUP is a
 closed terminal or a dropped ssh session: a stop like SIGTERM, not a crash that leaves runs
-RUNNING. The sweep driver notes the same signals (vacsr/sweep/flow/driver.py)."""
+RUNNING. Where Python waits inside a library's C++ (Ray's), a handler that raises would surface
+as a SystemError: there the signal is noted (`SignalNote`) and raised by the waiting loop (the
+sweep driver, `--plan`'s calibration)."""
 from __future__ import annotations
 
 import signal
@@ -65,3 +67,23 @@ def signals_held() -> Iterator[None]:
     if not _held and _pending is not None:  # the block ended normally: stop now
         signum, _pending = _pending, None
         raise Stopped(signum)
+
+
+class SignalNote:
+    """SIGTERM / SIGINT / SIGHUP noted by the handler (installed on creation, in the main
+    thread) and raised as Stopped by `check()`, which a loop waiting on other code calls."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.previous = {s: signal.signal(s, self._note) for s in SIGNALS}
+
+    def _note(self, signum, frame) -> None:
+        self.signum = signum
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Stopped(self.signum)
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)

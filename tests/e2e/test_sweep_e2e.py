@@ -230,7 +230,7 @@ def test_sweep_job_resumes_and_records_everything(tmp_path, ray_cluster, mlflow_
     plan = json.loads(Path(client.download_artifacts(parents.run_id.iloc[0], "sweep_plan.json",
                                                      str(tmp_path))).read_text())
     assert sorted(row["dataset"] for row in plan["datasets"]) == sorted(DATASETS)
-    assert plan["totals"]["search_device_h"] > 0
+    assert plan["totals"]["search_device_s"] > 0
     nodes = set()
     for _, dataset_run in datasets.iterrows():
         children = runs[runs["tags.mlflow.parentRunId"] == dataset_run.run_id]

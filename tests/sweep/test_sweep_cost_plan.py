@@ -91,7 +91,7 @@ def test_plan_on_the_embedded_profile_prints_every_dataset_and_writes_nothing(tm
     # the embedded profile writes 4 train and 3 val images of each of DTD's 47 classes: 24 base
     assert (rows["dtd"]["train"], rows["dtd"]["val"], rows["dtd"]["prompts"]) == (48, 48, 24)
     assert rows["dtd"]["search_s"] <= rows["dtd"]["search_no_stop_s"]
-    assert plan["totals"]["search_device_h"] > 0 and "dtd" in printed and "eurosat" in printed
+    assert plan["totals"]["search_device_s"] > 0 and "dtd" in printed and "eurosat" in printed
 
 
 @pytest.mark.timeout(300)

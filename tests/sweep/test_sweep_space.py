@@ -122,12 +122,12 @@ def test_storage_paths_and_copies_for_paths_and_uris(tmp_path):
 def test_parallel_plan_never_oversubscribes(cpus, workers, cpw, trial_cpus, parallel, concurrent,
                                             expected):
     from vacsr.config import load_config
-    from vacsr.sweep.plan.plan import plan_parallelism
+    from vacsr.sweep.plan.plan import sweep_parallelism
 
     config = load_config(overrides=[f"train.workers={workers}", f"train.cpus_per_worker={cpw}"])
     plan = built_plan(BASE2NOVEL, Path("/tmp"), configs={f"d{i}": config for i in range(11)},
                       parallel=parallel, trial_cpus=trial_cpus, concurrent_trials=concurrent)
-    datasets_at_once, trials_each = plan_parallelism(plan, {"CPU": cpus})
+    datasets_at_once, trials_each = sweep_parallelism(plan, {"CPU": cpus})
     assert (datasets_at_once, trials_each) == expected
     actor_cpus = 0 if workers == 1 else trial_cpus  # a one-worker trial's actor is its worker
     assert datasets_at_once * trials_each * (actor_cpus + workers * cpw) <= cpus
@@ -349,9 +349,12 @@ def test_asha_notes_the_rung_and_the_values_each_stopped_trial_was_compared_with
     from types import SimpleNamespace
 
     from vacsr.sweep.search.tune import AshaStops, RecordingASHA
+    from vacsr.sweep.spec.schedule import AshaSchedule
 
     stops = AshaStops(tmp_path / "asha_stops.json")
-    asha = RecordingASHA(stops, time_attr="epoch", max_t=9, grace_period=1, reduction_factor=2)
+    halving = AshaSchedule(grace_period=1, reduction_factor=2)
+    asha = RecordingASHA(stops, halving, 8, time_attr="epoch")  # rungs 1, 2, 4, 8 (max_t 9)
+    assert halving.rungs(8) == [1, 2, 4, 8] and list(asha.rungs) == [8, 4, 2, 1]
     asha.set_search_properties("val/acc", "max")
     decisions = {}
     for tid, value in (("a", 50.0), ("b", 40.0), ("c", 10.0)):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 # the sweep's run
 SWEEP_INFO = "sweep.json"  # kind, selection metric and the final table's spec
-SWEEP_PLAN = "sweep_plan.json"  # what it was estimated to cost (`--plan`'s JSON)
+SWEEP_COST = "sweep_cost.json"  # what it was estimated to cost (`--plan`'s JSON)
 # each dataset's run
 BEST_CONFIG = "best_config.yaml"  # the selected config, as `vacsr train --config` takes it
 FINAL_RUNS = "final_runs.json"  # per-seed test metrics of the final runs, the reused trial

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from vacsr.errors import ConfigError, VacsrError
+from vacsr.sweep.cost.memory import refuse_unfit
 from vacsr.sweep.plan.command_line import build_parser, plan_from_args
 from vacsr.sweep.plan.ownership import DriverLock
 from vacsr.sweep.spec.kind import SweepKind
@@ -26,22 +27,30 @@ if _missing:
 
 
 def print_plan(kind: SweepKind, args) -> int:
-    """--plan: the cost plan on stdout (and as JSON at --plan-out); 0, or 2 on bad input."""
+    """--plan: the cost estimate on stdout (and as JSON at --plan-out); 0, 2 on bad input, 128 +
+    the signal's number when stopped (one line, nothing left behind)."""
     from vacsr.atomic import atomic_write_text
-    from vacsr.sweep.cost.cost_plan import format_cost_plan
-    from vacsr.sweep.cost.preview import preview_costs
+    from vacsr.stop import SignalNote, Stopped
+    from vacsr.sweep.cost.measure import measure_sweep_cost
+    from vacsr.sweep.cost.sweep_cost import format_sweep_cost
 
+    note = SignalNote()  # noted, and raised while the calibration waits on Ray
     try:
         out = Path(args.plan_out).expanduser().resolve() if args.plan_out else None
         if out is not None and not out.parent.is_dir():
             raise ConfigError(f"--plan-out {args.plan_out}: no folder {out.parent}; expected a "
                               "file path in an existing folder")
-        plan = plan_from_args(kind, args)
-        cost = preview_costs(plan)
+        plan = plan_from_args(kind, args, check_memory=refuse_unfit)
+        cost = measure_sweep_cost(plan, note.check)
     except VacsrError as exc:
         print(f"vacsr: error: {exc}", file=sys.stderr)
         return 2
-    print(format_cost_plan(cost))
+    except Stopped as exc:
+        print(f"vacsr: {exc}; --plan wrote nothing", file=sys.stderr)
+        return exc.exit_code
+    finally:
+        note.restore()
+    print(format_sweep_cost(cost))
     if out is not None:
         atomic_write_text(out, json.dumps(cost, indent=2) + "\n")
         print(f"plan written to {out}")
@@ -58,7 +67,8 @@ def main(kind: SweepKind, argv: list[str] | None = None) -> int:
     start = time.time()
     locks: list[DriverLock] = []
     try:  # one driver per sweep folder from before its data is written (plan/ownership.py)
-        plan = plan_from_args(kind, args, on_folder=lambda folder: locks.append(DriverLock(folder)))
+        plan = plan_from_args(kind, args, check_memory=refuse_unfit,
+                              on_folder=lambda folder: locks.append(DriverLock(folder)))
         from vacsr.sweep.flow.driver import mlflow_ui_hint, run_sweep
 
         outcome = run_sweep(plan)

@@ -16,13 +16,19 @@ vacsr/sweep/cost/estimate.py composes a configuration's step from them (docs/per
 from __future__ import annotations
 
 import copy
+import os
+import shutil
 import statistics
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 CALIBRATION_BATCH = 8  # images (and at most as many prompts) per timed pass
 WARMUP, REPEATS = 1, 3  # untimed passes, then the median of the timed ones
+CALIBRATION_PREFIX = "vacsr-calibration-"  # then the owner's pid: a stale one is cleared
+POLL_S = 0.2  # how often a stop signal is looked at while the calibration runs
 
 
 @dataclass(frozen=True)
@@ -137,16 +143,14 @@ def _calibration_trial(params: dict) -> None:
     tune.report({"costs": costs.as_dict(), "ended": time.time()})
 
 
-def _calibration_search(config, samples: tuple[str, ...], resources: dict[str, float]
-                        ) -> StepCosts:
-    """A search of one trial, as a dataset's task runs one (Tuner, trial actor, teardown), in a
-    temporary folder: the trial measures the costs; the search's start-up up to the model's
-    build and its teardown after the trial are the fixed costs of a dataset."""
-    import tempfile
-
+def _calibration_search(config, samples: tuple[str, ...], resources: dict[str, float],
+                        folder: str) -> StepCosts:
+    """A search of one trial, as a dataset's task runs one (Tuner, trial actor, teardown), in
+    `folder` (removed as it ends): the trial measures the costs; the search's start-up up to
+    the model's build and its teardown after the trial are the fixed costs of a dataset."""
     from ray import tune
 
-    with tempfile.TemporaryDirectory(prefix="vacsr-calibration-") as folder:
+    try:
         trainable = tune.with_resources(_calibration_trial, resources)
         params = {"config": config, "samples": samples, "submitted": time.time()}
         tuner = tune.Tuner(trainable, param_space=params,
@@ -155,28 +159,71 @@ def _calibration_search(config, samples: tuple[str, ...], resources: dict[str, f
         result = tuner.fit()[0]
         if result.error is not None:
             raise result.error
-        teardown = time.time() - result.metrics["ended"]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    teardown = time.time() - result.metrics["ended"]
     costs = result.metrics["costs"]
     return StepCosts(**{**costs, "teardown": teardown})
 
 
+def _owner_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process: alive
+        return False
+    return False
+
+
+def clear_stale_calibrations(root: str | Path | None = None) -> list[Path]:
+    """Remove the calibration folders (`vacsr-calibration-<pid>-*`) that processes killed
+    before their clean-up (SIGKILL) left in the temporary folder `root` (default: this
+    process's), only those whose owner process is gone. Returns what it removed."""
+    root = Path(root or tempfile.gettempdir())
+    removed = []
+    for folder in root.glob(f"{CALIBRATION_PREFIX}*"):
+        pid = folder.name[len(CALIBRATION_PREFIX):].partition("-")[0]
+        if folder.is_dir() and not folder.is_symlink() and pid.isdigit() \
+                and int(pid) != os.getpid() and _owner_gone(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 def run_calibration(config, samples: tuple[str, ...], resources: dict[str, float],
-                    address: str | None) -> tuple[StepCosts, dict]:
+                    address: str | None, stop_check: Callable[[], None] = lambda: None,
+                    verbose: bool = False) -> tuple[StepCosts, dict]:
     """(costs, the cluster's resources): `_calibration_search` as a Ray task like a dataset's
     (no resources of its own; its trial holds `resources`, one trial's), on the cluster at
-    `address` or, without one, a local Ray started and shut down here with this machine's CPUs
-    and no dashboard."""
+    `address` or, without one, a local Ray started and shut down here with this machine's CPUs,
+    no dashboard and Ray's output in its log files (unless `verbose`), as a sweep run's. While
+    it runs, `stop_check` is called a few times a second: what it raises (a noted SIGINT or
+    SIGTERM) stops the task and removes its folder on the way out."""
     import ray
 
-    from vacsr.distributed.cluster import ensure_ray
+    from vacsr.distributed.cluster import ensure_ray, quiet_logging
 
+    clear_stale_calibrations()
     own = not ray.is_initialized()
     if own:
-        ensure_ray(address=address, include_dashboard=False, log_to_driver=False)
+        quiet_logging(verbose)
+        ensure_ray(address=address, include_dashboard=False, log_to_driver=verbose)
+    folder = tempfile.mkdtemp(prefix=f"{CALIBRATION_PREFIX}{os.getpid()}-")
+    task = None
     try:
-        task = ray.remote(num_cpus=0, max_retries=0)(_calibration_search)
-        costs = ray.get(task.remote(config, samples, resources))
+        stop_check()  # a stop while Ray started
+        task = ray.remote(num_cpus=0, max_retries=0)(_calibration_search).remote(
+            config, samples, resources, folder)
+        while not ray.wait([task], timeout=POLL_S)[0]:
+            stop_check()
+        costs = ray.get(task)
         return costs, dict(ray.cluster_resources())
+    except BaseException:
+        if task is not None and not own:  # a cluster that stays up: its task ends here
+            ray.cancel(task, force=True)
+        raise
     finally:
         if own:
             ray.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)

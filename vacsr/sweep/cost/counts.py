@@ -86,7 +86,8 @@ def classification_counts(root: Path, name: str, shots: int, subsample: str,
             found[metric] = variant_count(root, dataset)
     return DatasetCounts(train=sum(kept[label] for label in chosen),
                          val=sum(val.get(label, 0) for label in chosen),
-                         test=sum(test[label] for label in chosen), prompts=len(chosen),
+                         test=sum(test[label] for label in chosen),
+                         prompts=class_prompts(name, subsample),
                          evaluations=found, samples=first_images(folder, splits["train"]))
 
 
@@ -130,11 +131,16 @@ def count_dataset(kind, root: Path, dataset: str, shots: int) -> DatasetCounts:
     return classification_counts(root, dataset, shots, kind.train_classes, evaluations)
 
 
-def step_prompts(kind, dataset: str) -> int:
-    """Prompts a training step encodes, from the dataset's class count alone (0: the batch's
-    captions): the classes of the kind's subsample."""
-    if kind.task == "retrieval":
-        return 0
+def class_prompts(dataset: str, subsample: str) -> int:
+    """Prompts a classification step encodes: the classes of the subsample, from the dataset's
+    class count (its loader refuses a layout with other classes). The one count both the time
+    and the memory estimate read."""
     from vacsr.data.classification import DATASETS
 
-    return len(class_halves(set(range(DATASETS[dataset].num_classes)), kind.train_classes))
+    return len(class_halves(set(range(DATASETS[dataset].num_classes)), subsample))
+
+
+def step_prompts(kind, dataset: str) -> int:
+    """Prompts a training step of `kind` (a SweepKind) encodes on `dataset` (0: the batch's
+    captions)."""
+    return 0 if kind.task == "retrieval" else class_prompts(dataset, kind.train_classes)

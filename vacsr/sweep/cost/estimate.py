@@ -14,10 +14,11 @@ the first pass f_i N / L: the prefix comes from the cache). A dataset's search a
 and teardown (its trials reuse one actor; runs of 2+ Train workers start their own, each trial a
 start-up), its final runs another start-up.
 
-The search's epochs follow ASHA as the sweep configures it (RecordingASHA: grace period 1,
-reduction factor 4, milestones 1, 4, 16... below the largest epoch count + 1, trials one after
-the other): the expected epochs come from simulating it with trials of independent, fixed rank
-(`asha_epochs`); the upper bound is no stopping.
+The search's epochs follow ASHA as the sweep configures it (vacsr/sweep/spec/schedule.py, the
+schedule Tune's RecordingASHA is built from: rungs at the grace period times powers of the
+reduction factor, below the largest epoch count + 1; trials one after the other): the expected
+epochs come from simulating it with trials of independent, fixed rank (`asha_epochs`); the upper
+bound is no stopping.
 """
 from __future__ import annotations
 
@@ -28,17 +29,17 @@ from dataclasses import dataclass
 
 from vacsr.sweep.cost.calibrate import StepCosts
 from vacsr.sweep.cost.counts import DatasetCounts
+from vacsr.sweep.spec.schedule import ASHA
 from vacsr.sweep.spec.space import Choice, Domain, Int
 
-ASHA_GRACE, ASHA_REDUCTION = 1, 4  # as vacsr/sweep/search/tune.py configures RecordingASHA
 SIMULATIONS = 2000  # ASHA runs averaged for the expected stopping (seeded: the same each time)
 COST_KEYS = ("train.batch_size", "model.trainable_side", "model.trainable_image_blocks",
              "model.trainable_text_blocks")
 
 
 @dataclass(frozen=True)
-class Shape:
-    """The cost-relevant values of one configuration."""
+class RunSettings:
+    """The config values of one run that its cost depends on (COST_KEYS, in that order)."""
 
     batch_size: int
     side: str
@@ -63,19 +64,20 @@ def path_blocks(blocks: int, depth: int, side: str) -> int:
     return depth if blocks == -1 or side == "first" else min(blocks, depth)
 
 
-def step_seconds(shape: Shape, costs: StepCosts, prompts: int, depths: tuple[int, int]) -> float:
-    """One training step of `shape` (module docstring)."""
-    b = shape.batch_size
+def step_seconds(run: RunSettings, costs: StepCosts, prompts: int,
+                 depths: tuple[int, int]) -> float:
+    """One training step of `run` (module docstring)."""
+    b = run.batch_size
     image = b * (costs.image_load + costs.image_forward
-                 + costs.image_backward_block * path_blocks(shape.image_blocks, depths[0],
-                                                            shape.side))
+                 + costs.image_backward_block * path_blocks(run.image_blocks, depths[0],
+                                                            run.side))
     texts = prompts or b  # retrieval: the batch's captions
-    text_path = path_blocks(shape.text_blocks, depths[1], shape.side)
+    text_path = path_blocks(run.text_blocks, depths[1], run.side)
     if prompts and text_path == 0:  # frozen prompts: encoded once per run (run_seconds)
         text = 0.0
     else:
-        share = 1.0 if shape.side == "first" or not prompts else _share(shape.text_blocks,
-                                                                        depths[1])
+        share = 1.0 if run.side == "first" or not prompts else _share(run.text_blocks,
+                                                                      depths[1])
         text = texts * (costs.text_forward * share + costs.text_backward_block * text_path)
     return image + text + costs.head_pair * b * texts
 
@@ -84,7 +86,7 @@ def _share(blocks: int, depth: int) -> float:
     return 1.0 if blocks == -1 else min(blocks, depth) / depth
 
 
-def epoch_seconds(shape: Shape, costs: StepCosts, counts: DatasetCounts,
+def epoch_seconds(shape: RunSettings, costs: StepCosts, counts: DatasetCounts,
                   depths: tuple[int, int], cached: bool) -> float:
     """Training steps plus a val pass; `cached`: the val pass's frozen prefix is in the cache."""
     steps = counts.train // shape.batch_size
@@ -95,29 +97,21 @@ def epoch_seconds(shape: Shape, costs: StepCosts, counts: DatasetCounts,
     return steps * step_seconds(shape, costs, counts.prompts, depths) + val
 
 
-def run_seconds(shape: Shape, epochs: float, costs: StepCosts, counts: DatasetCounts,
+def run_seconds(run: RunSettings, epochs: float, costs: StepCosts, counts: DatasetCounts,
                 depths: tuple[int, int]) -> float:
     """A trial (or a final run) of `epochs` epochs, once-per-run prompts included (the start-up
     is the dataset's: trials reuse the actor)."""
     if epochs <= 0:
         return 0.0
-    first = epoch_seconds(shape, costs, counts, depths, cached=False)
-    rest = epoch_seconds(shape, costs, counts, depths, cached=True)
+    first = epoch_seconds(run, costs, counts, depths, cached=False)
+    rest = epoch_seconds(run, costs, counts, depths, cached=True)
     return counts.prompts * costs.text_forward + first + (epochs - 1) * rest
 
 
-def shapes(space: dict[str, Domain], base: dict) -> list[Shape]:
+def settings_grid(space: dict[str, Domain], base: dict) -> list[RunSettings]:
     """Every combination of the cost-relevant keys the space draws (base: flat config values)."""
     grids = [values_of(space.get(key), base[key]) for key in COST_KEYS]
-    return [Shape(*combo) for combo in itertools.product(*grids)]
-
-
-def asha_milestones(max_epochs: int) -> list[int]:
-    milestones, milestone = [], ASHA_GRACE
-    while milestone < max_epochs + 1:  # tune.py: max_t = max epochs + 1
-        milestones.append(milestone)
-        milestone *= ASHA_REDUCTION
-    return milestones
+    return [RunSettings(*combo) for combo in itertools.product(*grids)]
 
 
 def _cutoff(recorded: list[float]) -> float | None:
@@ -125,36 +119,48 @@ def _cutoff(recorded: list[float]) -> float | None:
     if not recorded:
         return None
     ordered = sorted(recorded)
-    at = (1 - 1 / ASHA_REDUCTION) * (len(ordered) - 1)
+    at = (1 - 1 / ASHA.reduction_factor) * (len(ordered) - 1)
     low = int(at)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (at - low) * (ordered[high] - ordered[low])
 
 
+def asha_search(trials: list[tuple[int, float]], max_epochs: int) -> list[int]:
+    """Epochs each trial runs in one search under ASHA, trials one after the other; `trials[i]`:
+    (the epochs trial i asks for, its quality: higher is better, the same at every epoch). A
+    trial is compared at each rung it reaches with the qualities recorded there before it, and
+    stops at the first where it falls below the cutoff."""
+    rungs: dict[int, list[float]] = {m: [] for m in ASHA.rungs(max_epochs)}
+    ran = []
+    for own, quality in trials:
+        stop = own
+        for milestone, recorded in rungs.items():  # lowest first
+            if milestone > own:
+                break
+            cutoff = _cutoff(recorded)
+            recorded.append(quality)
+            if cutoff is not None and quality < cutoff:
+                stop = milestone
+                break
+        ran.append(stop)
+    return ran
+
+
 def asha_epochs(epochs: list[tuple[int, ...]], max_epochs: int,
                 simulations: int = SIMULATIONS) -> list[float]:
     """Expected epochs each trial runs under ASHA, trials in order; `epochs[i]`: the epoch
-    counts trial i may draw (uniformly). Each trial's rank is fixed over its epochs."""
-    milestones = asha_milestones(max_epochs)
+    counts trial i may draw (uniformly). Each trial's rank is fixed over its epochs: the mean of
+    `simulations` seeded searches (`asha_search`) of uniformly random qualities."""
     rng = random.Random(0)
     totals = [0.0] * len(epochs)
     for _ in range(simulations):
-        rungs: dict[int, list[float]] = {m: [] for m in milestones}
-        for index, choices in enumerate(epochs):
-            own, quality = rng.choice(choices), rng.random()
-            ran = own
-            for milestone in milestones:
-                if milestone > own:
-                    break
-                cutoff = _cutoff(rungs[milestone])
-                rungs[milestone].append(quality)
-                if cutoff is not None and quality < cutoff:
-                    ran = milestone
-                    break
+        trials = [(rng.choice(choices), rng.random()) for choices in epochs]
+        for index, ran in enumerate(asha_search(trials, max_epochs)):
             totals[index] += ran
     return [total / simulations for total in totals]
 
 
-def mean_run_seconds(grid: list[Shape], epochs: float, costs: StepCosts, counts: DatasetCounts,
-                     depths: tuple[int, int]) -> float:
+def mean_run_seconds(grid: list[RunSettings], epochs: float, costs: StepCosts,
+                     counts: DatasetCounts, depths: tuple[int, int]) -> float:
+    """A run's seconds averaged over every combination the space draws (uniform draws)."""
     return statistics.fmean(run_seconds(s, epochs, costs, counts, depths) for s in grid)

@@ -26,19 +26,19 @@ from vacsr.distributed.cluster import ensure_ray, quiet_logging
 from vacsr.errors import StorageError, VacsrError
 from vacsr.model.pretrained_cache import weights_record
 from vacsr.records import MlflowTracker, redact_uri
-from vacsr.records.artifacts import SWEEP_INFO, SWEEP_PLAN
+from vacsr.records.artifacts import SWEEP_COST, SWEEP_INFO
 from vacsr.records.sweep_records import SweepRecords
 from vacsr.records.sweep_state import SweepState
 from vacsr.records.view import publish_table, runs_link
 from vacsr.results import table_spec
-from vacsr.stop import SIGNALS, Stopped
-from vacsr.sweep.cost.cost_plan import trial_pace
-from vacsr.sweep.cost.preview import preview_costs
+from vacsr.stop import SignalNote, Stopped
+from vacsr.sweep.cost.measure import measure_sweep_cost
+from vacsr.sweep.cost.sweep_cost import trial_pace
 from vacsr.sweep.flow.dataset_task import run_dataset
 from vacsr.sweep.flow.events import EventSink, start_event_log
 from vacsr.sweep.plan.folders import error_file, report_folder, run_folders, state_file
 from vacsr.sweep.plan.ownership import claim_state
-from vacsr.sweep.plan.plan import SweepPlan, plan_parallelism, short_of, trial_needs
+from vacsr.sweep.plan.plan import SweepPlan, short_of, sweep_parallelism, trial_needs
 from vacsr.sweep.plan.studies import check_optuna_storage, fail_running_trials, open_optuna_storage
 from vacsr.sweep.report.importance import importance_section
 from vacsr.sweep.report.progress import SweepProgress
@@ -51,8 +51,10 @@ from vacsr.train.scratch import clear_scratch
 class SweepInterrupted(VacsrError):
     """SIGTERM, SIGINT or SIGHUP reached the driver; exit status 128 + the signal's number."""
 
-    def __init__(self, signum: int, starting: bool = False) -> None:
-        done = "while Ray started, before any run" if starting else "runs closed as KILLED"
+    def __init__(self, signum: int, starting: bool = False, measuring: bool = False) -> None:
+        done = ("while Ray started, before any run" if starting
+                else "while the costs were measured, before any run" if measuring
+                else "runs closed as KILLED")
         super().__init__(f"stopped by {signal.Signals(signum).name}; {done}, continue with "
                          "--resume")
         self.exit_code = 128 + signum
@@ -85,32 +87,20 @@ class SweepOutcome:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-class StopRequest:
-    """SIGTERM / SIGINT / SIGHUP (vacsr.stop.SIGNALS) noted by the handler and raised by the
-    driver's loop: an exception raised inside the handler would surface within Ray's C++ wait and
-    come out as a SystemError."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.previous = {s: signal.signal(s, self._note) for s in SIGNALS}
-
-    def _note(self, signum, frame) -> None:
-        self.signum = signum
+class StopRequest(SignalNote):
+    """SIGTERM / SIGINT / SIGHUP noted by the handler and raised by the driver's loop as the
+    sweep's stop (vacsr.stop.SignalNote)."""
 
     def check(self) -> None:
         if self.signum is not None:
             raise SweepInterrupted(self.signum)
-
-    def restore(self) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
 
 
 def _run_datasets(plan: SweepPlan, state: SweepState, parent_id: str,
                   progress: SweepProgress, stop: StopRequest) -> dict[str, str]:
     """Every pending dataset as a Ray task, `parallel` at a time; returns the failed ones."""
     resources = ray.cluster_resources()
-    parallel, per_dataset = plan_parallelism(plan, resources)
+    parallel, per_dataset = sweep_parallelism(plan, resources)
     train = plan.configs[plan.datasets[0]].train
     short = short_of(trial_needs(train, plan.trial_cpus), resources)
     if short:  # a cluster's autoscaler may add such a node (a local instance is refused earlier)
@@ -243,11 +233,18 @@ def _start(plan: SweepPlan, stop: StopRequest) -> SweepState:
         raise
 
 
-def _measured_plan(plan: SweepPlan) -> dict:
-    """The plan, measured where the trials run; a configuration too large for the device ends
-    the sweep here, its folder left unused (a new sweep may start there once it is fixed)."""
+def _measured_cost(plan: SweepPlan, stop: StopRequest) -> dict:
+    """The cost estimate, measured where the trials run; a configuration too large for the
+    device ends the sweep here, its folder left unused (a new sweep may start there once it is
+    fixed). A stop meanwhile ends it as a stop while Ray started: --resume continues."""
+    def stop_check() -> None:
+        if stop.signum is not None:
+            raise SweepInterrupted(stop.signum, measuring=True)
+
     try:
-        return preview_costs(plan)
+        return measure_sweep_cost(plan, stop_check)
+    except SweepInterrupted:
+        raise
     except VacsrError:
         if not plan.resume:
             state_file(plan.storage).unlink(missing_ok=True)
@@ -260,7 +257,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     state = _start(plan, stop)
     try:
         check_optuna_storage(plan)  # the schema is created here once, not by racing dataset tasks
-        cost = _measured_plan(plan)
+        cost = _measured_cost(plan, stop)
         parent = SweepRecords(plan.tracking_uri, plan.kind.experiment).start_sweep_run(
             state, plan.name, plan.kind.name)
     except BaseException:
@@ -269,7 +266,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     parent_id = parent.run_id
     parent.log_json(SWEEP_INFO, {"kind": plan.kind.name, "metric": plan.kind.metric,
                                  "table": table_spec(plan.kind.table)})
-    parent.log_json(SWEEP_PLAN, cost)
+    parent.log_json(SWEEP_COST, cost)
     done = [d for d in plan.datasets if state.dataset(d).get("done")]
     progress = SweepProgress(plan.name, plan.datasets, plan.trials, done, plan.kind.metric,
                              trial_estimate_s=trial_pace(cost))

@@ -6,6 +6,7 @@ Each flag's text is parsed exactly once here (--set values by `vacsr.config.pars
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -15,8 +16,6 @@ from vacsr import config as cfg
 from vacsr.errors import ConfigError
 from vacsr.help_format import DefaultsHelp, flag_error, nonempty
 from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
-from vacsr.sweep.cost.cost_plan import check_memory
-from vacsr.sweep.cost.counts import step_prompts
 from vacsr.sweep.plan.folders import (
     embedded_data,
     embedded_weights,
@@ -65,8 +64,10 @@ def _positive(cast):
             value = cast(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not value > 0:
+        if not value > 0:  # nan too
             raise argparse.ArgumentTypeError(f"expected a value > 0, got {text!r}")
+        if math.isinf(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
         return value
     check.__name__ = cast.__name__
     return check
@@ -261,23 +262,22 @@ def _writes_to_check(uri: str) -> bool:
     return uri.startswith(("sqlite", "file")) or "://" not in uri
 
 
-def _check_plan(plan: SweepPlan, args) -> None:
+def _check_plan(plan: SweepPlan, args, check_memory: Callable[[SweepPlan], Any]) -> None:
     """The memory, then the stores, each one line before any trial; --plan skips the checks that
     create a store."""
-    if args.device_memory_gib:  # a configuration that cannot fit: one line, nothing written
-        prompts = {d: step_prompts(plan.kind, d) for d in plan.datasets}
-        check_memory(plan, prompts, args.device_memory_gib)
+    check_memory(plan)  # a configuration that cannot fit: one line, nothing written
     if not (args.plan and _writes_to_check(plan.tracking_uri)):
         check_tracking_uri(plan.tracking_uri)  # unreachable or refused
     if plan.optuna_url and not (args.plan and _writes_to_check(plan.optuna_url)):
         check_optuna_storage(plan)  # an unreachable study database fails here, not in a trial
 
 
-def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | None = None
-                   ) -> SweepPlan:
-    """Parse and check everything (names, ranges, configs, MLflow, Optuna) into a SweepPlan;
-    only then call `on_folder(sweep folder)` (the driver takes its lock there) and write the
-    embedded profile's synthetic data."""
+def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan], Any],
+                   on_folder: Callable[[Path], Any] | None = None) -> SweepPlan:
+    """Parse and check everything (names, ranges, configs, memory, MLflow, Optuna) into a
+    SweepPlan; only then call `on_folder(sweep folder)` (the driver takes its lock there) and
+    write the embedded profile's synthetic data. `check_memory(plan)`: the device-memory check
+    of a layer above (vacsr/sweep/cost/memory.py's refuse_unfit)."""
     datasets = _datasets(kind, args.datasets)
     embedded = args.data_root is None
     profile = load_profile(kind) if embedded else {}
@@ -330,7 +330,7 @@ def plan_from_args(kind: SweepKind, args, on_folder: Callable[[Path], Any] | Non
         ray_address=args.ray_address, eval_actors=args.eval_actors, verbose=args.verbose,
         device_memory_gib=args.device_memory_gib,
         synthetic_per_class=tuple(profile["synthetic_per_class"]) if embedded else None)
-    _check_plan(plan, args)
+    _check_plan(plan, args, check_memory)
     if args.plan:  # the sweep folder is neither locked nor written
         return plan
     if on_folder is not None:

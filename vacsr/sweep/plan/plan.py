@@ -128,7 +128,7 @@ def concurrency(resources: dict, workers: int, cpus_per_worker: float, gpus_per_
     return max(1, int(limit))
 
 
-def plan_parallelism(plan: SweepPlan, resources: dict) -> tuple[int, int]:
+def sweep_parallelism(plan: SweepPlan, resources: dict) -> tuple[int, int]:
     """(datasets searched at once, concurrent trials per dataset). Their product never exceeds the
     trials the cluster holds, so no trial actor waits forever for its Train workers; a dataset
     runs at most `plan.concurrent_trials` trials at once, and slots beyond what the datasets

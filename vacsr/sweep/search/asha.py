@@ -9,6 +9,7 @@ from pathlib import Path
 from ray.tune.schedulers import ASHAScheduler
 
 from vacsr.atomic import atomic_write_json
+from vacsr.sweep.spec.schedule import AshaSchedule
 
 
 class AshaStops:
@@ -35,15 +36,13 @@ class RecordingASHA(ASHAScheduler):
     first rung it reaches, with the values trials reported there before it. With several trials
     of one dataset running at once, which trials reported before depends on timing."""
 
-    def __init__(self, stops: AshaStops, *, time_attr: str, max_t: int, grace_period: int,
-                 reduction_factor: int = 4) -> None:
-        super().__init__(time_attr=time_attr, max_t=max_t, grace_period=grace_period,
-                         reduction_factor=reduction_factor)
+    def __init__(self, stops: AshaStops, schedule: AshaSchedule, max_epochs: int, *,
+                 time_attr: str) -> None:
+        super().__init__(time_attr=time_attr, max_t=schedule.max_t(max_epochs),
+                         grace_period=schedule.grace_period,
+                         reduction_factor=schedule.reduction_factor)
         self.stops, self.time_key = stops, time_attr
-        rungs, milestone = [], grace_period
-        while milestone < max_t:
-            rungs.append(milestone)
-            milestone *= reduction_factor
+        rungs = schedule.rungs(max_epochs)
         self.rungs: dict[int, dict[str, float]] = {m: {} for m in reversed(rungs)}
 
     def on_trial_result(self, *args) -> str:  # (controller, trial, result), as Tune calls it

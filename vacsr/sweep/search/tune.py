@@ -28,6 +28,7 @@ from vacsr.sweep.search.selection import (
     write_selection,
 )
 from vacsr.sweep.search.trial import CHECKPOINT_PATH_KEY, TrialMeta, run_trial, with_suggestions
+from vacsr.sweep.spec.schedule import ASHA, longest_epochs
 from vacsr.sweep.spec.space import DefineByRun, start_point
 from vacsr.train.run_files import CHECKPOINT_FILE
 
@@ -74,7 +75,7 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
                                storage=storage, study_name=f"{plan.name}-{dataset}",
                                seed=sampler_seed(plan.sampler_seed, dataset),
                                points_to_evaluate=[start_point(space, base)])
-    max_epochs = max(base.train.epochs, getattr(space.get("train.epochs"), "high", 0))
+    max_epochs = longest_epochs(space, base.train.epochs)
     # a trial that trains in its actor is restarted by Tune when the actor is lost (Ray Train
     # restarts the workers of the others); its own errors end at once
     # (vacsr/sweep/search/trial_run.py)
@@ -85,11 +86,8 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
         tune_config=tune.TuneConfig(
             metric=plan.kind.metric, mode=plan.kind.mode, search_alg=search,
             num_samples=plan.trials,
-            # max_t beyond the longest trial: ASHA stops a trial that reaches max_t at once,
-            # which would cut off its last MLflow logging (metrics.json, curves); trials that run
-            # all their epochs must end by themselves
-            scheduler=RecordingASHA(stops, time_attr="epoch", max_t=max(max_epochs, 1) + 1,
-                                    grace_period=1),
+            # the schedule the cost estimate reads too (vacsr/sweep/spec/schedule.py)
+            scheduler=RecordingASHA(stops, ASHA, max_epochs, time_attr="epoch"),
             max_concurrent_trials=max_concurrent,
             # the next trial trains in the actor (and process) the last one ended in: no second
             # start-up of Python, torch, open_clip and MLflow. Tune resets an actor only once its

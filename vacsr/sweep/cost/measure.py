@@ -1,18 +1,18 @@
-"""The cost plan of a checked SweepPlan: the counts from its data (the embedded profile's synthetic
-data, when the sweep folder holds none yet, generated in a temporary folder and deleted), the
-step costs measured by a calibration task where its trials would run, composed by
-vacsr/sweep/cost/cost_plan.py. Writes nothing.
+"""The cost estimate of a checked SweepPlan: the counts from its data (the embedded profile's
+synthetic data, when the sweep folder holds none yet, generated in a temporary folder and
+deleted), the step costs measured by a calibration task where its trials would run, composed by
+vacsr/sweep/cost/sweep_cost.py. Writes nothing.
 """
 from __future__ import annotations
 
 import contextlib
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from vacsr.sweep.cost.calibrate import run_calibration
-from vacsr.sweep.cost.cost_plan import build_cost_plan
 from vacsr.sweep.cost.counts import DatasetCounts, count_dataset
+from vacsr.sweep.cost.sweep_cost import build_sweep_cost
 from vacsr.sweep.plan.plan import SweepPlan, trial_resources
 
 GENERATED = ".generated"  # the embedded profile's mark of finished synthetic data
@@ -40,13 +40,14 @@ def sweep_counts(plan: SweepPlan, root: Path) -> dict[str, DatasetCounts]:
             for d in plan.datasets}
 
 
-def preview_costs(plan: SweepPlan) -> dict:
-    """The cost plan (cost_plan.build_cost_plan's data) of `plan`."""
+def measure_sweep_cost(plan: SweepPlan, stop_check: Callable[[], None] = lambda: None
+                       ) -> dict:
+    """The cost estimate (sweep_cost.build_sweep_cost's data) of `plan`; `stop_check` raises
+    a stop noted while the calibration runs (calibrate.run_calibration)."""
     first = plan.configs[plan.datasets[0]]
     with data_root(plan, plan.synthetic_per_class) as root:
         counts = sweep_counts(plan, root)
         costs, resources = run_calibration(first, counts[plan.datasets[0]].samples,
                                            trial_resources(first.train, plan.trial_cpus),
-                                           plan.ray_address)
-    device_gib = plan.device_memory_gib or costs.memory_gib
-    return build_cost_plan(plan, counts, costs, resources, device_gib)
+                                           plan.ray_address, stop_check, plan.verbose)
+    return build_sweep_cost(plan, counts, costs, resources)
