@@ -1,9 +1,11 @@
 """`--plan`: the counts a run reads, ASHA's expected stopping, the memory refusal before any
-trial, the ETA from the plan, and a real plan (local Ray calibration) that writes nothing."""
+trial (its bounding key and figures), the ETA from the estimate, and a real plan (local Ray
+calibration) that writes nothing and prints only vacsr's lines."""
 from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
 
@@ -47,7 +49,6 @@ def test_counts_are_what_a_run_loads_and_counting_writes_nothing(tmp_path, monke
 
 
 def test_asha_expectation_follows_rays_cutoff():
-    assert estimate.asha_milestones(8) == [1, 4] and estimate.asha_milestones(25) == [1, 4, 16]
     first, second = estimate.asha_epochs([(8,), (8,)], 8)
     assert first == 8  # the first trial meets no cutoff
     # the second stops at epoch 1 when below the first (half the time), else runs all 8
@@ -63,6 +64,38 @@ def test_a_batch_size_that_cannot_fit_is_refused_before_any_trial(tmp_path, caps
                     entry=lambda argv: main(BASE2NOVEL, argv))
     assert "dtd: train.batch_size=4096 needs an estimated" in line and "0.25 GiB" in line
     nothing_written(storage)
+
+
+def test_the_bounding_key_is_the_searched_key_that_lowers_the_peak_most(tmp_path, capsys):
+    """Batch size fixed, the image blocks searched: the blocks bound the peak, named with the
+    flag that narrows them; figures at the digits that show the comparison."""
+    line = one_line(["--datasets", "dtd", "--set", "train.batch_size=512", "--range",
+                     "model.trainable_image_blocks=choice:0,-1", "--device-memory-gib", "0.01",
+                     "--storage", tmp_path / "sweeps"], capsys,
+                    entry=lambda argv: main(BASE2NOVEL, argv))
+    assert "dtd: model.trainable_image_blocks=-1 needs an estimated" in line, line
+    assert "--range model.trainable_image_blocks=choice:" in line
+    nothing_written(tmp_path / "sweeps")
+
+
+def test_a_tiny_device_memory_is_refused_with_figures_that_compare(tmp_path, capsys):
+    from sweeps.retrieval import SWEEP as RETRIEVAL
+
+    line = one_line(["--plan", "--device-memory-gib", "0.001", "--storage", tmp_path / "s"],
+                    capsys, entry=lambda argv: main(RETRIEVAL, argv))
+    need, have = re.search(r"needs an estimated ([0-9.e-]+) GiB .* device's ([0-9.e-]+) GiB",
+                           line).groups()
+    assert float(need) > float(have) == 0.001, line  # not "0.0 GiB ... more than 0.001 GiB"
+    nothing_written(tmp_path / "s")
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-1", "abc"])
+def test_a_device_memory_that_is_not_a_finite_positive_number_is_one_line(tmp_path, capsys,
+                                                                        value):
+    line = one_line(["--plan", f"--device-memory-gib={value}", "--storage", tmp_path / "s"],
+                    capsys, entry=lambda argv: main(BASE2NOVEL, argv))
+    assert line.startswith("vacsr: error: argument --device-memory-gib: expected a") and value \
+        in line
 
 
 def test_the_eta_starts_from_the_plan_and_follows_measured_trials():
@@ -82,7 +115,8 @@ def test_plan_on_the_embedded_profile_prints_every_dataset_and_writes_nothing(tm
     storage, out = tmp_path / "sweeps", tmp_path / "plan.json"
     code = main(BASE2NOVEL, ["--plan", "--datasets", "dtd,eurosat", "--storage", str(storage),
                              "--plan-out", str(out)])
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert code == 0, printed
     nothing_written(storage)
     plan = json.loads(out.read_text())
@@ -92,6 +126,12 @@ def test_plan_on_the_embedded_profile_prints_every_dataset_and_writes_nothing(tm
     assert (rows["dtd"]["train"], rows["dtd"]["val"], rows["dtd"]["prompts"]) == (48, 48, 24)
     assert rows["dtd"]["search_s"] <= rows["dtd"]["search_no_stop_s"]
     assert plan["totals"]["search_device_s"] > 0 and "dtd" in printed and "eurosat" in printed
+    # only vacsr's lines (Ray's token notice and the like go to its log), in units that read
+    assert "WARNING" not in printed + captured.err and captured.err == ""
+    totals = printed.splitlines()[-3:-1]
+    assert re.fullmatch(r"search (\d+ s|\d+ min \d\d s|\d+ h \d\d min) of device time .*",
+                        totals[0]), totals
+    assert re.fullmatch(r"wall time (\d+ s|\d+ min \d\d s) \(at most .*\)", totals[1]), totals
 
 
 @pytest.mark.timeout(300)
@@ -122,18 +162,28 @@ def test_plan_out_in_a_missing_folder_is_one_line(tmp_path, capsys):
 
 @pytest.mark.timeout(300)
 def test_a_run_refused_by_its_measured_plan_leaves_its_folder_unused(tmp_path, monkeypatch):
-    """The run's own check, after its calibration and before the first trial (the device
-    memory as a GPU's would come from the calibration, here stated on the plan)."""
+    """The run's own check, after its calibration and before the first trial, against the GPU
+    memory the calibration measures (a CPU has none: the real calibration runs, and its figure
+    is stated as a 0.25 GiB GPU's)."""
+    import dataclasses
+
     import ray
 
     from conftest import sweep_plan
     from vacsr.errors import ConfigError
+    from vacsr.sweep.cost import measure
     from vacsr.sweep.flow.driver import run_sweep
     from vacsr.sweep.plan.folders import state_file
 
+    calibrate = measure.run_calibration
+
+    def on_a_small_gpu(*args):
+        costs, resources = calibrate(*args)
+        return dataclasses.replace(costs, memory_gib=0.25), resources
+
+    monkeypatch.setattr(measure, "run_calibration", on_a_small_gpu)
     plan = sweep_plan(BASE2NOVEL, tmp_path / "sweeps", ["--datasets", "dtd", "--range",
                       "train.batch_size=choice:8,4096"], monkeypatch=monkeypatch)
-    plan.device_memory_gib = 0.25
     try:
         with pytest.raises(ConfigError, match="dtd: train.batch_size=4096 needs an estimated"):
             run_sweep(plan)

@@ -1,0 +1,179 @@
+"""The cost estimate's arithmetic (vacsr/sweep/cost/), each function against a hand-computed
+example: two datasets, three trials, two batch sizes, made-up per-input costs. Every expected
+figure is worked out in the comments, so a reader can check it with a pencil."""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from sweeps.base2novel import SWEEP as BASE2NOVEL
+from vacsr.config import from_dict
+from vacsr.sweep.cost import estimate as est
+from vacsr.sweep.cost.calibrate import StepCosts
+from vacsr.sweep.cost.counts import DatasetCounts
+from vacsr.sweep.cost.memory import comparable
+from vacsr.sweep.cost.sweep_cost import (
+    build_sweep_cost,
+    dataset_estimate,
+    duration,
+    sharing,
+    wall_seconds,
+)
+from vacsr.sweep.plan.plan import SweepPlan
+from vacsr.sweep.spec.schedule import ASHA
+from vacsr.sweep.spec.space import Choice
+
+# seconds per input: load + forward of an image = 0.015, a trainable image block's backward 0.002
+COSTS = StepCosts(device="cpu, 1 thread(s)", memory_gib=None, image_forward=0.009,
+                  image_backward_block=0.002, text_forward=0.001, text_backward_block=0.0005,
+                  head_pair=0.0001, image_load=0.006, startup=2.0, teardown=1.0)
+DEPTHS = (3, 3)  # vacsr-tiny's towers
+# dtd: 44 training images (11 steps of 4, 5 of 8: the last partial batch dropped), 5 prompts
+DTD = DatasetCounts(train=44, val=10, test=20, prompts=5, evaluations={"novel_acc": 30})
+EUROSAT = DatasetCounts(train=20, val=5, test=10, prompts=5, evaluations={"novel_acc": 10})
+LAST_ONE = est.RunSettings(batch_size=4, side="last", image_blocks=1, text_blocks=0)
+
+
+def test_path_blocks_follow_the_side():
+    assert est.path_blocks(0, 3, "last") == 0  # nothing trains: no backward
+    assert est.path_blocks(1, 3, "last") == 1  # side last: only the trainable block
+    assert est.path_blocks(1, 3, "first") == 3  # side first: from the input up
+    assert est.path_blocks(-1, 3, "last") == 3 and est.path_blocks(7, 3, "last") == 3
+
+
+def test_step_seconds_by_hand():
+    # image: 4 x (load 0.006 + forward 0.009 + 0.002 x 1 block) = 4 x 0.017 = 0.068
+    # text: no text block trains: the 5 prompts are encoded once per run, not per step = 0
+    # head: 0.0001 x 4 images x 5 prompts = 0.002                          -> 0.070
+    assert est.step_seconds(LAST_ONE, COSTS, 5, DEPTHS) == pytest.approx(0.070)
+    # side first, 1 text block: image 4 x (0.015 + 0.002 x 3) = 0.084; text 5 x (0.001 x 1
+    # + 0.0005 x 3 blocks) = 0.0125; head 0.002                            -> 0.0985
+    first = est.RunSettings(4, "first", 1, 1)
+    assert est.step_seconds(first, COSTS, 5, DEPTHS) == pytest.approx(0.0985)
+    # side last, 1 of 3 text blocks: text 5 x (0.001 x 1/3 + 0.0005 x 1) = 0.0041667
+    last_text = est.RunSettings(4, "last", 1, 1)
+    assert est.step_seconds(last_text, COSTS, 5, DEPTHS) == pytest.approx(0.068 + 0.005 / 1.2
+                                                                          + 0.002)
+    # retrieval (0 prompts): the batch's 4 captions each step, 4 x 0.001 = 0.004; head 4 x 4
+    # pairs x 0.0001 = 0.0016                                              -> 0.0736
+    assert est.step_seconds(LAST_ONE, COSTS, 0, DEPTHS) == pytest.approx(0.0736)
+
+
+def test_epoch_and_run_seconds_by_hand():
+    # 11 steps x 0.070 = 0.77; val: 10 x 0.015 + 5 prompts x 0.001 = 0.155     -> 0.925
+    assert est.epoch_seconds(LAST_ONE, COSTS, DTD, DEPTHS, cached=False) == pytest.approx(0.925)
+    # later epochs read the 2 frozen blocks from the cache: 10 x 0.009 x 1/3 + 0.005 = 0.035
+    assert est.epoch_seconds(LAST_ONE, COSTS, DTD, DEPTHS, cached=True) == pytest.approx(0.805)
+    # 2 epochs: prompts once 0.005 + 0.925 + 0.805 = 1.735; 0 epochs: nothing
+    assert est.run_seconds(LAST_ONE, 2, COSTS, DTD, DEPTHS) == pytest.approx(1.735)
+    assert est.run_seconds(LAST_ONE, 0, COSTS, DTD, DEPTHS) == 0.0
+    # batch 8: 5 steps x 0.140 = 0.70; epochs 0.855 and 0.735; 2 epochs 1.595
+    eight = est.RunSettings(8, "last", 1, 0)
+    assert est.run_seconds(eight, 2, COSTS, DTD, DEPTHS) == pytest.approx(1.595)
+    assert est.mean_run_seconds([LAST_ONE, eight], 2, COSTS, DTD, DEPTHS) == pytest.approx(1.665)
+
+
+def _hand_plan(tmp_path) -> SweepPlan:
+    """Two datasets, three trials, batch size 4 or 8, 2 epochs, seeds 1 and 2 (1: the base)."""
+    def config(dataset):
+        return from_dict({"model.name": "vacsr-tiny", "data.dataset": dataset,
+                          "train.batch_size": 4, "train.epochs": 2, "train.seed": 1,
+                          "model.trainable_side": "last", "model.trainable_image_blocks": 1,
+                          "model.trainable_text_blocks": 0})
+    datasets = ("dtd", "eurosat")
+    return SweepPlan(kind=BASE2NOVEL, name="hand", configs={d: config(d) for d in datasets},
+                     spaces={d: {"train.batch_size": Choice((4, 8))} for d in datasets},
+                     storage=tmp_path, tracking_uri="", trials=3, seeds=(1, 2))
+
+
+def test_dataset_estimate_by_hand(tmp_path):
+    row = dataset_estimate(_hand_plan(tmp_path), "dtd", DTD, COSTS, DEPTHS)
+    assert row["batch_sizes"] == [4, 8] and row["steps_per_epoch"] == [5, 11]
+    # no stopping: trial 1 at the base batch 4 (1.735), trials 2 and 3 the grid's mean run
+    # (1.735 + 1.595) / 2 = 1.665 each, one start-up 2 and teardown 1: 8.065
+    assert row["search_no_stop_s"] == pytest.approx(8.065)
+    # ASHA (rung 1 only, below max_t 3): trial 2 stops at epoch 1 when below trial 1, half the
+    # time: 1.5 epochs; trial 3 stops below the 75th percentile of two: 1/3 (lowest) + 1/3 x
+    # 3/4 (middle) = 7/12, 17/12 epochs. A mean run of e epochs: 0.005 + mean first epoch
+    # (0.925 + 0.855) / 2 = 0.89 + (e - 1) x mean cached epoch (0.805 + 0.735) / 2 = 0.77
+    expected = 1.735 + (0.895 + 0.5 * 0.77) + (0.895 + 5 / 12 * 0.77) + 3
+    assert row["search_s"] == pytest.approx(expected, abs=0.03)  # 2,000 simulated searches
+    # final: start-up 2 + seed 2 retrained (1.665; seed 1 is the best trial's) + both seeds'
+    # tests: (20 + 30 novel) x 0.015 + 5 x 0.001 = 0.755 each                 -> 5.175
+    assert row["final_s"] == pytest.approx(5.175)
+
+
+def test_wall_seconds_and_sharing_by_hand(tmp_path):
+    # lanes [5, 0] -> [5, 3] -> 4 joins the free lane at 3: [5, 7]
+    assert wall_seconds([5.0, 3.0, 4.0], 2) == 7.0 and wall_seconds([5.0, 3.0, 4.0], 1) == 12.0
+    plan = _hand_plan(tmp_path)  # a trial holds 1 CPU: 4 at once on 2 CPUs run at half speed
+    assert sharing(plan, {"CPU": 2}, 4) == 2.0 and sharing(plan, {"CPU": 2}, 1) == 1.0
+
+
+def test_the_whole_estimate_by_hand(tmp_path):
+    cost = build_sweep_cost(_hand_plan(tmp_path), {"dtd": DTD, "eurosat": EUROSAT}, COSTS,
+                            {"CPU": 2})
+    # eurosat: batch 4: 5 steps x 0.07 = 0.35, epochs 0.43 / 0.37, 2 epochs 0.805; batch 8:
+    # 2 steps 0.28, epochs 0.36 / 0.30, 0.665; mean 0.735. No stopping 0.805 + 2 x 0.735 + 3
+    # = 5.275; final 2 + 0.735 + 2 x ((10 + 10) x 0.015 + 0.005) = 3.345
+    t = cost["totals"]
+    assert t["search_no_stop_device_s"] == pytest.approx(8.065 + 5.275)
+    assert t["final_device_s"] == pytest.approx(5.175 + 3.345)
+    # 2 CPUs hold 2 one-CPU trials: both datasets at once, 1 trial each, no sharing; the wall
+    # time is the longer lane: dtd 8.065 + 5.175 = 13.24
+    assert (cost["parallel_datasets"], cost["concurrent_trials"], cost["cpu_sharing"]) == (2, 1,
+                                                                                           1.0)
+    assert t["wall_no_stop_s"] == pytest.approx(13.24)
+    assert cost["datasets"][0]["peak_bounded_by"] == "train.batch_size"
+
+
+def test_durations_read_in_their_unit():
+    assert [duration(s) for s in (0.2, 59.0, 61.0, 3599.5, 3600.0, 5 * 3600 + 61)] == [
+        "1 s", "59 s", "1 min 01 s", "1 h 00 min", "1 h 00 min", "5 h 02 min"]
+
+
+def test_memory_figures_show_the_comparison():
+    assert comparable(0.0273, 0.001) == ("0.027", "0.001")
+    assert comparable(1.04, 1.0) == ("1.04", "1")  # 2 digits would read "1" and "1"
+    assert comparable(0.25000004, 0.25)[0] != "0.25"
+
+
+def test_asha_search_by_hand():
+    # max 8 epochs: rungs 1 and 4 (max_t 9). Trial 2 (0.3) meets the cutoff 0.5 at rung 1; trial
+    # 3 (0.9) the 75th percentile of [0.3, 0.5] = 0.3 + 0.75 x 0.2 = 0.45 at rung 1, then 0.5 at
+    # rung 4; trial 4 (0.6) that of [0.3, 0.5, 0.9] = 0.5 + 0.5 x 0.4 = 0.7 at rung 1; trial 5
+    # asks for 3 epochs, passes rung 1 (0.6 + 0.25 x 0.3 = 0.675) and never reaches rung 4
+    assert ASHA.rungs(8) == [1, 4] and ASHA.rungs(25) == [1, 4, 16]
+    trials = [(8, 0.5), (8, 0.3), (8, 0.9), (8, 0.6), (3, 0.95)]
+    assert est.asha_search(trials, 8) == [8, 1, 8, 1, 3]
+    assert est.asha_epochs([(2,)] * 3, 2) == pytest.approx([2, 1.5, 17 / 12], abs=0.04)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_the_estimates_asha_stops_what_rays_asha_stops():
+    """Ray's own ASHAScheduler, built from the sweep's schedule as Tune's is, driven through its
+    public trial callbacks on synthetic learning curves (each trial's value the same at every
+    epoch, as the estimate assumes): each trial stops at the epoch the estimate's search says."""
+    from ray.tune.schedulers import ASHAScheduler
+
+    rng = random.Random(7)
+    for search in range(150):
+        max_epochs = rng.choice((4, 8, 16))
+        trials = [(rng.randint(1, max_epochs), rng.random()) for _ in range(rng.randint(2, 9))]
+        ray_asha = ASHAScheduler(time_attr="epoch", metric="val/acc", mode="max",
+                                 max_t=ASHA.max_t(max_epochs), grace_period=ASHA.grace_period,
+                                 reduction_factor=ASHA.reduction_factor)
+        ran = []
+        for index, (own, value) in enumerate(trials):
+            trial = SimpleNamespace(trial_id=f"t{index}")
+            ray_asha.on_trial_add(None, trial)
+            for epoch in range(1, own + 1):
+                result = {"epoch": epoch, "val/acc": value}
+                if ray_asha.on_trial_result(None, trial, result) == ASHAScheduler.STOP:
+                    break
+            ray_asha.on_trial_complete(None, trial, result)
+            ran.append(epoch)
+        assert est.asha_search(trials, max_epochs) == ran, (search, trials)
