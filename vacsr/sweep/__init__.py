@@ -2,10 +2,13 @@
 MLflow through vacsr.records. The sub-packages follow a sweep's flow:
 
 - `spec/`: what a sweep is, as data: `SweepKind` (kind.py), the paper's ranges and published
-  numbers (paper.py), search spaces (space.py). sweeps/*.py declare their kinds with these.
+  numbers (paper.py), search spaces (space.py), ASHA's schedule (schedule.py). sweeps/*.py
+  declare their kinds with these.
 - `plan/`: the flags to a checked `SweepPlan` before Ray starts (command_line.py, inputs.py,
   plan.py, the embedded profile embedded.yaml), the sweep folder's layout, spelled only in
   folders.py, and who owns it (ownership.py).
+- `cost/`: what a sweep will cost before it runs (`--plan`): counts, calibration, the estimate,
+  the memory check (sweep_cost.py composes them).
 - `search/`: one dataset's Tune + Optuna search (tune.py), the Optuna searcher
   (optuna_searcher.py), ASHA with its recorded stops (asha.py), which trial wins (selection.py),
   the trial itself (trial.py, trial_run.py), recovery from a full disk or a tracking outage
