@@ -1,4 +1,4 @@
-"""The frozen-prefix cache of evaluation passes (vacsr/data/prefix_cache.py): exact, keyed by
+"""The frozen-prefix cache of evaluation passes (vacsr/model/prefix_cache.py): exact, keyed by
 everything its outputs depend on, verified on load, bounded."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from vacsr.config import load_config
 from vacsr.data import build_classification
 from vacsr.data.generate import generate
-from vacsr.data.prefix_cache import PrefixCache
+from vacsr.model.prefix_cache import PrefixCache
 from vacsr.model.vacsr import build_model
 from vacsr.train.eval_pass import evaluate_split
 

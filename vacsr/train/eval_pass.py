@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from vacsr.data.encoding import encode_images
-from vacsr.data.prefix_cache import PrefixCache, open_cache
 from vacsr.errors import DataError
+from vacsr.model.encoding import encode_images
+from vacsr.model.prefix_cache import PrefixCache, open_cache
 from vacsr.model.vacsr import VACSRModel
 from vacsr.tasks import task_type
 
@@ -47,7 +47,7 @@ def encode_split(model: VACSRModel, data, *, task: str, batch_size: int = 128,
                  cache: PrefixCache | None = None) -> EncodedSplit:
     """Encode a split with the eval transform: image features, and caption features (retrieval)
     or one prompt per class (classification). `precision` is recorded for the scorer; `cache`
-    keeps the frozen prefix's outputs (vacsr/data/prefix_cache.py)."""
+    keeps the frozen prefix's outputs (vacsr/model/prefix_cache.py)."""
     was_training = model.training
     model.eval()
     try:

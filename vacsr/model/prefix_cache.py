@@ -1,13 +1,15 @@
 """The frozen prefix's outputs of evaluation passes, computed once and kept on disk.
 
-With the last N blocks of a tower training (or none), the blocks below are frozen and their
-output on the deterministic evaluation transform is a constant of each image (vacsr/model/
-prefix.py): one val pass computes it, every later epoch, trial and final seed reading that split
-with that prefix loads it and runs only the rest of the tower. Training passes (random
+A tower's frozen prefix (the backbone's `frozen_depth`, vacsr/model/frozen.py: the blocks below
+the last N trainable ones, or the whole tower when none trains) gives on the deterministic
+evaluation transform a constant of each image (vacsr/model/prefix.py): one val pass computes
+it, every later epoch, trial and final seed reading that split with that prefix loads it and
+runs only the rest of the tower. Training passes (random
 augmentation) are never cached.
 
 A file holds one split of one tower: `<folder>/<tower>-<key>.pt`, the key a digest of all the
-prefix depends on: the frozen parameters' bytes (the weights file, model and depth), the tower,
+prefix depends on: the bytes of every parameter and buffer the prefix reads (prefix.py's
+`prefix_tensors`: the stem and the first `depth` blocks), the tower,
 the model, the inputs (each image's path, size and mtime; each text's token ids), the
 evaluation transform, the precision, the device type and the torch / open_clip versions. It is
 written to a temporary name then renamed (runs that share the folder replace each other with
@@ -32,7 +34,7 @@ import torch
 from vacsr.atomic import atomic_write
 from vacsr.model import prefix as tower_prefix
 
-FORMAT = 1  # bump when the file's layout changes: older files then miss
+FORMAT = 2  # bump when the file's layout changes: older files then miss
 
 
 def _note(text: str) -> None:
@@ -46,17 +48,12 @@ def tensor_digest(tensor: torch.Tensor) -> str:
 
 
 def prefix_weights_digest(backbone, tower: str, depth: int) -> str:
-    """Digest of every parameter and buffer the prefix of `depth` blocks reads."""
-    clip = backbone.clip
-    module = clip.visual if tower == "image" else clip
+    """Digest of every parameter and buffer the prefix of `depth` blocks reads (named by
+    vacsr/model/prefix.py's `prefix_tensors`)."""
     sha = hashlib.sha256()
-    stem = ("conv1.", "ln_pre.", "class_embedding", "positional_embedding", "token_embedding.",
-            "attn_mask")
-    blocks = tuple(f"transformer.resblocks.{i}." for i in range(depth))
-    for name, value in module.state_dict(keep_vars=True).items():
-        if name.startswith(stem + blocks):
-            sha.update(name.encode())
-            sha.update(tensor_digest(value).encode())
+    for name, value in tower_prefix.prefix_tensors(backbone, tower, depth):
+        sha.update(name.encode())
+        sha.update(tensor_digest(value).encode())
     return sha.hexdigest()
 
 
