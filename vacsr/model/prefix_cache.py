@@ -14,7 +14,8 @@ the model, the inputs (each image's path, size and mtime; each text's token ids)
 evaluation transform, the precision, the device type and the torch / open_clip versions. It is
 written to a temporary name then renamed (runs that share the folder replace each other with
 whole files) and verified when read: a file that does not load, or whose tensor does not match
-the digest written with it, is rebuilt with a one-line notice and never used.
+the digest written with it, is rebuilt with a one-line notice and never used; the notice is also
+kept in `stats.rebuilt`, which a sweep's trials and final evaluations bring to its console.
 
 A split whose prefix outputs would exceed `budget_gib` (they are held in memory while a pass
 reads them) is evaluated without the cache, said once per split.
@@ -33,6 +34,7 @@ import torch
 
 from vacsr.atomic import atomic_write
 from vacsr.model import prefix as tower_prefix
+from vacsr.results import PREFIX_CACHE_REBUILT
 
 FORMAT = 2  # bump when the file's layout changes: older files then miss
 
@@ -77,10 +79,16 @@ class CacheStats:
     served: int = 0
     stored: int = 0
     uncached: int = 0
+    rebuilt: list[str] = field(default_factory=list)  # a line per damaged file found, rebuilt
 
     def as_metrics(self) -> dict[str, float]:
         return {"prefix_cache/served": float(self.served),
                 "prefix_cache/evaluated": float(self.served + self.stored + self.uncached)}
+
+    def rebuilt_note(self) -> dict[str, str]:
+        """{PREFIX_CACHE_REBUILT: the damaged files' lines} for a Ray report, or {}: the
+        worker's log is not the sweep's console (vacsr/sweep/search/tune.py shows them)."""
+        return {PREFIX_CACHE_REBUILT: "\n".join(self.rebuilt)} if self.rebuilt else {}
 
 
 @dataclass
@@ -116,6 +124,7 @@ class PrefixCache:
                 raise ValueError("its content does not match its digest")
         except Exception as exc:  # any damage: truncated, random bytes, another layout
             why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+            self.stats.rebuilt.append(f"{path} is damaged ({why}); rebuilt")
             _note(f"{path} is damaged ({why}); rebuilding it")
             path.unlink(missing_ok=True)
             return None

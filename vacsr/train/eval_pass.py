@@ -34,6 +34,7 @@ class EncodedSplit:
     # inputs whose frozen-prefix outputs came from the prefix cache, and all inputs encoded
     cache_served: int = 0
     cache_evaluated: int = 0
+    cache_rebuilt: tuple[str, ...] = ()  # the cache's lines on damaged files it rebuilt
 
     @property
     def items(self) -> torch.Tensor:
@@ -114,6 +115,7 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
         counts = cache.stats.as_metrics()
         encoded.cache_served = int(counts["prefix_cache/served"])
         encoded.cache_evaluated = int(counts["prefix_cache/evaluated"])
+        encoded.cache_rebuilt = tuple(cache.stats.rebuilt)
     encoded.image_feats = encoded.image_feats.float().cpu()
     encoded.text_feats = encoded.text_feats.float().cpu()
     encoded.head = model.head.cpu().eval()
