@@ -1,5 +1,5 @@
 """Which end of each tower trains: the cost of a training step, and of a val pass with the frozen
-prefix cached (model.trainable_side, vacsr/model/prefix.py, vacsr/data/prefix_cache.py).
+prefix cached (model.trainable_side, vacsr/model/prefix.py, vacsr/model/prefix_cache.py).
 
     .venv/bin/python benchmarks/bench_trainable_side.py                    # ViT-B/16, one thread
     .venv/bin/python benchmarks/bench_trainable_side.py --device cuda      # the same on a GPU
@@ -28,8 +28,8 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vacsr.config import load_config  # noqa: E402
-from vacsr.data.encoding import encode_images  # noqa: E402
-from vacsr.data.prefix_cache import PrefixCache  # noqa: E402
+from vacsr.model.encoding import encode_images  # noqa: E402
+from vacsr.model.prefix_cache import PrefixCache  # noqa: E402
 from vacsr.threads import torch_threads  # noqa: E402
 from vacsr.train.loop import Trainer  # noqa: E402
 

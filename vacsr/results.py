@@ -9,6 +9,9 @@ from __future__ import annotations
 NOT_RESULTS = ("seed", "eval_seconds", "num_samples")
 DIGITS = 2  # decimals of the table's numbers (percentages), in results.md and the MLflow view
 VAL = "val"  # a row's best val (the selection's), the table's "best val" column
+# what a Ray run's report carries besides its metrics: the prefix cache's lines on damaged files it
+# rebuilt (vacsr/model/prefix_cache.py), text the sweep's console shows; never in the history
+PREFIX_CACHE_REBUILT = "prefix_cache/rebuilt"
 
 
 def format_metrics(metrics: dict) -> str:

@@ -16,14 +16,14 @@ import torch
 
 from vacsr.data import build_classification, build_retrieval
 from vacsr.data.datasets import CaptionPairDataset, LabelledImageDataset
-from vacsr.data.encoding import encode_texts
 from vacsr.data.fewshot import shots_per_class
 from vacsr.errors import ConfigError
 from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval
 from vacsr.model.adapter import SigmoidBaselineHead
 from vacsr.model.backbone_grad import vacsr_loss_recon_to_backbone
+from vacsr.model.encoding import encode_texts
 from vacsr.model.losses import sigmoid_loss, vacsr_loss
-from vacsr.model.prefix import text_prefix, text_suffix
+from vacsr.model.prefix import constant_in_training, text_prefix, text_suffix
 from vacsr.model.vacsr import VACSRModel
 from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG
 
@@ -196,17 +196,17 @@ class ClassificationTask(_Task):
         super().__init__(model, loss_config)
         self.prompt_tokens = prompt_tokens  # (C, T)
         self._frozen_text: torch.Tensor | None = None
-        self._text_trunk: torch.Tensor | None = None  # (C, W), when only the text head trains
-        self._text_prefix: torch.Tensor | None = None  # (C, T, W), frozen blocks below the last N
+        self._text_prefix: torch.Tensor | None = None  # the prompts' frozen prefix output
 
     def text_trainable(self) -> bool:
         return any(p.requires_grad for name, p in self.model.backbone.named_parameters()
                    if not name.startswith(("clip.visual.", "image_gpo.")))
 
     def class_features(self, device) -> torch.Tensor:
-        """(C, d) prompt features: computed once when the text tower is frozen; when only its
-        ln_final and projection train (blocks frozen, the default of few-shot runs), the blocks'
-        output once and the head every step; all of it every step while text blocks train
+        """(C, d) prompt features: computed once when the text tower is frozen; when it has a
+        frozen prefix (vacsr/model/frozen.py), the prefix's output once and the rest every step
+        (with no text block training, the prefix is the whole trunk and only ln_final and the
+        projection run per step: the default of few-shot runs); all of it every step otherwise
         (hundreds of prompts through the blocks per step are the cost otherwise)."""
         tokens = self.prompt_tokens.to(device)
         backbone = self.model.backbone
@@ -215,17 +215,13 @@ class ClassificationTask(_Task):
                 with torch.no_grad():
                     self._frozen_text = self.model.encode_text(tokens)
             return self._frozen_text
-        if depth := backbone.split_depth("text"):  # the last N blocks train: the rest once
-            if self._text_prefix is None or self._text_prefix.device != torch.device(device):
-                with torch.no_grad():
-                    self._text_prefix = text_prefix(backbone, tokens, depth)
-            return text_suffix(backbone, self._text_prefix, tokens, depth)
-        if not backbone.text_trunk_frozen():
+        depth = backbone.frozen_depth("text")
+        if not depth or not constant_in_training(backbone, "text", depth):
             return self.model.encode_text(tokens)
-        if self._text_trunk is None or self._text_trunk.device != torch.device(device):
+        if self._text_prefix is None or self._text_prefix.device != torch.device(device):
             with torch.no_grad():
-                self._text_trunk = backbone.text_trunk(tokens)
-        return backbone.text_head(self._text_trunk)
+                self._text_prefix = text_prefix(backbone, tokens, depth)  # (C, T or 1, W)
+        return text_suffix(backbone, self._text_prefix, tokens, depth)
 
     def features(self, batch) -> PairBatch:
         images, labels = batch

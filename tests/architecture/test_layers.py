@@ -6,9 +6,8 @@ from __future__ import annotations
 from tests.architecture.source_imports import PACKAGE, imports_in, vacsr_modules
 
 # lowest first, a layer a line: its name, then its entries. "pkg.*" is the package and everything
-# in it; any other entry is that module only. Where an exact entry and a "pkg.*" both match, the
-# exact one decides. "encoding" is the backbone's encodings of a split and their on-disk cache:
-# data run through the model.
+# in it; any other entry is that module only. Each module matches exactly one entry: there is no
+# precedence between entries to learn.
 LAYER_TABLE = """
 base:         vacsr vacsr.errors vacsr.atomic vacsr.redact vacsr.seed vacsr.stop vacsr.threads
               vacsr.results vacsr.task_names vacsr.help_format vacsr.compute_device vacsr.paths
@@ -16,7 +15,6 @@ base:         vacsr vacsr.errors vacsr.atomic vacsr.redact vacsr.seed vacsr.stop
 config:       vacsr.config.*
 data:         vacsr.data.*
 model:        vacsr.model.*
-encoding:     vacsr.data.encoding vacsr.data.prefix_cache
 eval:         vacsr.eval.*
 tasks:        vacsr.tasks
 train:        vacsr.train.*
@@ -49,15 +47,23 @@ def parse_layers(table: str) -> list[tuple[str, list[str]]]:
 LAYERS = parse_layers(LAYER_TABLE)
 
 
+def _matches(module: str, entry: str) -> bool:
+    if entry.endswith(".*"):
+        return module == entry[:-2] or module.startswith(entry[:-1])
+    return module == entry
+
+
+def entries_of(module: str, layers=LAYERS) -> list[tuple[int, str]]:
+    """(layer index, entry) of every entry that matches the module."""
+    return [(index, entry) for index, (_, entries) in enumerate(layers) for entry in entries
+            if _matches(module, entry)]
+
+
 def layer_of(module: str, layers=LAYERS) -> int | None:
-    """The index of the module's layer; None when no entry names it."""
-    packages = []
-    for index, (_, entries) in enumerate(layers):
-        if module in entries:
-            return index
-        packages += [(len(e), index) for e in entries if e.endswith(".*")
-                     and (module == e[:-2] or module.startswith(e[:-1]))]
-    return max(packages)[1] if packages else None
+    """The index of the module's layer; None when no entry names it (or two do: a table
+    test refuses that)."""
+    found = entries_of(module, layers)
+    return found[0][0] if len(found) == 1 else None
 
 
 def _imported_module(target: str, modules) -> str | None:
@@ -107,11 +113,20 @@ def test_the_checker_flags_an_import_from_a_higher_layer():
 def test_the_table_reads_as_layers_in_order():
     assert LAYERS[0][0] == "base" and "vacsr.plots" in LAYERS[0][1]
     assert [name for name, _ in LAYERS][-3:] == ["sweep.flow", "sweep.cli", "cli"]
-    assert dict(LAYERS)["encoding"] == ["vacsr.data.encoding", "vacsr.data.prefix_cache"]
+    assert "encoding" not in dict(LAYERS)  # the encoding and its cache are the model's
 
 
-def test_the_exact_entry_decides_over_its_package():
-    assert layer_of("vacsr.data.encoding") > layer_of("vacsr.model.backbone")
+def test_each_module_matches_exactly_one_entry():
+    """No module is claimed by two entries (no entry overrides another); a table that claims
+    one twice is caught."""
+    claimed = {m: entries_of(m) for m in vacsr_modules()}
+    assert {m: e for m, e in claimed.items() if len(e) != 1} == {}
+    overlapping = [("data", ["vacsr.data.*"]), ("encoding", ["vacsr.data.encoding"])]
+    assert entries_of("vacsr.data.encoding", overlapping) == [(0, "vacsr.data.*"),
+                                                              (1, "vacsr.data.encoding")]
+    assert layer_of("vacsr.data.encoding", overlapping) is None
+    assert layer_of("vacsr.model.encoding") == layer_of("vacsr.model.prefix_cache") \
+        == layer_of("vacsr.model.backbone") < layer_of("vacsr.eval.evaluate")
     assert layer_of("vacsr.data.base") < layer_of("vacsr.model.backbone")
     assert layer_of("vacsr.config") == layer_of("vacsr.config.anything")
 
@@ -126,8 +141,7 @@ def test_every_vacsr_module_has_a_layer_and_a_new_one_has_none():
 def test_every_entry_names_a_module():
     modules = vacsr_modules()
     stale = [e for _, entries in LAYERS for e in entries
-             if not any(m == e or (e.endswith(".*") and (m == e[:-2] or m.startswith(e[:-1])))
-                        for m in modules)]
+             if not any(_matches(m, e) for m in modules)]
     assert stale == []
 
 

@@ -1,4 +1,4 @@
-"""The frozen-prefix cache of evaluation passes (vacsr/data/prefix_cache.py): exact, keyed by
+"""The frozen-prefix cache of evaluation passes (vacsr/model/prefix_cache.py): exact, keyed by
 everything its outputs depend on, verified on load, bounded."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from vacsr.config import load_config
 from vacsr.data import build_classification
 from vacsr.data.generate import generate
-from vacsr.data.prefix_cache import PrefixCache
+from vacsr.model.prefix_cache import PrefixCache
 from vacsr.model.vacsr import build_model
 from vacsr.train.eval_pass import evaluate_split
 
@@ -163,3 +163,40 @@ def test_a_runs_val_passes_and_its_checkpoint_evaluation_share_the_cache(dataset
         for split in encoded:
             assert split.cache_evaluated == len(split.image_feats) + len(split.text_feats)
             assert (split.cache_served == split.cache_evaluated) == (seed == 2)
+
+
+def test_a_damaged_files_line_reaches_the_sweeps_console(dataset_root, tmp_path):
+    """A pass in a Ray worker that rebuilds a damaged file: its line rides on the trial's report
+    (the worker's stderr is not the console), Tune's trial event turns it into a note, and the
+    sweep's progress prints it with the dataset and the trial."""
+    import io
+
+    from ray.tune.experiment import Trial
+
+    from vacsr.results import PREFIX_CACHE_REBUILT
+    from vacsr.sweep.report.progress import SweepProgress
+    from vacsr.sweep.search.tune import TrialEvents
+
+    config = _config(dataset_root, "model.trainable_side=last", "model.trainable_image_blocks=1",
+                     "model.trainable_text_blocks=0", "model.use_gpo=false")
+    model, split = _model(config), build_classification(config.data, 1)["test"]
+    folder = tmp_path / "cache"
+    _evaluate(model, split, PrefixCache(folder))
+    image_file = next(folder.glob("image-*.pt"))
+    image_file.write_bytes(b"")
+    cache = PrefixCache(folder)
+    assert cache.stats.rebuilt_note() == {}
+    _evaluate(model, split, cache)
+    assert len(cache.stats.rebuilt) == 1 and str(image_file) in cache.stats.rebuilt[0]
+
+    trial = Trial("trainable", stub=True)
+    trial.update_last_result({"epoch": 1, "val/acc": 50.0, "training_iteration": 1,
+                              **cache.stats.rebuilt_note()})
+    console = io.StringIO()
+    progress = SweepProgress("demo", ["dtd"], 1, [], "val/acc", stream=console)
+    TrialEvents("dtd", "val/acc", progress.event).on_trial_complete(0, [], trial)
+    lines = console.getvalue().splitlines()
+    assert lines[0] == (f"[demo] dtd: trial {trial.trial_id}: prefix cache: "
+                        f"{cache.stats.rebuilt[0]}")
+    assert " is damaged (" in lines[0] and lines[1].startswith("[demo] dtd: trial 1 done")
+    assert PREFIX_CACHE_REBUILT not in cache.stats.as_metrics()  # never a metric of the history

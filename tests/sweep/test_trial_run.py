@@ -124,9 +124,19 @@ def test_a_reported_checkpoint_is_written_in_the_run_folder_and_cleared_after(tm
             sent.append((metrics, sorted(p.name for p in Path(folder).iterdir())))
             assert Path(folder).parent == tmp_path / "run"  # where the run's files are
 
-    trainer = SimpleNamespace(output_dir=tmp_path / "run", state=lambda epoch: {"epoch": epoch})
+    trainer = SimpleNamespace(output_dir=tmp_path / "run", state=lambda epoch: {"epoch": epoch},
+                              prefix_cache=None)
     Run().report(trainer, 3, {"val/acc": 1.0})
     assert sent == [({"val/acc": 1.0}, ["last.ckpt"])]
+    # the prefix cache's line on a damaged file it rebuilt rides on the report, to the console
+    from vacsr.model.prefix_cache import PrefixCache
+    from vacsr.results import PREFIX_CACHE_REBUILT
+
+    trainer.prefix_cache = PrefixCache(tmp_path / "cache")
+    trainer.prefix_cache.stats.rebuilt.append("image-x.pt is damaged (zero bytes); rebuilt")
+    Run().report(trainer, 4, {"val/acc": 1.0})
+    assert sent[-1] == ({"val/acc": 1.0, PREFIX_CACHE_REBUILT: "image-x.pt is damaged (zero "
+                                                               "bytes); rebuilt"}, ["last.ckpt"])
     assert list((tmp_path / "run").iterdir()) == []  # removed once Ray has its copy
     left = tmp_path / "final" / "eurosat" / "seed1" / f"{SCRATCH_PREFIX}x1"  # a killed worker's
     left.mkdir(parents=True)

@@ -98,10 +98,11 @@ def test_image_tokens_are_the_towers_tokens_and_its_pooled_output():
 
 
 def test_class_prompts_pass_the_frozen_text_blocks_once_and_train_the_text_head():
-    """Few-shot runs train ln_final and the text projection over frozen text blocks: the blocks'
-    output is computed once per run, the head every step, and the features and gradients are
-    those of open_clip's whole encode_text."""
+    """Few-shot runs train ln_final and the text projection over frozen text blocks: the whole
+    trunk is the frozen prefix (compact: the pooled token), computed once per run, the head every
+    step, and the features and gradients are those of open_clip's whole encode_text."""
     from vacsr.config import load_config
+    from vacsr.model import prefix
     from vacsr.model.vacsr import build_model
     from vacsr.tasks import ClassificationTask
 
@@ -110,12 +111,15 @@ def test_class_prompts_pass_the_frozen_text_blocks_once_and_train_the_text_head(
     model = build_model(config).train()
     backbone = model.backbone
     tokens = backbone.tokenize([f"a photo of a class {i}." for i in range(5)])
-    assert backbone.text_trunk_frozen()
+    depth = backbone.frozen_depth("text")
+    assert depth == len(prefix.blocks(backbone.clip, "text"))
     expected = backbone.clip.encode_text(tokens, normalize=True)
-    torch.testing.assert_close(backbone.text_head(backbone.text_trunk(tokens)), expected,
+    hidden = prefix.text_prefix(backbone, tokens, depth)
+    assert hidden.shape[1] == 1  # the pooled token alone: only ln_final and the projection follow
+    torch.testing.assert_close(prefix.text_suffix(backbone, hidden, tokens, depth), expected,
                                rtol=1e-5, atol=1e-6)
-    passes = []
-    backbone.clip.transformer.register_forward_hook(lambda *args: passes.append(1))
+    passes = []  # the blocks ran once for three steps (earlier: the prefix above, not counted)
+    prefix.blocks(backbone.clip, "text")[0].register_forward_hook(lambda *a: passes.append(1))
     task = ClassificationTask(model, config.loss, tokens)
     for step in range(3):
         features = task.class_features("cpu")
@@ -128,4 +132,4 @@ def test_class_prompts_pass_the_frozen_text_blocks_once_and_train_the_text_head(
 
     unfrozen = build_model(load_config(overrides=["model.use_gpo=false",
                                                   "model.trainable_text_blocks=1"]))
-    assert not unfrozen.backbone.text_trunk_frozen()  # a training block: every step, whole
+    assert unfrozen.backbone.frozen_depth("text") == 0  # a training block: every step, whole

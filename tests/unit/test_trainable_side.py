@@ -1,6 +1,6 @@
 """model.trainable_side: the N trainable blocks at either end of each tower, the frozen prefix
 run without autograd, and its outputs cached for evaluation passes (vacsr/model/prefix.py,
-vacsr/data/prefix_cache.py)."""
+vacsr/model/prefix_cache.py)."""
 from __future__ import annotations
 
 import pytest
@@ -23,10 +23,10 @@ def test_the_side_says_which_end_of_each_tower_trains():
     last = ClipBackbone(trainable_image_blocks=1, trainable_text_blocks=2, trainable_side="last")
     assert (_trainable_blocks(first, "image"), _trainable_blocks(first, "text")) == ([0], [0, 1])
     assert (_trainable_blocks(last, "image"), _trainable_blocks(last, "text")) == ([2], [1, 2])
-    assert (last.split_depth("image"), last.split_depth("text")) == (2, 1)
-    assert first.split_depth("image") == 0  # the first-N reading runs open_clip's forward
+    assert (last.frozen_depth("image"), last.frozen_depth("text")) == (2, 1)
+    assert first.frozen_depth("image") == 0  # the first-N reading runs open_clip's forward
     none = ClipBackbone(trainable_image_blocks=0, trainable_text_blocks=0, trainable_side="last")
-    assert (_trainable_blocks(none, "image"), none.split_depth("image")) == ([], 3)
+    assert (_trainable_blocks(none, "image"), none.frozen_depth("image")) == ([], 3)
     # the same parameters outside the blocks train either way
     names = {n for n, p in first.named_parameters() if p.requires_grad and "resblocks" not in n}
     assert names == {n for n, p in last.named_parameters()

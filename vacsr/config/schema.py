@@ -131,7 +131,7 @@ class DataConfig:
     # derived data kept beside the data: the noisy-correspondence index (vacsr/data/coco.py);
     # None = the dataset's own folder
     cache_dir: str | None = None
-    # the frozen prefix's outputs of evaluation passes (vacsr/data/prefix_cache.py), shared by
+    # the frozen prefix's outputs of evaluation passes (vacsr/model/prefix_cache.py), shared by
     # the runs that read one split with one frozen prefix; None = no cache (sweeps set it)
     prefix_cache_dir: str | None = None
     prefix_cache_gib: float = 4.0  # per cached split; a larger split is evaluated uncached

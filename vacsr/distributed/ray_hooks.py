@@ -85,7 +85,10 @@ class RayRun(RunHooks):
 
     def report(self, trainer: Trainer, epoch: int, metrics: dict) -> None:
         """Report the epoch; rank 0 writes its checkpoint for Ray to copy into its storage, in a
-        scratch folder of the run's own (train/scratch.py)."""
+        scratch folder of the run's own (train/scratch.py). The report also carries the prefix
+        cache's lines on damaged files it rebuilt (for the sweep's console)."""
+        if trainer.prefix_cache is not None:
+            metrics = {**metrics, **trainer.prefix_cache.stats.rebuilt_note()}
         if self.rank != 0:
             self.send(metrics, None)
             return

@@ -18,6 +18,7 @@ from ray.train.torch import TorchTrainer
 from vacsr.config import Config, from_dict, to_dict
 from vacsr.distributed.backend import torch_config
 from vacsr.distributed.storage_fs import ray_storage
+from vacsr.results import PREFIX_CACHE_REBUILT
 from vacsr.train.failure import clear_run_failure, raise_if_run_failed, record_run_failure
 from vacsr.train.run_files import CHECKPOINT_FILE
 from vacsr.train.run_result import TrainResult
@@ -107,4 +108,8 @@ def fit_ray(config: Config, name: str | None = None) -> TrainResult:
     ensure_ray()
     result = build_torch_trainer(config, name=name).fit()
     raise_if_run_failed(config.train.output_dir)
-    return result_from_checkpoint(result.checkpoint, Path(config.train.output_dir))
+    trained = result_from_checkpoint(result.checkpoint, Path(config.train.output_dir))
+    # the prefix cache's lines on damaged files it rebuilt: in the workers' logs, not here
+    trained.notes = tuple(str((result.metrics or {}).get(PREFIX_CACHE_REBUILT) or "")
+                          .splitlines())
+    return trained

@@ -11,12 +11,12 @@ from pathlib import Path
 import open_clip
 import torch
 import torch.nn.functional as F
-from open_clip.transformer import text_global_pool
 from torch import nn
 
 from vacsr.errors import ConfigError
 from vacsr.model import prefix
 from vacsr.model.configs import MODEL_CONFIG_DIR
+from vacsr.model.frozen import frozen_blocks
 from vacsr.model.gpo import GPO
 from vacsr.model.weights import create_with_weights
 
@@ -114,19 +114,26 @@ class ClipBackbone(nn.Module):
         set_trainable(clip, image_blocks=trainable_image_blocks, text_blocks=trainable_text_blocks,
                       projections=train_projections, embeddings=train_embeddings,
                       side=trainable_side)
+        # the one place each tower's frozen prefix is decided (vacsr/model/frozen.py): training,
+        # evaluation passes, the prefix cache and the estimates all read it from here
+        self.frozen_depths = {
+            tower: frozen_blocks(trainable_side, count, len(prefix.blocks(clip, tower)),
+                                 embeddings_trainable=train_embeddings,
+                                 split_supported=prefix.split_supported(self, tower))
+            for tower, count in (("image", trainable_image_blocks),
+                                 ("text", trainable_text_blocks))}
         if use_gpo:
             self.image_gpo, self.text_gpo = GPO(), GPO()
 
     def tokenize(self, texts: list[str]) -> torch.Tensor:
         return self.tokenizer(texts)
 
-    def split_depth(self, tower: str) -> int:
-        """Blocks of `tower` that run as a frozen prefix (without autograd) in every forward:
-        those below the trainable ones with `trainable_side: last`; 0 otherwise (the first-N
-        reading runs the tower as open_clip does, bit for bit)."""
-        if self.trainable_side != "last":
-            return 0
-        return prefix.frozen_depth(self, tower) or 0
+    def frozen_depth(self, tower: str) -> int:
+        """Leading blocks of `tower` that form its frozen prefix (0: none): run without autograd
+        in every forward, cached by evaluation passes. With no trainable block the whole tower
+        is the prefix, on either side; with side first and N >= 1 there is none, and the tower
+        runs as open_clip runs it."""
+        return self.frozen_depths[tower]
 
     def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
         """All projected image tokens, class token included: (B, 1 + N, D)."""
@@ -141,52 +148,11 @@ class ClipBackbone(nn.Module):
 
     def text_tokens(self, tokens: torch.Tensor):
         """Projected text tokens from SOT to EOT: ((B, T, D), lengths (B,))."""
-        x = self.text_head_unnormalised(self._text_blocks_output(tokens))  # (B, T, D)
-        return x, tokens.argmax(dim=-1) + 1  # EOT has the highest id in open_clip's vocab
-
-    def text_trunk_frozen(self) -> bool:
-        """True when nothing before ln_final trains in a plain CLIP text tower (embeddings and
-        blocks frozen, no active dropout): its pooled transformer output is then a constant of
-        the prompts, and only ln_final and the projection need a pass per step."""
-        clip = self.clip
-        if self.use_gpo or hasattr(clip, "text"):
-            return False
-        trunk = [*clip.token_embedding.parameters(), *clip.transformer.parameters(),
-                 clip.positional_embedding]
-        dropout = any(isinstance(m, nn.Dropout) and m.p > 0 and m.training
-                      for m in clip.transformer.modules())
-        return not dropout and not any(p.requires_grad for p in trunk)
-
-    def text_trunk(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids -> (B, W): the transformer's output at the pooled token, before
-        ln_final (a per-token norm, so pooling first gives what open_clip's encode_text does)."""
-        clip = self.clip
-        return text_global_pool(self._text_blocks_output(tokens), tokens, clip.text_pool_type,
-                                eos_token_id=getattr(clip, "text_eos_id", None))
-
-    def text_head(self, pooled: torch.Tensor) -> torch.Tensor:
-        """(B, W) text_trunk output -> (B, D), L2-normalised: ln_final and the projection."""
-        return F.normalize(self.text_head_unnormalised(pooled), dim=-1)
-
-    def _text_blocks_output(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids -> (B, T, W): embeddings and the text blocks, every token."""
-        clip = self.clip
-        cast = clip.transformer.get_cast_dtype()
-        x = clip.token_embedding(tokens).to(cast) + clip.positional_embedding.to(cast)
-        return clip.transformer(x, attn_mask=clip.attn_mask)
-
-    def text_head_unnormalised(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., W) -> (..., D): ln_final, then the text projection (a matrix or a Linear)."""
-        clip = self.clip
-        x = clip.ln_final(x)
-        projection = clip.text_projection
-        if projection is None:
-            return x
-        return projection(x) if isinstance(projection, nn.Linear) else x @ projection
+        return prefix.text_tokens(self, prefix.text_prefix(self, tokens, 0), tokens, 0)
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) -> (B, D), L2-normalised."""
-        if depth := self.split_depth("image"):
+        if depth := self.frozen_depth("image"):
             with torch.no_grad():  # the frozen prefix keeps no activations
                 tokens = prefix.image_prefix(self, images, depth)
             return prefix.image_suffix(self, tokens, depth)
@@ -198,14 +164,13 @@ class ClipBackbone(nn.Module):
 
     def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, D), L2-normalised."""
-        if depth := self.split_depth("text"):
+        if depth := self.frozen_depth("text"):
             with torch.no_grad():
                 hidden = prefix.text_prefix(self, tokens, depth)
             return prefix.text_suffix(self, hidden, tokens, depth)
         if not self.use_gpo:
             return self.clip.encode_text(tokens, normalize=True)
-        features, lengths = self.text_tokens(tokens)
-        return F.normalize(self.text_gpo(features, lengths), dim=-1)
+        return prefix.text_suffix(self, prefix.text_prefix(self, tokens, 0), tokens, 0)
 
 
 def build_backbone(config) -> ClipBackbone:

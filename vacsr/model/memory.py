@@ -21,10 +21,12 @@ inputs) residual stream. With the first N blocks training (model.trainable_side 
 gradient reaches them through every later block; those frozen blocks save c = 10 (a frozen linear
 needs no input: input, LN-2 in, q k v, attention out, GELU input). With the last N training the
 frozen prefix below them runs without autograd and saves nothing: activations are kept only from
-the first trainable block up. N = 0 saves no block activations. a = 0 with fused attention
-(scaled_dot_product_attention keeps a (B, heads, T) log-sum-exp), 1 with the math kernel. These
-match torch's saved tensors within a few percent (tests/unit/test_memory.py). Gradients and
-activations count as live together; backward-pass transients and allocator slack are not counted.
+the first trainable block up. N = 0 saves no block activations (the whole tower is the frozen
+prefix), unless the embeddings train (vacsr/model/frozen.py: the backbone's own rule). a = 0 with
+fused attention (scaled_dot_product_attention keeps a (B, heads, T) log-sum-exp), 1 with the math
+kernel. These match torch's saved tensors within a few percent (tests/unit/test_memory.py).
+Gradients and activations count as live together; backward-pass transients and allocator slack
+are not counted.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import open_clip
 
 from vacsr.model.adapter import VariationalSimilarityAdapter
 from vacsr.model.backbone import register_model_configs
+from vacsr.model.frozen import gradient_blocks
 from vacsr.model.gpo import GPO
 
 C_TRAINABLE, C_FROZEN = 16, 10  # saved (B, T, D) tensors per block, see the module docstring
@@ -79,11 +82,12 @@ def towers(name: str) -> tuple[Tower, Tower, int]:
 
 
 def _tower(tower: Tower, blocks: int, rows: int, s: int, r: int, fused: bool, embed: int,
-           pooled_tokens: int, side: str = "first") -> tuple[int, int, int]:
+           pooled_tokens: int, side: str = "first",
+           embeddings: bool = False) -> tuple[int, int, int]:
     """(trainable block params, activation bytes, bf16-cast bytes) of one tower."""
     n = tower.layers if blocks == -1 else min(blocks, tower.layers)
-    # blocks the gradient crosses: from the input up (first), or the trainable ones alone (last)
-    path = 0 if n == 0 else (tower.layers if side == "first" else n)
+    # blocks the gradient crosses: all above the frozen prefix (vacsr/model/frozen.py)
+    path = gradient_blocks(side, blocks, tower.layers, embeddings_trainable=embeddings)
     btd = rows * tower.tokens * tower.width
     attention = 0 if fused else rows * tower.heads * tower.tokens ** 2 * s
     trainable_block = btd * ((C_TRAINABLE - 2) * s + 2 * r) + attention
@@ -97,10 +101,12 @@ def estimate_step_memory(name: str = "ViT-B-16", *, batch_size: int = 128, dtype
                          image_blocks: int = -1, text_blocks: int = -1,
                          train_projections: bool = True, use_gpo: bool = True,
                          adapter_hidden: int = 512, texts: int | None = None,
-                         fused_attention: bool = True, side: str = "first") -> dict[str, int]:
+                         fused_attention: bool = True, side: str = "first",
+                         train_embeddings: bool = False) -> dict[str, int]:
     """Bytes of each term of the module docstring, and their "total", for a retrieval step of
     `batch_size` images and `texts` captions (default: as many; classification: the classes);
-    `side`: which end of each tower trains (model.trainable_side)."""
+    `side`: which end of each tower trains (model.trainable_side); `train_embeddings`: the
+    embeddings train (the gradient then crosses every block)."""
     image, text, embed = towers(name)
     s, r = DTYPE_BYTES[dtype], 4
     texts = batch_size if texts is None else texts
@@ -112,7 +118,7 @@ def estimate_step_memory(name: str = "ViT-B-16", *, batch_size: int = 128, dtype
         trainable += 2 * image.width + image.width * embed + 2 * text.width + text.width * embed
     for tower, blocks, rows in ((image, image_blocks, batch_size), (text, text_blocks, texts)):
         params, acts, cast = _tower(tower, blocks, rows, s, r, fused_attention, embed,
-                                    tower.tokens if use_gpo else 1, side)
+                                    tower.tokens if use_gpo else 1, side, train_embeddings)
         trainable, activations, casts = trainable + params, activations + acts, casts + cast
     parts = {
         "weights": 4 * (image.params() + text.params() + new),
@@ -136,4 +142,5 @@ def estimate_for_config(config, dtype: str | None = None, texts: int | None = No
         m.name, batch_size=rows, use_gpo=m.use_gpo, side=m.trainable_side, texts=texts,
         dtype=dtype or ("bf16" if config.train.amp else "fp32"),
         image_blocks=m.trainable_image_blocks, text_blocks=m.trainable_text_blocks,
-        train_projections=m.train_projections, adapter_hidden=config.adapter.hidden_dim)
+        train_projections=m.train_projections, adapter_hidden=config.adapter.hidden_dim,
+        train_embeddings=m.train_embeddings)

@@ -4,8 +4,11 @@ The paper trains "a few" blocks of each tower and searches "the number of frozen
 layers" (appendix C.2). When the N trainable blocks are the last ones (`model.trainable_side:
 last`), the embeddings and the blocks below them are frozen, so their output is a pure function
 of the input: it runs without autograd in training, and on deterministic evaluation transforms it
-is computed once and reused (vacsr/data/prefix_cache.py). `prefix` gives that output, `suffix`
-the features from it; `suffix(prefix(x))` is the tower's normalised feature.
+is computed once and reused (vacsr/model/prefix_cache.py). How deep the prefix is follows one
+rule (vacsr/model/frozen.py) that the backbone applies once (`ClipBackbone.frozen_depth`).
+`prefix` gives that output, `suffix` the features from it; `suffix(prefix(x))` is the tower's
+normalised feature, and `prefix_tensors` every parameter and buffer the prefix reads (what the
+cache key digests).
 
 What a prefix holds: the tokens after its last block, (B, L, W). When every block is frozen and
 the pooling selects one token before a per-token head (a ViT's class token, the text's EOT
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from open_clip.transformer import text_global_pool
+from open_clip.transformer import PatchDropout, text_global_pool
 from torch import nn
 
 TOWERS = ("image", "text")
@@ -30,14 +33,13 @@ def blocks(clip: nn.Module, tower: str) -> nn.ModuleList:
     return text.transformer.resblocks
 
 
-def _image_stem(clip: nn.Module) -> list:
-    visual = clip.visual
-    return [visual.conv1, visual.ln_pre, visual.patch_dropout, visual.class_embedding,
-            visual.positional_embedding]
-
-
-def _text_stem(clip: nn.Module) -> list:
-    return [clip.token_embedding, clip.positional_embedding]
+def _stem(clip: nn.Module, tower: str) -> list:
+    """What a tower's prefix reads before its first block (modules, parameters and buffers)."""
+    if tower == "image":
+        visual = clip.visual
+        return [visual.conv1, visual.class_embedding, visual.positional_embedding,
+                visual.patch_dropout, visual.ln_pre]
+    return [clip.token_embedding, clip.positional_embedding, clip.attn_mask]
 
 
 def split_supported(backbone, tower: str) -> bool:
@@ -52,28 +54,31 @@ def split_supported(backbone, tower: str) -> bool:
     return not hasattr(clip, "text") and hasattr(clip, "token_embedding")
 
 
-def _trains(parts: list) -> bool:
-    for part in parts:
-        params = [part] if isinstance(part, nn.Parameter) else list(part.parameters())
-        if any(p.requires_grad for p in params):
-            return True
-    return False
-
-
-def frozen_depth(backbone, tower: str) -> int | None:
-    """Leading blocks of `tower` whose output is a constant of the input: those below the first
-    block with a trainable parameter, when nothing before them trains. None when the tower cannot
-    be split or its embeddings train (no constant prefix at all)."""
+def prefix_tensors(backbone, tower: str, depth: int) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every parameter and buffer the prefix of `depth` blocks reads: the
+    stem, then blocks 0 .. depth-1, in a fixed order."""
     clip = backbone.clip
-    if not split_supported(backbone, tower):
-        return None
-    if _trains(_image_stem(clip) if tower == "image" else _text_stem(clip)):
-        return None
-    tower_blocks = blocks(clip, tower)
-    for index, block in enumerate(tower_blocks):
-        if _trains([block]):
-            return index
-    return len(tower_blocks)
+    parts = [(f"stem.{i}", part) for i, part in enumerate(_stem(clip, tower))]
+    parts += [(f"block.{i}", block) for i, block in enumerate(blocks(clip, tower)[:depth])]
+    found = []
+    for label, part in parts:
+        if isinstance(part, torch.Tensor):
+            found.append((label, part))
+            continue
+        found += [(f"{label}.{name}", value) for name, value in
+                  [*part.named_parameters(), *part.named_buffers()]]
+    return found
+
+
+def constant_in_training(backbone, tower: str, depth: int) -> bool:
+    """True when the prefix gives the same output in training mode too (no active dropout in
+    it): a training pass may then reuse it for inputs it saw before (the class prompts)."""
+    clip = backbone.clip
+    parts = [p for p in _stem(clip, tower) if isinstance(p, nn.Module)]
+    parts += list(blocks(clip, tower)[:depth])
+    return not any(m.training and ((isinstance(m, nn.Dropout) and m.p > 0)
+                                   or (isinstance(m, PatchDropout) and m.prob > 0))
+                   for part in parts for m in part.modules())
 
 
 def compact(backbone, tower: str, depth: int) -> bool:
@@ -135,17 +140,37 @@ def text_prefix(backbone, tokens: torch.Tensor, depth: int) -> torch.Tensor:
     return x
 
 
+def text_head(backbone, x: torch.Tensor) -> torch.Tensor:
+    """(..., W) -> (..., D): ln_final, then the text projection (a matrix or a Linear)."""
+    clip = backbone.clip
+    x = clip.ln_final(x)
+    projection = clip.text_projection
+    if projection is None:
+        return x
+    return projection(x) if isinstance(projection, nn.Linear) else x @ projection
+
+
+def text_tokens(backbone, prefix: torch.Tensor, tokens: torch.Tensor,
+                depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A non-compact text_prefix output -> (projected tokens (B, T, D), lengths (B,) from SOT to
+    EOT): the blocks above the prefix, then the head on every token."""
+    clip = backbone.clip
+    x = _run_blocks(clip.transformer, prefix, depth, len(clip.transformer.resblocks),
+                    clip.attn_mask)  # (B, T, W)
+    return text_head(backbone, x), tokens.argmax(dim=-1) + 1  # EOT: the highest id in the vocab
+
+
 def text_suffix(backbone, prefix: torch.Tensor, tokens: torch.Tensor,
                 depth: int) -> torch.Tensor:
     """text_prefix output (and the token ids) -> (B, D) L2-normalised features."""
     clip = backbone.clip
     if compact(backbone, "text", depth):
-        return backbone.text_head(prefix[:, 0])
+        return F.normalize(text_head(backbone, prefix[:, 0]), dim=-1)
+    if backbone.use_gpo:
+        features, lengths = text_tokens(backbone, prefix, tokens, depth)  # (B, T, D), (B,)
+        return F.normalize(backbone.text_gpo(features, lengths), dim=-1)
     x = _run_blocks(clip.transformer, prefix, depth, len(clip.transformer.resblocks),
                     clip.attn_mask)
-    if backbone.use_gpo:
-        features = backbone.text_head_unnormalised(x)  # (B, T, D)
-        return F.normalize(backbone.text_gpo(features, tokens.argmax(dim=-1) + 1), dim=-1)
     pooled = text_global_pool(x, tokens, clip.text_pool_type,
                               eos_token_id=getattr(clip, "text_eos_id", None))  # (B, W)
-    return backbone.text_head(pooled)
+    return F.normalize(text_head(backbone, pooled), dim=-1)

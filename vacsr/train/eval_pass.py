@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from vacsr.data.encoding import encode_images
-from vacsr.data.prefix_cache import PrefixCache, open_cache
 from vacsr.errors import DataError
+from vacsr.model.encoding import encode_images
+from vacsr.model.prefix_cache import PrefixCache, open_cache
 from vacsr.model.vacsr import VACSRModel
 from vacsr.tasks import task_type
 
@@ -34,6 +34,7 @@ class EncodedSplit:
     # inputs whose frozen-prefix outputs came from the prefix cache, and all inputs encoded
     cache_served: int = 0
     cache_evaluated: int = 0
+    cache_rebuilt: tuple[str, ...] = ()  # the cache's lines on damaged files it rebuilt
 
     @property
     def items(self) -> torch.Tensor:
@@ -47,7 +48,7 @@ def encode_split(model: VACSRModel, data, *, task: str, batch_size: int = 128,
                  cache: PrefixCache | None = None) -> EncodedSplit:
     """Encode a split with the eval transform: image features, and caption features (retrieval)
     or one prompt per class (classification). `precision` is recorded for the scorer; `cache`
-    keeps the frozen prefix's outputs (vacsr/data/prefix_cache.py)."""
+    keeps the frozen prefix's outputs (vacsr/model/prefix_cache.py)."""
     was_training = model.training
     model.eval()
     try:
@@ -114,6 +115,7 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
         counts = cache.stats.as_metrics()
         encoded.cache_served = int(counts["prefix_cache/served"])
         encoded.cache_evaluated = int(counts["prefix_cache/evaluated"])
+        encoded.cache_rebuilt = tuple(cache.stats.rebuilt)
     encoded.image_feats = encoded.image_feats.float().cpu()
     encoded.text_feats = encoded.text_feats.float().cpu()
     encoded.head = model.head.cpu().eval()

@@ -19,9 +19,9 @@ from vacsr.atomic import atomic_write_json
 from vacsr.compute_device import resolve_device
 from vacsr.config import Config, public_dict, save_config
 from vacsr.data.loader import make_loader
-from vacsr.data.prefix_cache import open_cache
 from vacsr.data.sampler import GlobalBatchSampler, require_one_batch
 from vacsr.errors import CheckpointError, TrainingDiverged
+from vacsr.model.prefix_cache import open_cache
 from vacsr.model.vacsr import VACSRModel, build_model
 from vacsr.seed import epoch_seed, seed_everything
 from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG

@@ -12,6 +12,7 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)  # one metrics dict per epoch
     final_metrics: dict = field(default_factory=dict)
     checkpoint: Path | None = None
+    notes: tuple[str, ...] = ()  # lines a Ray run reported for the console (not metrics)
 
     @classmethod
     def of_history(cls, history: list[dict], checkpoint: Path | None) -> TrainResult:

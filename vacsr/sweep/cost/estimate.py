@@ -4,13 +4,14 @@
 A configuration's training step (B images, P prompts, tower depths L_i, L_t):
 
     step = B (load + f_i + b_i path_i) + P_t (f_t' + b_t path_t) + h B P
-    path = 0 for N = 0, L for side first (the gradient crosses every block), N for side last
+    path = L - F, F the frozen prefix's blocks (vacsr/model/frozen.py, the backbone's own rule:
+    L - N for side last, L for N = 0, else 0; the plain CLIP towers the calibration times split)
 
 P_t is the prompts encoded each step (classification: the classes, only while a text block trains,
-else they are encoded once per run; retrieval: the batch's B captions). With side last the
-prompts' frozen prefix runs once per run, so f_t' = f_t N / L. An epoch is train // B steps (the
-last partial batch is dropped) and one val pass (val images x (load + f_i), or with side last after
-the first pass f_i N / L: the prefix comes from the cache). A dataset's search adds one start-up
+else they are encoded once per run; retrieval: the batch's B captions). The prompts' frozen
+prefix runs once per run, so f_t' = f_t (L - F) / L. An epoch is train // B steps (the last
+partial batch is dropped) and one val pass (val images x (load + f_i), or after the first pass
+f_i (L - F) / L: the prefix comes from the cache). A dataset's search adds one start-up
 and teardown (its trials reuse one actor; runs of 2+ Train workers start their own, each trial a
 start-up), its final runs another start-up.
 
@@ -27,6 +28,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
+from vacsr.model.frozen import frozen_blocks, gradient_blocks
 from vacsr.sweep.cost.calibrate import StepCosts
 from vacsr.sweep.cost.counts import DatasetCounts
 from vacsr.sweep.spec.schedule import ASHA
@@ -34,7 +36,7 @@ from vacsr.sweep.spec.space import Choice, Domain, Int
 
 SIMULATIONS = 2000  # ASHA runs averaged for the expected stopping (seeded: the same each time)
 COST_KEYS = ("train.batch_size", "model.trainable_side", "model.trainable_image_blocks",
-             "model.trainable_text_blocks")
+             "model.trainable_text_blocks", "model.train_embeddings")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class RunSettings:
     side: str
     image_blocks: int  # -1: all
     text_blocks: int
+    embeddings: bool = False  # model.train_embeddings
 
 
 def values_of(domain: Domain | None, fixed) -> tuple:
@@ -56,12 +59,9 @@ def values_of(domain: Domain | None, fixed) -> tuple:
     return (fixed,)
 
 
-def path_blocks(blocks: int, depth: int, side: str) -> int:
-    """Blocks the backward pass crosses: all from the first trainable one up (side first: from
-    the input), only the trainable ones with side last."""
-    if blocks == 0:
-        return 0
-    return depth if blocks == -1 or side == "first" else min(blocks, depth)
+def path_blocks(blocks: int, depth: int, side: str, embeddings: bool = False) -> int:
+    """Blocks the backward pass crosses: all above the frozen prefix (vacsr/model/frozen.py)."""
+    return gradient_blocks(side, blocks, depth, embeddings_trainable=embeddings)
 
 
 def step_seconds(run: RunSettings, costs: StepCosts, prompts: int,
@@ -70,31 +70,33 @@ def step_seconds(run: RunSettings, costs: StepCosts, prompts: int,
     b = run.batch_size
     image = b * (costs.image_load + costs.image_forward
                  + costs.image_backward_block * path_blocks(run.image_blocks, depths[0],
-                                                            run.side))
+                                                            run.side, run.embeddings))
     texts = prompts or b  # retrieval: the batch's captions
-    text_path = path_blocks(run.text_blocks, depths[1], run.side)
+    text_path = path_blocks(run.text_blocks, depths[1], run.side, run.embeddings)
     if prompts and text_path == 0:  # frozen prompts: encoded once per run (run_seconds)
         text = 0.0
     else:
-        share = 1.0 if run.side == "first" or not prompts else _share(run.text_blocks,
-                                                                      depths[1])
+        share = _share(run, 1, depths[1]) if prompts else 1.0
         text = texts * (costs.text_forward * share + costs.text_backward_block * text_path)
     return image + text + costs.head_pair * b * texts
 
 
-def _share(blocks: int, depth: int) -> float:
-    return 1.0 if blocks == -1 else min(blocks, depth) / depth
+def _share(run: RunSettings, tower: int, depth: int) -> float:
+    """The part of tower `tower` (0 image, 1 text) above its frozen prefix, run every pass."""
+    blocks = (run.image_blocks, run.text_blocks)[tower]
+    return 1 - frozen_blocks(run.side, blocks, depth,
+                             embeddings_trainable=run.embeddings) / depth
 
 
-def epoch_seconds(shape: RunSettings, costs: StepCosts, counts: DatasetCounts,
+def epoch_seconds(run: RunSettings, costs: StepCosts, counts: DatasetCounts,
                   depths: tuple[int, int], cached: bool) -> float:
     """Training steps plus a val pass; `cached`: the val pass's frozen prefix is in the cache."""
-    steps = counts.train // shape.batch_size
+    steps = counts.train // run.batch_size
     per_image = costs.image_load + costs.image_forward
-    if cached and shape.side == "last":
-        per_image = costs.image_forward * _share(shape.image_blocks, depths[0])
+    if cached and (share := _share(run, 0, depths[0])) < 1:
+        per_image = costs.image_forward * share
     val = counts.val * per_image + counts.prompts * costs.text_forward
-    return steps * step_seconds(shape, costs, counts.prompts, depths) + val
+    return steps * step_seconds(run, costs, counts.prompts, depths) + val
 
 
 def run_seconds(run: RunSettings, epochs: float, costs: StepCosts, counts: DatasetCounts,

@@ -37,14 +37,20 @@ def final_config(best, plan: SweepPlan, dataset: str, seed: int, parent_run_id: 
     return config
 
 
-def test_metrics(plan: SweepPlan, config, checkpoint: Path,
-                 scorer: PoolScorer) -> tuple[dict[str, float], tuple[int, int]]:
+def test_metrics(plan: SweepPlan, config, checkpoint: Path, scorer: PoolScorer,
+                 report: Callable[[dict], None] = lambda event: None,
+                 ) -> tuple[dict[str, float], tuple[int, int]]:
     """The test split, then the kind's extra evaluations (novel classes, domain shifts), then
-    the kind's per-seed averages; and (inputs the prefix cache served, inputs encoded)."""
+    the kind's per-seed averages; and (inputs the prefix cache served, inputs encoded). The
+    cache's lines on damaged files it rebuilt go to `report` (the evaluation actor's log is
+    not the console)."""
     test = scorer.encode(config, checkpoint)
     extra = [scorer.encode(config, checkpoint, dataset=evaluation.dataset,
                            subsample=evaluation.classes)
              for evaluation in plan.kind.evaluations]
+    for line in (line for e in (test, *extra) for line in e.cache_rebuilt):
+        report({"event": "note", "dataset": config.data.dataset,
+                "text": f"final seed {config.train.seed}: prefix cache: {line}"})
     cache = (sum(e.cache_served for e in (test, *extra)),
              sum(e.cache_evaluated for e in (test, *extra)))
     metrics = scorer(test)
@@ -102,8 +108,12 @@ def final_runs(plan: SweepPlan, dataset: str, best: dict, dataset_run_id: str,
                                 if seed == reused_seed else (None, {}))
             reused_trial = tags.get(REUSED_TAG, reused_trial)
             if checkpoint is None:
-                checkpoint = fit_ray(config, name=f"{dataset}-seed{seed}").checkpoint
-            metrics, cache = test_metrics(plan, config, checkpoint, scorer)
+                trained = fit_ray(config, name=f"{dataset}-seed{seed}")
+                for line in trained.notes:
+                    report({"event": "note", "dataset": dataset,
+                            "text": f"final seed {seed}: prefix cache: {line}"})
+                checkpoint = trained.checkpoint
+            metrics, cache = test_metrics(plan, config, checkpoint, scorer, report)
             scorer.release_gpus()  # the next seed's run needs them
             _log_test(config, metrics, tags)
             per_seed.append({"seed": seed, **metrics})

@@ -15,6 +15,7 @@ from ray import tune
 from vacsr.distributed.storage_fs import ray_storage
 from vacsr.errors import VacsrError
 from vacsr.records.sweep_records import SweepRecords
+from vacsr.results import PREFIX_CACHE_REBUILT
 from vacsr.sweep.plan.folders import TRIALS, TUNE, asha_stops_file, join_storage, trial_folder
 from vacsr.sweep.plan.plan import SweepPlan, trains_in_trial, trial_resources
 from vacsr.sweep.plan.studies import fail_running_trials, open_optuna_storage
@@ -109,6 +110,9 @@ class TrialEvents(tune.Callback):
     def _send(self, trial, status: str) -> None:
         result = trial.last_result or {}
         value = result.get(self.metric)
+        for line in str(result.get(PREFIX_CACHE_REBUILT) or "").splitlines():  # a worker's log
+            self.report({"event": "note", "dataset": self.dataset,
+                         "text": f"trial {trial.trial_id}: prefix cache: {line}"})
         self.report({"event": "trial", "dataset": self.dataset, "trial": trial.trial_id,
                      "status": status, "epochs": result.get("epoch", 0),
                      "value": value if isinstance(value, (int, float)) else None,

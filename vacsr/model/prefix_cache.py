@@ -1,18 +1,21 @@
 """The frozen prefix's outputs of evaluation passes, computed once and kept on disk.
 
-With the last N blocks of a tower training (or none), the blocks below are frozen and their
-output on the deterministic evaluation transform is a constant of each image (vacsr/model/
-prefix.py): one val pass computes it, every later epoch, trial and final seed reading that split
-with that prefix loads it and runs only the rest of the tower. Training passes (random
+A tower's frozen prefix (the backbone's `frozen_depth`, vacsr/model/frozen.py: the blocks below
+the last N trainable ones, or the whole tower when none trains) gives on the deterministic
+evaluation transform a constant of each image (vacsr/model/prefix.py): one val pass computes
+it, every later epoch, trial and final seed reading that split with that prefix loads it and
+runs only the rest of the tower. Training passes (random
 augmentation) are never cached.
 
 A file holds one split of one tower: `<folder>/<tower>-<key>.pt`, the key a digest of all the
-prefix depends on: the frozen parameters' bytes (the weights file, model and depth), the tower,
+prefix depends on: the bytes of every parameter and buffer the prefix reads (prefix.py's
+`prefix_tensors`: the stem and the first `depth` blocks), the tower,
 the model, the inputs (each image's path, size and mtime; each text's token ids), the
 evaluation transform, the precision, the device type and the torch / open_clip versions. It is
 written to a temporary name then renamed (runs that share the folder replace each other with
 whole files) and verified when read: a file that does not load, or whose tensor does not match
-the digest written with it, is rebuilt with a one-line notice and never used.
+the digest written with it, is rebuilt with a one-line notice and never used; the notice is also
+kept in `stats.rebuilt`, which a sweep's trials and final evaluations bring to its console.
 
 A split whose prefix outputs would exceed `budget_gib` (they are held in memory while a pass
 reads them) is evaluated without the cache, said once per split.
@@ -31,8 +34,9 @@ import torch
 
 from vacsr.atomic import atomic_write
 from vacsr.model import prefix as tower_prefix
+from vacsr.results import PREFIX_CACHE_REBUILT
 
-FORMAT = 1  # bump when the file's layout changes: older files then miss
+FORMAT = 2  # bump when the file's layout changes: older files then miss
 
 
 def _note(text: str) -> None:
@@ -46,17 +50,12 @@ def tensor_digest(tensor: torch.Tensor) -> str:
 
 
 def prefix_weights_digest(backbone, tower: str, depth: int) -> str:
-    """Digest of every parameter and buffer the prefix of `depth` blocks reads."""
-    clip = backbone.clip
-    module = clip.visual if tower == "image" else clip
+    """Digest of every parameter and buffer the prefix of `depth` blocks reads (named by
+    vacsr/model/prefix.py's `prefix_tensors`)."""
     sha = hashlib.sha256()
-    stem = ("conv1.", "ln_pre.", "class_embedding", "positional_embedding", "token_embedding.",
-            "attn_mask")
-    blocks = tuple(f"transformer.resblocks.{i}." for i in range(depth))
-    for name, value in module.state_dict(keep_vars=True).items():
-        if name.startswith(stem + blocks):
-            sha.update(name.encode())
-            sha.update(tensor_digest(value).encode())
+    for name, value in tower_prefix.prefix_tensors(backbone, tower, depth):
+        sha.update(name.encode())
+        sha.update(tensor_digest(value).encode())
     return sha.hexdigest()
 
 
@@ -80,10 +79,16 @@ class CacheStats:
     served: int = 0
     stored: int = 0
     uncached: int = 0
+    rebuilt: list[str] = field(default_factory=list)  # a line per damaged file found, rebuilt
 
     def as_metrics(self) -> dict[str, float]:
         return {"prefix_cache/served": float(self.served),
                 "prefix_cache/evaluated": float(self.served + self.stored + self.uncached)}
+
+    def rebuilt_note(self) -> dict[str, str]:
+        """{PREFIX_CACHE_REBUILT: the damaged files' lines} for a Ray report, or {}: the
+        worker's log is not the sweep's console (vacsr/sweep/search/tune.py shows them)."""
+        return {PREFIX_CACHE_REBUILT: "\n".join(self.rebuilt)} if self.rebuilt else {}
 
 
 @dataclass
@@ -119,6 +124,7 @@ class PrefixCache:
                 raise ValueError("its content does not match its digest")
         except Exception as exc:  # any damage: truncated, random bytes, another layout
             why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+            self.stats.rebuilt.append(f"{path} is damaged ({why}); rebuilt")
             _note(f"{path} is damaged ({why}); rebuilding it")
             path.unlink(missing_ok=True)
             return None

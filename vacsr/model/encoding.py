@@ -1,7 +1,8 @@
 """Image refs and strings through a CLIP backbone, in order, batch by batch: the one encoding
-loop behind end-of-epoch evaluation and checkpoint evaluation. With a PrefixCache, a tower whose
-first blocks are frozen (vacsr/model/prefix.py) reads their outputs from the cache
-(vacsr/data/prefix_cache.py) and runs only the blocks above them."""
+loop behind end-of-epoch evaluation and checkpoint evaluation. With a PrefixCache, a tower with a
+frozen prefix (the backbone's `frozen_depth`, vacsr/model/frozen.py) reads the prefix's outputs
+from the cache (vacsr/model/prefix_cache.py) and runs only the blocks above it; a tower without
+one (depth 0) is encoded whole."""
 from __future__ import annotations
 
 import hashlib
@@ -11,8 +12,8 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from vacsr.data.loader import image_loader
-from vacsr.data.prefix_cache import PrefixCache, image_inputs_digest
 from vacsr.model import prefix as tower_prefix
+from vacsr.model.prefix_cache import PrefixCache, image_inputs_digest
 
 
 def _device(backbone) -> torch.device:
@@ -25,11 +26,6 @@ def _precision(autocast, device: torch.device) -> str:
         if torch.is_autocast_enabled(device.type):
             return str(torch.get_autocast_dtype(device.type))
     return "float32"
-
-
-def cache_depth(backbone, tower: str) -> int:
-    """Blocks of `tower` whose outputs an evaluation pass may cache (0: none)."""
-    return tower_prefix.frozen_depth(backbone, tower) or 0
 
 
 def _through_cache(cache: PrefixCache | None, backbone, tower: str, depth: int,
@@ -56,7 +52,7 @@ def encode_images(backbone, images: Sequence, *, batch_size: int = 256, num_work
     device, was_training = _device(backbone), backbone.training
     backbone.eval()
 
-    cacheable = cache_depth(backbone, "image") if cache is not None else 0
+    cacheable = backbone.frozen_depth("image") if cache is not None else 0
 
     def loader():
         return image_loader(images, backbone.eval_transform, batch_size=batch_size,
@@ -100,7 +96,7 @@ def encode_texts(backbone, texts: Sequence[str], *, batch_size: int = 1024,
     backbone.eval()
     tokens = backbone.tokenize(list(texts))  # (N, T)
     starts = range(0, len(texts), batch_size)
-    cacheable = cache_depth(backbone, "text") if cache is not None else 0
+    cacheable = backbone.frozen_depth("text") if cache is not None else 0
 
     def prefix_batches():
         for start in starts:
