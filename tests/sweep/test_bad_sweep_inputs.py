@@ -118,8 +118,8 @@ def test_a_device_the_runs_cannot_have_is_refused(tmp_path, capsys, data_root, a
 
 
 @pytest.mark.parametrize("text, fragment", [
-    ("optim.schedule=choice:bogus", "optim.schedule of eurosat can draw 'bogus'"),
-    ("optim.schedule=choice:step,bogus", "can draw 'bogus'"),
+    ("model.trainable_side=choice:bogus", "model.trainable_side of eurosat can draw 'bogus'"),
+    ("model.trainable_side=choice:last,bogus", "can draw 'bogus'"),
     ("train.epochs=int:-3:2", "train.epochs of eurosat can draw -3"),
 ])
 def test_search_range_values_are_checked_before_ray_starts(tmp_path, capsys, data_root, text,
@@ -128,6 +128,19 @@ def test_search_range_values_are_checked_before_ray_starts(tmp_path, capsys, dat
                     tmp_path / "sweeps", capsys)  # Ray not started: _refused checks it
     assert fragment in line
     assert not (tmp_path / "sweeps" / "base2novel" / "tune").exists()
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--set", "loss.beta=0.5", "--range", "loss.beta=log:0.1:1"],
+     "--range loss.beta: --set fixes it, and a fixed key is never searched; give one of the two"),
+    (["--range", "optim.schedule=choice:cosine,step"],  # base-to-novel's protocol: cosine
+     "--range optim.schedule: the base2novel protocol fixes it (paper appendix C.2)"),
+])
+def test_a_range_on_a_fixed_key_is_one_line(tmp_path, capsys, data_root, argv, fragment):
+    line = _refused(["--datasets", "eurosat", "--data-root", str(data_root), *argv],
+                    tmp_path / "store", capsys)
+    assert fragment in line
+    _nothing_written(tmp_path, data_root)
+
 
 # ---------------------------------------------------------------- --resume of a damaged folder
 def _resume_refused(tmp_path, capsys, data_root) -> tuple[str, Path]:

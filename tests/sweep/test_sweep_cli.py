@@ -120,7 +120,8 @@ def test_the_embedded_profile_is_one_file_merged_per_kind(tmp_path, monkeypatch)
     # the retrieval section: one epoch and no profile ranges (the paper's protocol lr)
     retrieval = sweep_plan(RETRIEVAL, tmp_path)
     assert retrieval.configs["coco"].train.epochs == 1
-    assert retrieval.spaces["coco"]["optim.lr"] == RETRIEVAL.space["optim.lr"]
+    assert "optim.lr" not in retrieval.spaces["coco"]  # C.2 fixes it, the profile keeps it
+    assert retrieval.configs["coco"].optim.lr == RETRIEVAL.protocol["optim.lr"]
     # the user's flags win over the profile
     plan = sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat", "--trials", "5",
                                              "--shots", "1", "--set", "adapter.hidden_dim=32"])

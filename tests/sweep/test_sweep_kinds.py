@@ -1,10 +1,12 @@
 """The retrieval and domain-generalisation sweeps end to end on a local Ray (two trials one after
 the other in one reused trial actor, then one trial): the same machinery as base-to-novel with
-their own spaces, metrics and final evaluations."""
+their own spaces, metrics and final evaluations; and a base-to-novel sweep whose --set fixes two
+searched keys for every run."""
 from __future__ import annotations
 
 import pytest
 
+from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.domain_generalization import SWEEP as DG
 from sweeps.retrieval import SWEEP as RETRIEVAL
 from vacsr.distributed.worker_gpus import WORKERS_FILE, read_workers
@@ -24,7 +26,7 @@ def _sweep(kind, tmp_path, weights, extra: list[str]) -> tuple[int, str]:
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     argv = ["--storage", str(tmp_path), "--tracking-uri", uri, "--pretrained", str(weights),
-            "--trials", "1", "--seeds", "1", "--range", "train.epochs=int:1:1", *extra]
+            "--trials", "1", "--seeds", "1", "--set", "train.epochs=1", *extra]
     return main(kind, argv), uri
 
 
@@ -67,3 +69,39 @@ def test_retrieval_and_domain_generalization_sweeps(tmp_path, ray_local, weights
     assert all(0 <= a <= 100 for a in shifts)
     assert dataset["metrics.test_seed/ood_avg_acc"] == pytest.approx(sum(shifts) / 4)
     assert not [c for c in runs.columns if c.startswith("metrics.best_test")]  # one name each
+
+
+def test_set_fixes_searched_keys_for_every_trial_and_final_run(tmp_path, ray_local, weights,
+                                                              capsys):
+    """`--set` on keys the sweep searches: no trial draws another value (the first trial is not
+    the only one that has it), the final run has it, the Optuna study holds no param for it, the
+    dataset run does not list it among the chosen keys, and the console says so once."""
+    import optuna
+    import yaml
+    from mlflow import MlflowClient
+
+    fixed = {"model.trainable_side": "last", "loss.beta": "0.5"}
+    code, uri = _sweep(BASE2NOVEL, tmp_path, weights,
+                       ["--datasets", "eurosat", "--trials", "3", "--cpus-per-worker", "2",
+                        *sum((["--set", f"{k}={v}"] for k, v in fixed.items()), [])])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    notes = [line for line in out.splitlines() if line.startswith("--set fixes searched keys")]
+    assert len(notes) == 1 and all(f"{k}={v}" in notes[0] for k, v in fixed.items()), notes
+    runs = _runs(uri, "vacsr-base2novel")
+    dataset = runs[runs["tags.vacsr.dataset"] == "eurosat"].iloc[0]
+    children = runs[runs["tags.mlflow.parentRunId"] == dataset.run_id]
+    finals = children[children["tags.mlflow.runName"].str.contains("final")]
+    assert len(children) == 4 and len(finals) == 1, list(children["tags.mlflow.runName"])
+    for key, value in fixed.items():
+        assert (children[f"params.{key}"] == value).all(), (key, list(children[f"params.{key}"]))
+    chosen = MlflowClient(uri).get_run(dataset.run_id).data.params  # the searched keys alone
+    assert "loss.gamma" in chosen and not set(fixed) & set(chosen), chosen
+    best = yaml.safe_load((tmp_path / "base2novel" / "best" / "eurosat" /
+                           "best_config.yaml").read_text())
+    assert (best["model"]["trainable_side"], best["loss"]["beta"]) == ("last", 0.5)
+    study = optuna.load_study(study_name="base2novel-eurosat",
+                              storage=f"sqlite:///{tmp_path / 'base2novel' / 'optuna.db'}")
+    assert len(study.trials) == 3
+    for trial in study.trials:
+        assert "loss.gamma" in trial.params and not set(fixed) & set(trial.params), trial.params

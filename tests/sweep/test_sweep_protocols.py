@@ -1,5 +1,7 @@
 """The sweeps follow the paper's training protocols (appendix C.2) and search the loss reading
 of appendix E.1; retrieval test evaluation reports the COCO 1K recalls."""
+from dataclasses import replace
+
 import pytest
 
 from conftest import sweep_plan
@@ -7,6 +9,7 @@ from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.domain_generalization import SWEEP as DG
 from sweeps.retrieval import SWEEP as RETRIEVAL
 from vacsr.config import load_config
+from vacsr.errors import ConfigError
 from vacsr.sweep.spec.paper import BASE_TO_NOVEL_BATCH_SIZES
 from vacsr.sweep.spec.space import Choice, dataset_space
 from vacsr.train.optim import lr_factor
@@ -36,13 +39,30 @@ def test_domain_generalization_fixes_the_paper_protocol(tmp_path, monkeypatch, e
                                                   "imagenet_a", "imagenet_r"]
 
 
-def test_set_and_range_still_override_the_protocol(tmp_path):
+def test_set_changes_a_protocol_value_and_range_on_it_is_refused(tmp_path):
     plan = sweep_plan(DG, tmp_path,
-                      ["--set", "train.epochs=7", "--set", "model.trainable_image_blocks=1",
-                       "--range", "model.trainable_text_blocks=int:0:2"], data=tmp_path / "data")
+                      ["--set", "train.epochs=7", "--set", "model.trainable_image_blocks=1"],
+                      data=tmp_path / "data")
     config = plan.configs["imagenet"]
     assert (config.train.epochs, config.model.trainable_image_blocks) == (7, 1)
-    assert "model.trainable_text_blocks" in plan.spaces["imagenet"]
+    assert not set(DG.protocol) & set(plan.spaces["imagenet"])  # still fixed, never searched
+    with pytest.raises(ConfigError, match=r"--range model.trainable_text_blocks: the "
+                                          r"domain_generalization protocol fixes it"):
+        sweep_plan(DG, tmp_path, ["--range", "model.trainable_text_blocks=int:0:2"],
+                   data=tmp_path / "data")
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_no_kind_searches_a_key_its_protocol_fixes(name):
+    """One rule for what is fixed: retrieval's lr is C.2's 5e-4, so not searched."""
+    kind = KINDS[name]
+    assert not set(kind.protocol) & set(kind.searched_keys)
+    with pytest.raises(ValueError, match=rf"sweep kind {name}: its protocol fixes loss.beta, "
+                                         "which its space also searches"):
+        replace(kind, protocol={**kind.protocol, "loss.beta": 1.0})
+    if kind.batch_sizes:  # the batch sizes it names are searched too
+        with pytest.raises(ValueError, match="fixes train.batch_size"):
+            replace(kind, protocol={**kind.protocol, "train.batch_size": 8})
 
 
 @pytest.mark.parametrize("argv, embedded, epochs, decay", [

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import built_plan
+from conftest import built_plan, sweep_plan
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from vacsr.errors import ConfigError
 from vacsr.sweep.search.selection import DatasetFailed, select_best
@@ -13,8 +13,10 @@ from vacsr.sweep.spec.space import (
     Choice,
     Int,
     LogFloat,
+    check_free_ranges,
     clamp_blocks,
     dataset_space,
+    fixed_by,
     parse_range,
     start_point,
     tower_depths,
@@ -47,6 +49,44 @@ def test_empty_or_inverted_ranges_are_rejected(text, fragment):
     key, domain = parse_range(text)
     with pytest.raises(ConfigError, match=fragment):
         _space("dtd", {key: domain})
+
+
+def test_a_fixed_key_leaves_the_space_of_every_dataset(tmp_path, monkeypatch, capsys):
+    """--set on searched keys (a kind's, the embedded profile's, the batch size): the effective
+    space lacks them, so no trial can draw another value, and the first trial does not stand
+    out; the console names them once, with their values."""
+    fixed = {"model.trainable_side": "last", "loss.beta": 0.5, "optim.lr": 0.002,
+             "train.batch_size": 16}
+    space = dataset_space(BASE2NOVEL.space, BASE_TO_NOVEL_BATCH_SIZES["eurosat"], workers=7,
+                          fixed=fixed)  # a fixed batch size: no choices, none to refuse
+    assert not set(fixed) & set(space) and "loss.gamma" in space
+    argv = ["--datasets", "eurosat,dtd", *sum((["--set", f"{k}={v}"] for k, v in fixed.items()),
+                                               []), "--set", "adapter.hidden_dim=32"]
+    plan = sweep_plan(BASE2NOVEL, tmp_path, argv, monkeypatch=monkeypatch)
+    for dataset in ("eurosat", "dtd"):
+        assert set(plan.spaces[dataset]) == set(_space(dataset)) - set(fixed)
+        assert not set(fixed) & set(start_point(plan.spaces[dataset], plan.configs[dataset]))
+        config = plan.configs[dataset]
+        assert (config.model.trainable_side, config.loss.beta, config.optim.lr,
+                config.train.batch_size) == ("last", 0.5, 0.002, 16)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["--set fixes searched keys: model.trainable_side=last, loss.beta=0.5, "
+                   "optim.lr=0.002, train.batch_size=16; every trial and final run of every "
+                   "dataset has their values"]  # adapter.hidden_dim is searched by no one
+
+
+def test_a_range_on_a_fixed_key_is_refused():
+    fixed = fixed_by({"optim.schedule": "cosine"}, {"loss.beta": 0.5}, "base2novel")
+    check_free_ranges({"loss.gamma": LogFloat(0.5, 2.0)}, fixed)
+    with pytest.raises(ConfigError, match=r"^--range loss.beta: --set fixes it, and a fixed key "
+                                          r"is never searched; give one of the two$"):
+        check_free_ranges({"loss.beta": LogFloat(0.5, 2.0)}, fixed)
+    with pytest.raises(ConfigError, match=r"^--range optim.schedule: the base2novel protocol "
+                                          r"fixes it \(paper appendix C.2\)"):
+        check_free_ranges({"optim.schedule": Choice(("step",))}, fixed)
+    # --set on a protocol key gives it another value, still fixed
+    assert fixed_by({"optim.lr": 5e-4}, {"optim.lr": 1e-3}, "retrieval")["optim.lr"].startswith(
+        "--set")
 
 
 def test_parse_range_forms():

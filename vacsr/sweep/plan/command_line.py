@@ -36,10 +36,13 @@ from vacsr.sweep.plan.plan import SweepPlan, build_config
 from vacsr.sweep.plan.studies import check_optuna_storage
 from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.spec.space import (
+    Domain,
     check_blocks,
+    check_free_ranges,
     check_space_values,
     clamp_blocks,
     dataset_space,
+    fixed_by,
     parse_range,
     tower_depths,
 )
@@ -257,6 +260,22 @@ def _pick(flag: Any, profile: dict, key: str) -> Any:
     return flag if flag is not None else profile.get(key, DEFAULTS[key])
 
 
+def _ranges(kind: SweepKind, profile: dict, texts: list[str], fixed: dict[str, str],
+            user: dict[str, Any]) -> tuple[dict[str, Domain], list[str]]:
+    """The ranges searched beside the kind's space: the profile's, less the fixed keys, then the
+    user's --range (refused on a fixed key); and the keys the sweep would search that the
+    user's --set fixes instead (with their values, as the console names them)."""
+    profile_ranges = {key: parse_range(f"{key}={text}")[1]
+                      for key, text in profile.get("range", {}).items()}
+    user_ranges = dict(parse_range(text) for text in texts)
+    check_free_ranges(user_ranges, fixed)
+    searched = {*kind.searched_keys, *profile_ranges}
+    user_fixed = [f"{key}={cfg.shown(user[key])}" for key in user
+                  if key in searched and key not in kind.protocol]
+    ranges = {key: domain for key, domain in profile_ranges.items() if key not in fixed}
+    return {**ranges, **user_ranges}, user_fixed
+
+
 def _writes_to_check(uri: str) -> bool:
     """A store checked by creating it (SQLite, a file store): --plan leaves it unchecked."""
     return uri.startswith(("sqlite", "file")) or "://" not in uri
@@ -288,9 +307,8 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
     if args.ray_address:  # a cluster that is not there: one line now, not a wait in ray.init
         check_ray_address(args.ray_address)
     user = dict(cfg.parse_override(text) for text in args.set)  # each --set parsed here, once
-    ranges = {key: parse_range(f"{key}={text}")[1]
-              for key, text in profile.get("range", {}).items() if key not in kind.protocol}
-    ranges.update(parse_range(text) for text in args.range)
+    fixed = fixed_by(kind.protocol, user, kind.name)  # never searched (space.py)
+    ranges, user_fixed = _ranges(kind, profile, args.range, fixed, user)
     storage = sweep_folder(args.storage, args.name)
     root = embedded_data(storage) if embedded else Path(args.data_root).expanduser().resolve()
     train_counts = {} if embedded else check_datasets(
@@ -306,7 +324,7 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
                for d in datasets}
     depths = tower_depths(model)
     spaces = {d: clamp_blocks(dataset_space(kind.space, kind.batch_sizes.get(d, ()), ranges,
-                                            configs[d].train.workers, d), depths)
+                                            configs[d].train.workers, d, fixed), depths)
               for d in datasets}
     for d in datasets:  # a value the runs refuse fails here, before Ray starts
         check_blocks(configs[d], depths, d)
@@ -331,6 +349,9 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
         device_memory_gib=args.device_memory_gib,
         synthetic_per_class=tuple(profile["synthetic_per_class"]) if embedded else None)
     _check_plan(plan, args, check_memory)
+    if user_fixed:  # once per sweep, not per dataset
+        print(f"--set fixes searched keys: {', '.join(user_fixed)}; every trial and final run "
+              "of every dataset has their values", flush=True)
     if args.plan:  # the sweep folder is neither locked nor written
         return plan
     if on_folder is not None:

@@ -1,9 +1,9 @@
 """A sweep kind as data: what `sweeps/*.py` declare and the one driver runs.
 
 A kind names its datasets, the task, the validation metric trials are selected on, the search
-space, the training protocol it fixes (paper appendix C.2), the extra evaluations of every final
-checkpoint (novel classes, domain shifts) and the columns of its table. Nothing in the driver
-branches on a kind's name.
+space, the training protocol it fixes (paper appendix C.2; never searched), the extra evaluations
+of every final checkpoint (novel classes, domain shifts) and the columns of its table. Nothing in
+the driver branches on a kind's name.
 """
 from __future__ import annotations
 
@@ -52,6 +52,19 @@ class SweepKind:
     batch_sizes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     also_accepts: tuple[str, ...] = ()  # dataset names accepted beyond `datasets`
     mode: str = "max"
+
+    def __post_init__(self) -> None:
+        # one rule for what is fixed: a key the protocol fixes is never searched
+        both = sorted(set(self.protocol) & set(self.searched_keys))
+        if both:
+            raise ValueError(f"sweep kind {self.name}: its protocol fixes {', '.join(both)}, "
+                             "which its space also searches; a fixed key is never searched")
+
+    @property
+    def searched_keys(self) -> tuple[str, ...]:
+        """The keys the kind declares searched: its space, and the batch size where it names
+        batch sizes."""
+        return (*self.space, *(("train.batch_size",) if self.batch_sizes else ()))
 
     @property
     def experiment(self) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, replace
-from typing import Any, Union
+from typing import Any, Collection, Mapping, Union
 
 from vacsr.config import Config, flatten, set_value, validate
 from vacsr.errors import ConfigError
@@ -43,13 +43,35 @@ class Choice:
 
 Domain = Union[LogFloat, Float, Int, Choice]
 
-def dataset_space(space: dict[str, Domain], batch_sizes: tuple[int, ...] = (),
+
+def fixed_by(protocol: Mapping[str, Any], user: Mapping[str, Any],
+             kind: str) -> dict[str, str]:
+    """Every fixed key -> why a range on it is refused: the kind's protocol (paper appendix C.2),
+    then the user's --set (whose value wins over the protocol's). A fixed key is never searched:
+    every trial and final run of the sweep has its value."""
+    fixed = {key: f"the {kind} protocol fixes it (paper appendix C.2), and a fixed key is never "
+                  "searched; --set gives it another value" for key in protocol}
+    fixed.update({key: "--set fixes it, and a fixed key is never searched; give one of the two"
+                  for key in user})
+    return fixed
+
+
+def check_free_ranges(ranges: Mapping[str, Domain], fixed: Mapping[str, str]) -> None:
+    """The user's --range on a fixed key: one line, not a range silently dropped."""
+    for key in ranges:
+        if key in fixed:
+            raise ConfigError(f"--range {key}: {fixed[key]}")
+
+
+def dataset_space(space: Mapping[str, Domain], batch_sizes: tuple[int, ...] = (),
                   overrides: dict[str, Domain] | None = None, workers: int = 1,
-                  dataset: str = "") -> dict[str, Domain]:
-    """A kind's space for one dataset: its batch-size choices (only sizes that split evenly over
-    `workers`), then the user's ranges; checked."""
+                  dataset: str = "", fixed: Collection[str] = ()) -> dict[str, Domain]:
+    """What one dataset's trials search, the one answer every reader of the searched keys takes
+    (Optuna, the cost plan, the importance analysis, the MLflow view, the resume check): a
+    kind's space and its batch-size choices (only sizes that split evenly over `workers`), then
+    the ranges, less the `fixed` keys (`fixed_by`); checked."""
     space = dict(space)
-    if batch_sizes and "train.batch_size" not in (overrides or {}):
+    if batch_sizes and "train.batch_size" not in {*(overrides or {}), *fixed}:
         even = tuple(s for s in batch_sizes if s % max(workers, 1) == 0)
         if not even:
             raise ConfigError(f"train.batch_size: none of {dataset}'s batch sizes {batch_sizes} "
@@ -57,6 +79,7 @@ def dataset_space(space: dict[str, Domain], batch_sizes: tuple[int, ...] = (),
                               "train.batch_size=choice:...")
         space["train.batch_size"] = Choice(even)
     space.update(overrides or {})
+    space = {key: domain for key, domain in space.items() if key not in fixed}
     validate_space(space)
     return space
 
@@ -160,8 +183,9 @@ class DefineByRun:
 
 def start_point(space: dict[str, Domain], config: Config) -> dict[str, Any]:
     """The base config's own values of the searched keys, clamped into the space: the first trial
-    every search runs (the paper's defaults, appendix E), so a short search never does worse than
-    them on the selection split."""
+    every search runs (the paper's defaults, appendix E, or the embedded profile's), so a short
+    search never does worse than them on the selection split. A key --set fixes is not in the
+    space: it never seeds a trial alone."""
     values = flatten(config)
     point = {}
     for key, domain in space.items():
