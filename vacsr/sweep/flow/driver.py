@@ -247,7 +247,7 @@ def _measured_plan(plan: SweepPlan) -> dict:
     """The plan, measured where the trials run; a configuration too large for the device ends
     the sweep here, its folder left unused (a new sweep may start there once it is fixed)."""
     try:
-        return preview_costs(plan)
+        return preview_costs(plan, keep_in_folder=True)
     except VacsrError:
         if not plan.resume:
             state_file(plan.storage).unlink(missing_ok=True)
@@ -270,6 +270,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     parent.log_json(SWEEP_INFO, {"kind": plan.kind.name, "metric": plan.kind.metric,
                                  "table": table_spec(plan.kind.table)})
     parent.log_json(SWEEP_PLAN, cost)
+    SweepRecords.note_costs_source(parent, cost["costs_from"])
     done = [d for d in plan.datasets if state.dataset(d).get("done")]
     progress = SweepProgress(plan.name, plan.datasets, plan.trials, done, plan.kind.metric,
                              trial_estimate_s=trial_pace(cost))
