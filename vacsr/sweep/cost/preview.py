@@ -10,6 +10,8 @@ import contextlib
 import os
 import sys
 import tempfile
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -93,10 +95,13 @@ def plan_step_costs(plan: SweepPlan, samples: tuple[str, ...], keep_in_folder: b
         return costs
 
     with joined(plan.ray_address):
+        start = time.perf_counter()
         key = cost_key(first, samples, resources, plan.ray_address)
+        keyed = time.perf_counter() - start
         costs, source = obtain_costs(key, measure, folder_entry=costs_file(plan.storage),
                                      keep_in_folder=keep_in_folder,
                                      recalibrate=plan.recalibrate)
+        source = replace(source, seconds=source.seconds + keyed)  # the key's time included
         found = measured.get("resources") or cluster_resources(resources)
     print(source_line(costs, source), flush=True)
     return costs, found, source
