@@ -3,11 +3,13 @@ right after on the same machine, its trials' times read back from its MLflow run
 
     .venv/bin/python benchmarks/bench_plan_estimate.py                 # the embedded base2novel
     .venv/bin/python benchmarks/bench_plan_estimate.py --datasets dtd,eurosat
+    .venv/bin/python benchmarks/bench_plan_estimate.py --recalibrate   # costs measured, not kept
 
 Measured: the wall time from the sweep run's start (after its own calibration) to the last
 trial's end (the trial phase, with the final seeds of datasets that finished meanwhile), and to
 the last dataset's end. The estimate is the plan's wall time (totals.wall_s: the datasets'
-searches and final seeds). A scratch sweep folder
+searches and final seeds). The plan and the run read the costs this machine keeps
+(docs/sweeps.md) unless `--recalibrate`: run it both ways to compare. A scratch sweep folder
 under the system's temporary folder is deleted afterwards.
 """
 from __future__ import annotations
@@ -62,8 +64,11 @@ def measured_phases(folder: Path) -> tuple[float, float, dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", help="subset (default: all 11)")
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="the plan and the run measure their costs (default: kept ones)")
     args = parser.parse_args(argv)
     subset = ["--datasets", args.datasets] if args.datasets else []
+    subset += ["--recalibrate"] if args.recalibrate else []
     with tempfile.TemporaryDirectory(prefix="vacsr-bench-plan-") as tmp:
         storage, out = Path(tmp) / "sweeps", Path(tmp) / "plan.json"
         plan_s = sweep(["--plan", "--plan-out", str(out), "--storage", str(storage), *subset])

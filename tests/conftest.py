@@ -90,8 +90,10 @@ def _run_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def _run_cache(tmp_path_factory):
     """vacsr's caches (the pretrained tiny CLIP, listings, few-shot splits, Ray instance
-    records) for this test run, shared by its workers and every process they start: the tiny
-    CLIP is pretrained once per run, and no test reads or fills the user's cache."""
+    records, measured step costs) for this test run, shared by its workers and every process
+    they start: the tiny CLIP is pretrained once per run, a sweep's step is calibrated once per
+    run (a test that checks the calibration sets a cache of its own), and no test reads or fills
+    the user's cache."""
     os.environ["VACSR_CACHE_DIR"] = str(_run_root(tmp_path_factory) / "cache")
 
 

@@ -221,7 +221,8 @@ def test_a_stopped_and_resumed_sweep_gives_the_uninterrupted_table_and_choices(t
     followed by --resume: SIGKILL of the driver during a trial, SIGTERM one second after
     the first dataset's last trial (the other dataset still training), then SIGHUP as it
     trains. Both end with the same results.md and the same chosen config for each dataset (the
-    dataset run's params, best_config.yaml). On the way: a second driver on the folder is
+    dataset run's params, best_config.yaml). On the way: the stopped sweep reuses the costs the
+    clean one measured, each --resume those of its folder; a second driver on the folder is
     refused, each stop leaves nothing RUNNING, and a new sweep in the used folder is refused
     with the records unchanged."""
     reference, log = _sweep(tmp_path / "clean", weights)
@@ -249,12 +250,16 @@ def test_a_stopped_and_resumed_sweep_gives_the_uninterrupted_table_and_choices(t
 
     # SIGTERM one second after the first dataset's last trial: its search is done, its final
     # phase starting, the other dataset's trial training
+    first_log = log
     resumed, log = _sweep(storage, weights, "--resume")
     _wait_for(resumed, log, lambda: any((root / "trials" / d / "selection.json").is_file()
                                         for d in DATASETS))
     assert not left.exists()
     time.sleep(1)
     _stopped_cleanly(resumed, log)
+    # the costs the clean sweep measured on this machine, then the sweep folder's own on resume
+    assert "costs: reused from the machine cache" in Path(first_log).read_text()
+    assert "costs: reused from the sweep folder" in Path(log).read_text()
 
     import mlflow
 
@@ -276,6 +281,7 @@ def test_a_stopped_and_resumed_sweep_gives_the_uninterrupted_table_and_choices(t
     runs = mlflow.search_runs(experiment_names=["vacsr-base2novel"])
     parents = runs[runs["tags.vacsr.kind"] == "base2novel"]
     assert len(parents) == 1 and parents.status.iloc[0] == "FINISHED"
+    assert parents["tags.vacsr.costs_from"].iloc[0] == "sweep folder"  # the last start's
     assert (root / "report" / "results.md").read_text() == \
         (clean / "report" / "results.md").read_text()
     assert _selected(root) == _selected(clean)

@@ -1,6 +1,7 @@
 """`--plan`: the counts a run reads, ASHA's expected stopping, the memory refusal before any
-trial (its bounding key and figures), the ETA from the estimate, and a real plan (local Ray
-calibration) that writes nothing and prints only vacsr's lines."""
+trial (its bounding key and figures), the ETA from the estimate, a real plan (local Ray
+calibration) that writes nothing and prints only vacsr's lines, and a second plan that reuses the
+costs the first measured."""
 from __future__ import annotations
 
 import io
@@ -191,3 +192,31 @@ def test_a_run_refused_by_its_measured_plan_leaves_its_folder_unused(tmp_path, m
         ray.shutdown()
     assert not state_file(plan.storage).exists()  # a fixed command may start the sweep there
     assert not (plan.storage / "tune").exists()
+
+
+@pytest.mark.timeout(300)
+def test_plan_twice_measures_once_and_the_second_reuses_the_same_costs(tmp_path, capsys,
+                                                                       monkeypatch):
+    """A machine cache of this test's own: the first --plan measures (a real calibration), the
+    second reads what it kept, says so, and plans with the same numbers."""
+    monkeypatch.setenv("VACSR_CACHE_DIR", str(tmp_path / "cache"))
+    plans = []
+    for run in range(2):
+        out = tmp_path / f"plan{run}.json"
+        code = main(BASE2NOVEL, ["--plan", "--datasets", "eurosat", "--storage",
+                                 str(tmp_path / "sweeps"), "--plan-out", str(out)])
+        printed = capsys.readouterr().out
+        assert code == 0, printed
+        plans.append((json.loads(out.read_text()), printed))
+    (first, said_first), (second, said_second) = plans
+    assert "costs: measured now on cpu" in said_first
+    assert "costs: reused from the machine cache" in said_second
+    assert first["costs_from"]["source"] == "measured now"
+    assert second["costs_from"]["source"] == "machine cache"
+    assert second["costs_from"]["seconds"] < first["costs_from"]["seconds"] / 10
+    for part in ("measured_on", "datasets", "totals"):  # the estimate is the same numbers
+        assert second[part] == first[part], part
+    nothing_written(tmp_path / "sweeps")
+    code = main(BASE2NOVEL, ["--plan", "--datasets", "eurosat", "--storage",
+                             str(tmp_path / "sweeps"), "--recalibrate"])
+    assert code == 0 and "costs: measured now" in capsys.readouterr().out

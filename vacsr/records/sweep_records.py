@@ -28,6 +28,10 @@ from vacsr.records.uri import redact_uri, resolve_tracking_uri
 SWEEP_TAG = "vacsr.sweep"  # every run of the sweep but its trials' and seeds'
 KIND_TAG = "vacsr.kind"  # the sweep's own run
 DATASET_TAG = "vacsr.dataset"  # a dataset's run
+# the sweep's own run: where its plan's step costs came from at its latest start (measured now,
+# the sweep folder, the machine cache: vacsr/sweep/cost/cost_store.py) and when they were measured
+COSTS_FROM_TAG = "vacsr.costs_from"
+COSTS_MEASURED_TAG = "vacsr.costs_measured_at"
 
 
 def place_child_run(config, *, tracking_uri: str, experiment: str, parent_run_id: str,
@@ -68,6 +72,12 @@ class SweepRecords:
         start_recorded_run(tracker, state, None, self.experiment, sweep,
                            tags={SWEEP_TAG: sweep, KIND_TAG: kind})
         return tracker
+
+    @staticmethod
+    def note_costs_source(tracker: MlflowTracker, costs_from: dict[str, Any]) -> None:
+        """On the sweep's run `tracker` holds: where the costs of its plan came from."""
+        tracker.set_tag(COSTS_FROM_TAG, costs_from["source"])
+        tracker.set_tag(COSTS_MEASURED_TAG, costs_from["measured_at"])
 
     def start_dataset_run(self, state: SweepState, dataset: str, sweep: str,
                           parent_run_id: str) -> str:

@@ -1,18 +1,27 @@
 """The cost estimate of a checked SweepPlan: the counts from its data (the embedded profile's
 synthetic data, when the sweep folder holds none yet, generated in a temporary folder and
-deleted), the step costs measured by a calibration task where its trials would run, composed by
-vacsr/sweep/cost/sweep_cost.py. Writes nothing.
+deleted), the step costs measured by a calibration task where its trials would run, or kept from
+an earlier measurement of the same step (cost_store.py), composed by
+vacsr/sweep/cost/sweep_cost.py. Writes nothing but the kept costs: the machine's, and with
+`keep_in_folder` (a run) the sweep folder's.
 """
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import tempfile
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-from vacsr.sweep.cost.calibrate import run_calibration
+from vacsr.sweep.cost.calibrate import StepCosts, run_calibration
+from vacsr.sweep.cost.cost_key import cost_key
+from vacsr.sweep.cost.cost_store import CostSource, obtain_costs, source_line
 from vacsr.sweep.cost.counts import DatasetCounts, count_dataset
 from vacsr.sweep.cost.sweep_cost import build_sweep_cost
+from vacsr.sweep.plan.folders import costs_file
 from vacsr.sweep.plan.plan import SweepPlan, trial_resources
 
 GENERATED = ".generated"  # the embedded profile's mark of finished synthetic data
@@ -40,14 +49,73 @@ def sweep_counts(plan: SweepPlan, root: Path) -> dict[str, DatasetCounts]:
             for d in plan.datasets}
 
 
-def measure_sweep_cost(plan: SweepPlan, stop_check: Callable[[], None] = lambda: None
-                       ) -> dict:
-    """The cost estimate (sweep_cost.build_sweep_cost's data) of `plan`; `stop_check` raises
-    a stop noted while the calibration runs (calibrate.run_calibration)."""
+@contextlib.contextmanager
+def joined(address: str | None) -> Iterator[None]:
+    """Joined to the cluster at `address` while inside (left after, if joined here); without an
+    address nothing starts: a local Ray starts only to measure (run_calibration)."""
+    ray = sys.modules.get("ray")
+    if not address or (ray is not None and ray.is_initialized()):
+        yield
+        return
+    import ray
+
+    from vacsr.distributed.cluster import ensure_ray
+
+    ensure_ray(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def cluster_resources(resources: dict[str, float]) -> dict:
+    """What the sweep would get: the joined Ray's resources, else this machine's CPUs (and GPUs
+    where trials take them), as a local Ray instance of the sweep's would have them."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return dict(ray.cluster_resources())
+    found = {"CPU": float(os.cpu_count() or 1)}
+    if resources.get("GPU", 0) > 0:
+        import torch
+
+        found["GPU"] = float(torch.cuda.device_count())
+    return found
+
+
+def plan_step_costs(plan: SweepPlan, samples: tuple[str, ...], keep_in_folder: bool,
+                    stop_check: Callable[[], None]) -> tuple[StepCosts, dict, CostSource]:
+    """(costs, the resources the sweep gets, where the costs came from) of `plan`'s step, kept
+    or measured (cost_store.obtain_costs); says where they came from in one line. `stop_check`
+    raises a stop noted while a calibration runs (calibrate.run_calibration)."""
     first = plan.configs[plan.datasets[0]]
+    resources = trial_resources(first.train, plan.trial_cpus)
+    measured: dict[str, dict] = {}
+
+    def measure() -> StepCosts:
+        costs, measured["resources"] = run_calibration(first, samples, resources,
+                                                       plan.ray_address, stop_check,
+                                                       plan.verbose)
+        return costs
+
+    with joined(plan.ray_address):
+        start = time.perf_counter()
+        key = cost_key(first, samples, resources, plan.ray_address)
+        keyed = time.perf_counter() - start
+        costs, source = obtain_costs(key, measure, folder_entry=costs_file(plan.storage),
+                                     keep_in_folder=keep_in_folder,
+                                     recalibrate=plan.recalibrate)
+        source = replace(source, seconds=source.seconds + keyed)  # the key's time included
+        found = measured.get("resources") or cluster_resources(resources)
+    print(source_line(costs, source), flush=True)
+    return costs, found, source
+
+
+def measure_sweep_cost(plan: SweepPlan, stop_check: Callable[[], None] = lambda: None,
+                       keep_in_folder: bool = False) -> dict:
+    """The cost estimate (sweep_cost.build_sweep_cost's data) of `plan`, with where its costs
+    came from (`costs_from`); `keep_in_folder`: a run's, its costs kept in its sweep folder."""
     with data_root(plan, plan.synthetic_per_class) as root:
         counts = sweep_counts(plan, root)
-        costs, resources = run_calibration(first, counts[plan.datasets[0]].samples,
-                                           trial_resources(first.train, plan.trial_cpus),
-                                           plan.ray_address, stop_check, plan.verbose)
-    return build_sweep_cost(plan, counts, costs, resources)
+        costs, resources, source = plan_step_costs(plan, counts[plan.datasets[0]].samples,
+                                                   keep_in_folder, stop_check)
+    return build_sweep_cost(plan, counts, costs, resources) | {"costs_from": source.as_dict()}

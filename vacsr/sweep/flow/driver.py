@@ -242,7 +242,7 @@ def _measured_cost(plan: SweepPlan, stop: StopRequest) -> dict:
             raise SweepInterrupted(stop.signum, measuring=True)
 
     try:
-        return measure_sweep_cost(plan, stop_check)
+        return measure_sweep_cost(plan, stop_check, keep_in_folder=True)
     except SweepInterrupted:
         raise
     except VacsrError:
@@ -267,6 +267,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     parent.log_json(SWEEP_INFO, {"kind": plan.kind.name, "metric": plan.kind.metric,
                                  "table": table_spec(plan.kind.table)})
     parent.log_json(SWEEP_COST, cost)
+    SweepRecords.note_costs_source(parent, cost["costs_from"])
     done = [d for d in plan.datasets if state.dataset(d).get("done")]
     progress = SweepProgress(plan.name, plan.datasets, plan.trials, done, plan.kind.metric,
                              trial_estimate_s=trial_pace(cost))

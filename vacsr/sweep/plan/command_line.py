@@ -188,13 +188,17 @@ def _add_plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", action="store_true",
                    help="print what the sweep would cost (counts, steps, device-hours, wall time, "
                         "peak memory per dataset, from a short calibration where trials run) "
-                        "and exit; writes nothing but --plan-out")
+                        "and exit; writes nothing but --plan-out and the measured costs, kept "
+                        "for the next sweep on this machine")
     p.add_argument("--plan-out", type=nonempty, metavar="PATH",
                    help="with --plan: also write the plan as JSON to PATH")
     p.add_argument("--device-memory-gib", type=_positive(float),
                    help="memory of a worker's device: a configuration whose estimated peak "
                         "exceeds it is refused before any trial (default: the GPU's, measured "
                         "where trials run; none on CPUs)")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure the step costs again rather than reuse those kept in the sweep "
+                        "folder or this machine's cache")
 
 
 def load_profile(kind: SweepKind, path: Path = PROFILE) -> dict[str, Any]:
@@ -347,7 +351,8 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
         ray_storage=check_ray_storage(args.ray_storage), optuna_url=args.optuna_storage or "",
         ray_address=args.ray_address, eval_actors=args.eval_actors, verbose=args.verbose,
         device_memory_gib=args.device_memory_gib,
-        synthetic_per_class=tuple(profile["synthetic_per_class"]) if embedded else None)
+        synthetic_per_class=tuple(profile["synthetic_per_class"]) if embedded else None,
+        recalibrate=args.recalibrate)
     _check_plan(plan, args, check_memory)
     if user_fixed:  # once per sweep, not per dataset
         print(f"--set fixes searched keys: {', '.join(user_fixed)}; every trial and final run "

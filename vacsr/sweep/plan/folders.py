@@ -14,6 +14,8 @@ checkpoints: the sweep folder, or --ray-storage as a local path or an s3:// gs:/
       report/                         report_folder: results.md .csv .png, per_seed.csv,
                                       importance/<dataset>/ (importance_folder)
       errors/<dataset>.txt            error_file: a failed dataset's traceback
+      costs.json                      costs_file: the plan's measured step costs, with their key
+                                      (vacsr/sweep/cost/cost_store.py; --resume reads them)
       prefix_cache/<dataset>/         prefix_cache_folder: frozen-prefix outputs
       data/, tiny-clip.pt             the embedded profile's synthetic data and weights
     <Ray storage>/tune/<dataset>/, trials/, final/   Tune's experiments, Ray Train's runs
@@ -31,6 +33,7 @@ STATE_FILE = "sweep_state.json"
 OPTUNA_DB = "optuna.db"
 LOCK_FILE = "driver.lock"
 RESERVE_FILE = ".space-reserve"
+COSTS_FILE = "costs.json"
 SELECTION_FILE = "selection.json"  # in a trial folder
 ASHA_STOPS_FILE = "asha_stops.json"  # in a trial folder
 RESULTS_MD, RESULTS_CSV, PER_SEED_CSV, RESULTS_PNG = (
@@ -48,6 +51,10 @@ def state_file(storage: Path) -> Path:
 def optuna_url(storage: Path) -> str:
     """The default Optuna storage: a SQLite file in the sweep folder."""
     return f"sqlite:///{Path(storage) / OPTUNA_DB}"
+
+
+def costs_file(storage: Path) -> Path:
+    return Path(storage) / COSTS_FILE
 
 
 def trial_folder(storage: Path, dataset: str) -> Path:

@@ -44,6 +44,7 @@ class SweepPlan:
     device_memory_gib: float | None = None
     # the embedded profile's synthetic images per class (train, val, test); None: real data
     synthetic_per_class: tuple[int, ...] | None = None
+    recalibrate: bool = False  # measure the step costs even where kept (--recalibrate)
 
     @property
     def datasets(self) -> list[str]:
