@@ -33,9 +33,10 @@ def test_a_stop_while_calibrating_is_one_line_and_leaves_nothing(tmp_path, signu
 def _stop_while_calibrating(tmp_path: Path, temp: Path, signum: int) -> None:
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TMPDIR=str(temp), PYTHONUNBUFFERED="1")
     env.pop("RAY_ADDRESS", None)
+    # --recalibrate: costs the test run keeps would skip the calibration this stops
     plan = subprocess.Popen(
-        [sys.executable, "sweeps/base2novel.py", "--plan", "--datasets", "dtd", "--storage",
-         str(tmp_path / "sweeps")], cwd=REPO, env=env, stdout=subprocess.PIPE,
+        [sys.executable, "sweeps/base2novel.py", "--plan", "--recalibrate", "--datasets", "dtd",
+         "--storage", str(tmp_path / "sweeps")], cwd=REPO, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     # calibrating: the calibration's Tune experiment exists in its folder

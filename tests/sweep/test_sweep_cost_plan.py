@@ -165,14 +165,16 @@ def test_plan_out_in_a_missing_folder_is_one_line(tmp_path, capsys):
 def test_a_run_refused_by_its_measured_plan_leaves_its_folder_unused(tmp_path, monkeypatch):
     """The run's own check, after its calibration and before the first trial, against the GPU
     memory the calibration measures (a CPU has none: the real calibration runs, and its figure
-    is stated as a 0.25 GiB GPU's)."""
+    is stated as a 0.25 GiB GPU's). Its costs are measured here and kept in a machine cache of
+    its own: read from the test run's, they would skip the calibration the check depends on, and
+    kept there, they would hand every later test its stated GPU."""
     import dataclasses
 
     import ray
 
     from conftest import sweep_plan
     from vacsr.errors import ConfigError
-    from vacsr.sweep.cost import measure
+    from vacsr.sweep.cost import cost_store, measure
     from vacsr.sweep.flow.driver import run_sweep
     from vacsr.sweep.plan.folders import state_file
 
@@ -183,6 +185,7 @@ def test_a_run_refused_by_its_measured_plan_leaves_its_folder_unused(tmp_path, m
         return dataclasses.replace(costs, memory_gib=0.25), resources
 
     monkeypatch.setattr(measure, "run_calibration", on_a_small_gpu)
+    monkeypatch.setattr(cost_store, "machine_cache_dir", lambda: tmp_path / "costs")
     plan = sweep_plan(BASE2NOVEL, tmp_path / "sweeps", ["--datasets", "dtd", "--range",
                       "train.batch_size=choice:8,4096"], monkeypatch=monkeypatch)
     try:
@@ -192,6 +195,7 @@ def test_a_run_refused_by_its_measured_plan_leaves_its_folder_unused(tmp_path, m
         ray.shutdown()
     assert not state_file(plan.storage).exists()  # a fixed command may start the sweep there
     assert not (plan.storage / "tune").exists()
+    assert list((tmp_path / "costs").glob("*.json"))  # measured, not read
 
 
 @pytest.mark.timeout(300)
