@@ -22,6 +22,7 @@ import pytest
 
 from conftest import REPO
 from tests.support.servers import free_port, stop_session
+from vacsr.records.artifacts import SWEEP_COST
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1200)]
 
@@ -226,11 +227,13 @@ def test_sweep_job_resumes_and_records_everything(tmp_path, ray_cluster, mlflow_
     assert sorted(datasets["tags.vacsr.dataset"]) == sorted(DATASETS)
     assert (runs.status == "RUNNING").sum() == 0
     client = mlflow.MlflowClient(uri)
-    # the run's plan, measured on the cluster before its first trial (vacsr/sweep/plan/)
-    plan = json.loads(Path(client.download_artifacts(parents.run_id.iloc[0], "sweep_plan.json",
+    # the run's cost estimate, its costs from the cluster before its first trial (vacsr/sweep/cost/)
+    plan = json.loads(Path(client.download_artifacts(parents.run_id.iloc[0], SWEEP_COST,
                                                      str(tmp_path))).read_text())
     assert sorted(row["dataset"] for row in plan["datasets"]) == sorted(DATASETS)
     assert plan["totals"]["search_device_s"] > 0
+    assert plan["costs_from"]["source"] in ("measured now", "sweep folder", "machine cache")
+    assert parents["tags.vacsr.costs_from"].iloc[0] == plan["costs_from"]["source"]
     nodes = set()
     for _, dataset_run in datasets.iterrows():
         children = runs[runs["tags.mlflow.parentRunId"] == dataset_run.run_id]
