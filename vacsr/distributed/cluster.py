@@ -15,8 +15,12 @@ from pathlib import Path
 
 import ray
 
-from vacsr.distributed.leftovers import (new_temp_dir, reap_dead_instances, record_instance,
-                                         remove_temp_dir)
+from vacsr.distributed.leftovers import (
+    new_temp_dir,
+    reap_dead_instances,
+    record_instance,
+    remove_temp_dir,
+)
 from vacsr.stop import Stopped
 
 # Loggers whose INFO output (Tune's tables and hints, Train's per-report lines, Optuna's study
