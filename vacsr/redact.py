@@ -56,7 +56,7 @@ def redact_text(text: str, uri: str) -> str:
 
 def _secrets(uri: str) -> set[str]:
     """The values `redact_uri` masks in `uri`, as written and decoded."""
-    scheme, sep, rest = uri.partition("://")
+    _, sep, rest = uri.partition("://")
     authority = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0] if sep else ""
     userinfo, at, _ = authority.rpartition("@")
     user, colon, password = userinfo.partition(":")
@@ -83,16 +83,14 @@ def _redact_query(query: str) -> str:
 
 
 def _redact_query_text(text: str, whole: bool = False) -> str:
-    """The query after the first "?" in `text` masked the same way (all of `text` when `whole`
-    and it has no "?": a fragment of parameters); for a URI urllib could not split, its fragment
-    too."""
-    if not whole and "#" in text:
-        head, _, fragment = text.partition("#")
-        return f"{_redact_query_text(head)}#{_redact_query_text(fragment, whole=True)}"
-    head, sep, query = text.partition("?")
-    if sep:
-        return f"{head}?{_redact_query(query)}"
-    return _redact_query(text) if whole else text
+    """The query after the first "?" in `text` masked the same way, and its fragment (for a URI
+    urllib could not split); `whole`: `text` is a fragment, each of its "?"-parts parameters."""
+    if whole:
+        return "?".join(_redact_query(part) for part in text.split("?"))
+    head, _, fragment = text.partition("#")
+    head, sep, query = head.partition("?")
+    masked = f"{head}?{_redact_query(query)}" if sep else head
+    return f"{masked}#{_redact_query_text(fragment, whole=True)}" if "#" in text else masked
 
 
 def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
