@@ -33,8 +33,9 @@ def test_a_dataset_whose_trials_all_fail_is_reported_and_the_sweep_goes_on(tmp_p
              str(tmp_path), "--pretrained", str(weights), "--trials", "1",
              "--range", "optim.lr=log:1e30:1e31", "--set", "optim.lr=1e30"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
-        # torchinductor_<user>: torch's compile cache, kept across runs by design
-        left = sorted(p.name for p in temp.iterdir() if not p.name.startswith("torchinductor"))
+        # torch's compile cache and Ray's file locks, kept across runs by design
+        left = sorted(p.name for p in temp.iterdir()
+                      if not p.name.startswith(("torchinductor", "_ray_lockfiles")))
     finally:
         subprocess.run(["rm", "-rf", str(temp)], timeout=60)
     assert left == ["ray"], left

@@ -31,11 +31,14 @@ def temp_dir(monkeypatch):
     shutil.rmtree(folder, ignore_errors=True)
 
 
+RAY_OWN = ("ray", "_ray_lockfiles")  # Ray's session logs and its cross-process file locks
+
+
 def left_in(temp: Path) -> list[str]:
-    """What the drivers left in their TMPDIR but Ray's session logs and torch's compile cache:
+    """What the drivers left in their TMPDIR but Ray's own folders and torch's compile cache:
     multiprocessing's listener folders (`pymp-*`), a Ray instance's temporary folder."""
     return sorted(p.name for p in temp.iterdir()
-                  if p.name != "ray" and not p.name.startswith("torchinductor"))
+                  if p.name not in RAY_OWN and not p.name.startswith("torchinductor"))
 
 
 def _children() -> dict[int, int]:
