@@ -3,13 +3,16 @@
 Readers never see a partial file, a crash mid-write leaves the previous file intact, concurrent
 writers (parallel trials) replace each other with whole files, and the temporary file is removed on
 any failure, so a full disk is not kept full by our own leftovers. ENOSPC, EDQUOT, EIO and EROFS
-become one StorageError line naming the path.
+become one StorageError line naming the path. A name that holds something other than a regular
+file (a folder, a device such as /dev/null, a pipe, a socket) is refused before anything is
+written: the rename would replace the device node itself, not write through it.
 """
 from __future__ import annotations
 
 import errno
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -27,6 +30,29 @@ STORAGE_ADVICE = "free space or choose another output folder"
 
 _UMASK = os.umask(0o022)  # read once (it can only be read by setting it), then restored
 os.umask(_UMASK)
+
+
+# what a name holds other than a regular file, in the words of the refusal
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def require_regular_target(path: str | Path) -> Path:
+    """`path`, when it names no file yet or a regular file (through links): what a write of a
+    whole file may replace. Else one StorageError line naming what it is."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise _as_storage_error(path, exc) from None
+    if stat.S_ISREG(mode):
+        return path
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    raise StorageError(f"{path}: cannot write (it is {kind}); expected a path to a regular "
+                       "file or to none yet")
 
 
 def temp_file_beside(path: Path, suffix: str = ".tmp") -> tuple[int, Path]:
@@ -54,7 +80,7 @@ def _storage_errno(exc: BaseException) -> int | None:
 
 def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
     """Call `write(tmp_path)`, then rename the temporary file onto `path`."""
-    path = Path(path)
+    path = require_regular_target(path)
     try:
         fd, tmp = temp_file_beside(path)
         os.close(fd)

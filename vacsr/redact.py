@@ -2,7 +2,8 @@
 
 A URI carries credentials in its user info (`user:password@`, or a token alone as the user name,
 as some proxies take it) and in query parameters whose names say so (`?token=`, `access_token`,
-`X-Amz-Signature`, `api_key`, ...). The config holds the URI as given (a run needs it); every copy
+`X-Amz-Signature`, `api_key`, ...), also when they follow `#` (an OAuth implicit grant's
+`#access_token=`). The config holds the URI as given (a run needs it); every copy
 that leaves the process (console lines, log records, MLflow params and artifacts, config.yaml,
 checkpoints, state files) is the redacted form, and MLflow gets user and password through its own
 environment variables (vacsr/records/client.py).
@@ -36,7 +37,37 @@ def redact_uri(uri: str) -> str:
     # in place, not through urlunsplit, which rewrites some URIs (sqlite:////abs -> sqlite://abs)
     redacted = uri.replace(f"//{parts.netloc}", f"//{netloc}", 1) if netloc != parts.netloc else uri
     query = _redact_query(parts.query)
-    return redacted.replace(f"?{parts.query}", f"?{query}", 1) if query != parts.query else redacted
+    if query != parts.query:
+        redacted = redacted.replace(f"?{parts.query}", f"?{query}", 1)
+    fragment = _redact_query_text(parts.fragment, whole=True)
+    if fragment != parts.fragment:  # the fragment is all that follows the first "#"
+        redacted = f"{redacted.partition('#')[0]}#{fragment}"
+    return redacted
+
+
+def redact_text(text: str, uri: str) -> str:
+    """`text` (a message that may quote `uri` whole, or in parts as a library's error does) with
+    the URI redacted and each secret it carries replaced by `***`."""
+    masked = text.replace(uri, redact_uri(uri))
+    for secret in sorted(_secrets(uri), key=len, reverse=True):
+        masked = masked.replace(secret, MASK)
+    return masked
+
+
+def _secrets(uri: str) -> set[str]:
+    """The values `redact_uri` masks in `uri`, as written and decoded."""
+    _, sep, rest = uri.partition("://")
+    authority = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0] if sep else ""
+    userinfo, at, _ = authority.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    found = {password if colon else user} if at else set()
+    for part in (uri.partition("?")[2].partition("#")[0], uri.partition("#")[2]):
+        for field in part.replace("?", "&").split("&"):
+            name, equals, value = field.partition("=")
+            if equals and _SECRET_PARAM.search(urllib.parse.unquote_plus(name)):
+                found.add(value)
+    found |= {urllib.parse.unquote_plus(value) for value in found}
+    return {value for value in found if value}
 
 
 def _redact_query(query: str) -> str:
@@ -51,10 +82,15 @@ def _redact_query(query: str) -> str:
     return "&".join(fields)
 
 
-def _redact_query_text(text: str) -> str:
-    """The query of a URI urllib could not split, masked the same way."""
-    head, sep, query = text.partition("?")
-    return f"{head}?{_redact_query(query)}" if sep else text
+def _redact_query_text(text: str, whole: bool = False) -> str:
+    """The query after the first "?" in `text` masked the same way, and its fragment (for a URI
+    urllib could not split); `whole`: `text` is a fragment, each of its "?"-parts parameters."""
+    if whole:
+        return "?".join(_redact_query(part) for part in text.split("?"))
+    head, _, fragment = text.partition("#")
+    head, sep, query = head.partition("?")
+    masked = f"{head}?{_redact_query(query)}" if sep else head
+    return f"{masked}#{_redact_query_text(fragment, whole=True)}" if "#" in text else masked
 
 
 def split_credentials(uri: str) -> tuple[str, str | None, str | None]:

@@ -22,6 +22,7 @@ import resource
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -394,6 +395,49 @@ def test_atomic_write_on_a_full_disk_keeps_the_previous_file(tmp_path):
     assert str(target) in str(info.value) and "\n" not in str(info.value)
     assert target.read_bytes() == b"previous"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.bin"]
+
+
+def _not_a_file(path: Path, kind: str) -> str:
+    """Make `path` a `kind` of non-regular file (real: mknod, mkfifo, mkdir); what the refusal
+    calls it."""
+    if kind in ("null", "full"):
+        if os.geteuid() != 0:
+            pytest.skip("mknod of a character device needs root")
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3 if kind == "null" else 7))
+        return "a character device"
+    if kind == "fifo":
+        os.mkfifo(path)
+        return "a named pipe"
+    path.mkdir()
+    (path / "kept").write_text("kept")
+    return "a folder"
+
+
+@pytest.mark.parametrize("kind", ["null", "full", "fifo", "folder"])
+@pytest.mark.parametrize("writer", ["atomic_write", "ray_storage"])
+def test_a_whole_file_write_onto_a_device_fifo_or_folder_is_refused_untouched(tmp_path, kind,
+                                                                              writer):
+    """A rename onto a copy of /dev/null would replace the device node by a regular file: vacsr's
+    writer and the filesystem it gives Ray both refuse, in one line, before writing anything."""
+    from vacsr.distributed.storage_fs import ray_storage
+
+    target = tmp_path / "target"
+    what = _not_a_file(target, kind)
+    before = os.lstat(target)
+    with pytest.raises(StorageError) as info:
+        if writer == "atomic_write":
+            atomic_write_bytes(target, b"payload")
+        else:
+            _, filesystem = ray_storage(str(tmp_path))
+            with filesystem.open_output_stream(str(target)) as stream:
+                stream.write(b"payload")
+    assert str(info.value) == (f"{target}: cannot write (it is {what}); expected a path to a "
+                               "regular file or to none yet")
+    after = os.lstat(target)
+    assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino,
+                                                              before.st_rdev)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]  # no temporary file
+    assert kind != "folder" or (target / "kept").read_text() == "kept"
 
 
 def test_save_checkpoint_turns_torchs_full_disk_error_into_storage_error(tmp_path, monkeypatch):

@@ -105,11 +105,35 @@ def test_closed_port_is_notanswering():
     ("http://u:p4ss@[::1/?secret=s3", "http://***@[::1/?secret=***"),  # urllib cannot split it
     ("sqlite:////data/runs/mlflow.db", "sqlite:////data/runs/mlflow.db"),
     ("http://127.0.0.1:5000/?experiment=1", "http://127.0.0.1:5000/?experiment=1"),
+    ("https://acct.blob.core/c?sv=2024&sig=Zz9%3D", "https://acct.blob.core/c?sv=2024&sig=***"),
+    ("https://gcs/b/o?X-Goog-Signature=ab12&X-Goog-Date=1",
+     "https://gcs/b/o?X-Goog-Signature=***&X-Goog-Date=1"),
+    ("http://h/?apikey=K1&access%5Ftoken=T1", "http://h/?apikey=***&access%5Ftoken=***"),
+    ("http://host:5000/#access_token=Fr4gT0k&token_type=bearer",  # OAuth implicit grant
+     "http://host:5000/#access_token=***&token_type=***"),
+    ("https://host/?view=x#/runs?api_key=k9&page=2",
+     "https://host/?view=x#/runs?api_key=***&page=2"),
+    ("http://127.0.0.1:5000/#/experiments/1", "http://127.0.0.1:5000/#/experiments/1"),
+    ("http://u:p4ss@[::1/#access_token=zz", "http://***@[::1/#access_token=***"),
+    ("s3://AKIA1:wJalr%2Fk@bucket/x", "s3://AKIA1:***@bucket/x"),
+    ("s3://bucket/x?region=eu&secret_access_key=wJalr",
+     "s3://bucket/x?region=eu&secret_access_key=***"),
 ])
 def test_every_credential_form_of_a_uri_is_masked(uri, shown):
     from vacsr.redact import redact_uri
 
     assert redact_uri(uri) == shown
+
+
+def test_a_message_quoting_a_uri_or_its_secrets_is_masked():
+    """A library's error may quote the URI, or a secret alone, decoded."""
+    from vacsr.redact import redact_text
+
+    uri = "s3://AKIA1:wJalr%2Fk@bucket/x?region=eu&session_token=T0k#access_token=F4"
+    message = f"cannot open {uri}: bad key wJalr/k (token T0k, F4)"
+    assert redact_text(message, uri) == ("cannot open s3://AKIA1:***@bucket/x?region=eu&"
+                                         "session_token=***#access_token=***: bad key *** "
+                                         "(token ***, ***)")
 
 
 @pytest.mark.parametrize("secret, carrying", [

@@ -21,15 +21,24 @@ def test_a_dataset_whose_trials_all_fail_is_reported_and_the_sweep_goes_on(tmp_p
     """The trial diverges (lr 1e30): Tune's retries of it end at once on the recorded error, its
     run is FAILED in MLflow and never selected, no final run is attempted, the table reports the
     dataset as failed, and the sweep ends with exit status 1, one summary line and no MLflow run
-    left RUNNING."""
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):  # mlflow.set_tracking_uri exports it
+    left RUNNING. Its TMPDIR keeps nothing of the run but Ray's session logs (no `pymp-*`
+    listener folder of the dashboard's processes)."""
+    temp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TMPDIR=str(temp))
+    for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "RAY_TMPDIR"):  # mlflow exports its URI
         env.pop(name, None)
-    out = subprocess.run(
-        [sys.executable, "sweeps/base2novel.py", "--datasets", "eurosat", "--storage",
-         str(tmp_path), "--pretrained", str(weights), "--trials", "1",
-         "--set", "optim.lr=1e30"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
+    try:
+        out = subprocess.run(
+            [sys.executable, "sweeps/base2novel.py", "--datasets", "eurosat", "--storage",
+             str(tmp_path), "--pretrained", str(weights), "--trials", "1",
+             "--range", "optim.lr=log:1e30:1e31", "--set", "optim.lr=1e30"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
+        # torch's compile cache and Ray's file locks, kept across runs by design
+        left = sorted(p.name for p in temp.iterdir()
+                      if not p.name.startswith(("torchinductor", "_ray_lockfiles")))
+    finally:
+        subprocess.run(["rm", "-rf", str(temp)], timeout=60)
+    assert left == ["ray"], left
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     assert "vacsr: 1 dataset(s) failed: eurosat: none of 1 trial(s) reported val/acc (1 failed)" \

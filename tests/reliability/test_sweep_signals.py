@@ -5,9 +5,11 @@ chosen configs equal the clean run's."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +19,26 @@ from conftest import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800)]
 
+
+@pytest.fixture(autouse=True)
+def temp_dir(monkeypatch):
+    """The drivers' TMPDIR (short: Ray's socket paths), where a run stopped or not leaves nothing
+    of its own (`left_in`)."""
+    folder = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+RAY_OWN = ("ray", "_ray_lockfiles")  # Ray's session logs and its cross-process file locks
+
+
+def left_in(temp: Path) -> list[str]:
+    """What the drivers left in their TMPDIR but Ray's own folders and torch's compile cache:
+    multiprocessing's listener folders (`pymp-*`), a Ray instance's temporary folder."""
+    return sorted(p.name for p in temp.iterdir()
+                  if p.name not in RAY_OWN and not p.name.startswith("torchinductor"))
 
 
 def _children() -> dict[int, int]:
@@ -208,6 +230,7 @@ def _stopped_cleanly(driver, log: str, signum=signal.SIGTERM, then: str = "runs 
     while _alive(ray_processes) and time.time() < deadline:
         time.sleep(0.5)
     assert not _alive(ray_processes), "processes of the driver's Ray instance left running"
+    assert left_in(Path(os.environ["TMPDIR"])) == []
 
 
 def _trial_folders(root: Path) -> set[Path]:
@@ -216,7 +239,8 @@ def _trial_folders(root: Path) -> set[Path]:
 
 
 def test_a_stopped_and_resumed_sweep_gives_the_uninterrupted_table_and_choices(tmp_path,
-                                                                               weights):
+                                                                               weights,
+                                                                               temp_dir):
     """The same sweep command, run once without a stop and once stopped twice, each stop
     followed by --resume: SIGKILL of the driver during a trial, SIGTERM one second after
     the first dataset's last trial (the other dataset still training), then SIGHUP as it
@@ -227,6 +251,7 @@ def test_a_stopped_and_resumed_sweep_gives_the_uninterrupted_table_and_choices(t
     with the records unchanged."""
     reference, log = _sweep(tmp_path / "clean", weights)
     assert reference.wait(timeout=900) == 0, Path(log).read_text()[-3000:]
+    assert left_in(temp_dir) == []
     clean = tmp_path / "clean" / "base2novel"
 
     storage = tmp_path / "stopped"
@@ -278,6 +303,7 @@ def test_a_stopped_and_resumed_sweep_gives_the_uninterrupted_table_and_choices(t
     resumed, log = _sweep(storage, weights, "--resume")
     assert resumed.wait(timeout=900) == 0, Path(log).read_text()[-3000:]
     _no_open_records(root)
+    assert left_in(temp_dir) == []  # the SIGKILLed driver's folder too, gone with its instance
     runs = mlflow.search_runs(experiment_names=["vacsr-base2novel"])
     parents = runs[runs["tags.vacsr.kind"] == "base2novel"]
     assert len(parents) == 1 and parents.status.iloc[0] == "FINISHED"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_dataset_folders, one_line
+from conftest import REPO, make_dataset_folders, one_line, refused
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from tests.support.servers import answering, http_serving
 from vacsr.sweep import cli
@@ -214,15 +215,80 @@ def test_a_tracking_server_that_refuses_the_credentials_is_one_line(tmp_path, ca
     _nothing_written(tmp_path, data_root)
 
 
+@pytest.mark.parametrize("carrying, secret", [
+    ("s3://AKIAEXAMPLE:{s}@bucket/x?region=us-east-1&bogus=1", "wJalrXUtnFEMIK7MDENG"),
+    ("s3://bucket/x?region=us-east-1&secret_access_key={s}&bogus=1", "wJalrXUtnFEMIK7MDENG"),
+    ("foo://AKIAEXAMPLE:{s}@bucket/x", "wJalrXUtnFEMIK7MDENG"),  # pyarrow quotes the URI back
+    ("foo://bucket/x#access_token={s}", "ya29.a0AfB_byC"),
+])
+def test_ray_storage_credentials_never_reach_the_refusal_line(tmp_path, capsys, data_root,
+                                                              carrying, secret):
+    """Refused before any network access (an unexpected query parameter, an unknown scheme)."""
+    line = _refused(["--datasets", "eurosat", "--data-root", str(data_root), "--ray-storage",
+                     carrying.format(s=secret)], tmp_path / "store", capsys)
+    assert line.startswith("vacsr: error: --ray-storage ") and "***" in line
+    assert secret not in line + capsys.readouterr().out
+    _nothing_written(tmp_path, data_root)
+
+
+def test_a_token_after_the_tracking_uris_hash_never_reaches_the_refusal_line(tmp_path, capsys,
+                                                                            data_root):
+    with http_serving(answering(200, "text/html", b"<html>not mlflow</html>")) as uri:
+        line = _refused(["--datasets", "eurosat", "--data-root", str(data_root),
+                         "--tracking-uri", f"{uri}/#access_token=ya29.tok3n&expires_in=3599"],
+                        tmp_path / "store", capsys)
+    assert f"{uri}/#access_token=***&expires_in=3599: answered, but not as an MLflow" in line
+    assert "ya29.tok3n" not in line + capsys.readouterr().out
+    _nothing_written(tmp_path, data_root)
+
+
+# ---------------------------------------------------------------- --plan-out's file
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a character device needs root")
+def test_plan_out_onto_a_copy_of_dev_null_is_refused_and_left_a_device(tmp_path):
+    """The sweep script itself: refused before the plan is measured, the node untouched."""
+    target = tmp_path / "null"
+    os.mknod(target, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    out = subprocess.run([sys.executable, "sweeps/base2novel.py", "--plan", "--plan-out",
+                          str(target), "--storage", str(tmp_path / "store")], cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                         text=True, timeout=240)
+    assert refused(out) == (f"vacsr: error: --plan-out {target.resolve()}: cannot write (it is "
+                            "a character device); expected a path to a regular file or to none "
+                            "yet")
+    assert out.stdout == ""  # no plan printed: nothing was measured
+    assert stat.S_ISCHR(os.lstat(target).st_mode) and os.lstat(target).st_rdev == os.makedev(1, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]
+
+
+@pytest.mark.parametrize("place", ["folder", "read-only folder"])
+def test_plan_out_onto_a_folder_or_into_a_read_only_one_is_one_line(tmp_path, capsys, read_only,
+                                                                   place):
+    if place == "folder":
+        target = tmp_path / "plan.json"
+        target.mkdir()
+        start, end = f"{target}: cannot write (it is a folder)", "or to none yet"
+    else:
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        target = read_only(folder) / "plan.json"
+        start, end = f"{folder}: cannot write (", "expected a writable folder for --plan-out"
+    line = _refused(["--plan", "--plan-out", str(target)], tmp_path / "store", capsys)
+    assert line.startswith(f"vacsr: error: --plan-out {start}") and line.endswith(end), line
+    assert capsys.readouterr().out == ""  # refused before the plan is measured
+    assert not (tmp_path / "store").exists() and not (tmp_path / "ro" / "plan.json").exists()
+
+
 # ---------------------------------------------------------------- what a killed driver left
 _DRIVER = """
 import os, signal, subprocess, sys, time
-from vacsr.distributed.leftovers import record_instance
+from vacsr.distributed.leftovers import new_temp_dir, record_instance
 child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
                           "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
 time.sleep(0.3)
-record_instance(sys.argv[1])
-print(child.pid, flush=True)
+temp = new_temp_dir()
+(temp / "pymp-left").mkdir()  # what the instance's processes left in their TMPDIR
+record_instance(sys.argv[1], temp)
+print(child.pid, temp, flush=True)
 time.sleep(600)
 """
 
@@ -230,23 +296,27 @@ time.sleep(600)
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="process start times come from /proc")
 def test_a_dead_drivers_instance_is_ended_and_nothing_else(tmp_path, monkeypatch):
     """Real processes: a 'driver' records its SIGTERM-ignoring child as its instance, is
-    SIGKILLed, and the next start ends the child; a live driver's record is left alone."""
+    SIGKILLed, and the next start ends the child and removes the instance's temporary folder; a
+    live driver's record is left alone."""
     from vacsr.distributed import leftovers
 
     monkeypatch.setenv("VACSR_CACHE_DIR", str(tmp_path / "cache"))
     driver = subprocess.Popen([sys.executable, "-c", _DRIVER, str(tmp_path / "session_dead")],
                               stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+                              env={**os.environ, "PYTHONPATH": os.getcwd(),
+                                   "TMPDIR": str(tmp_path)})
     try:
-        child = int(driver.stdout.readline())
+        pid, temp = driver.stdout.readline().split()
+        child, temp = int(pid), Path(temp)
         assert leftovers.reap_dead_instances() == []  # its driver runs: not touched
-        assert leftovers.start_time(child) is not None
+        assert leftovers.start_time(child) is not None and (temp / "pymp-left").is_dir()
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(timeout=10)
         live = leftovers.record_instance(str(tmp_path / "session_live"))  # this process: alive
         started = time.monotonic()
         assert leftovers.reap_dead_instances() == [child]
         assert leftovers.start_time(child) is None and time.monotonic() - started < 5
+        assert temp.parent == tmp_path and not temp.exists()
         assert sorted(p.name for p in (tmp_path / "cache" / "ray-instances").iterdir()) == [
             live.name]
     finally:

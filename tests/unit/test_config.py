@@ -67,3 +67,16 @@ def test_saved_config_loads_back_unchanged(tmp_path):
     assert load_config(tmp_path / "c.yaml") == config
     assert flatten(config)["loss.gamma"] == 0.3
     assert set(flatten(Config())) == set(flatten(config))
+
+
+def test_a_saved_config_masks_the_keys_of_an_s3_storage_path(tmp_path):
+    """train.storage_path (a sweep's --ray-storage) goes into config.yaml and the MLflow params
+    (both written from public_dict): its secret key is `***` there, kept in memory."""
+    from vacsr.config.serialise import public_dict
+
+    uri = "s3://AKIA1:wJalrXUtn@bucket/x?region=eu"
+    config = load_config(overrides=[f"train.storage_path={uri}"])
+    save_config(config, tmp_path / "c.yaml")
+    assert "wJalrXUtn" not in (tmp_path / "c.yaml").read_text()
+    assert public_dict(config)["train"]["storage_path"] == "s3://AKIA1:***@bucket/x?region=eu"
+    assert config.train.storage_path == uri

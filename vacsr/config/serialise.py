@@ -36,11 +36,13 @@ def flatten(config: Config) -> dict[str, Any]:
 
 
 def public_dict(config: Config) -> dict[str, dict[str, Any]]:
-    """`to_dict(config)` as it may be written or logged: a password in tracking.uri is `***`
-    (the run gets it from the config in memory, MLflow from its environment variables)."""
+    """`to_dict(config)` as it may be written or logged: a secret in tracking.uri or
+    train.storage_path (an s3:// URI with keys) is `***` (the run gets it from the config in
+    memory, MLflow from its environment variables)."""
     values = to_dict(config)
-    if values["tracking"]["uri"]:
-        values["tracking"]["uri"] = redact_uri(values["tracking"]["uri"])
+    for section, key in (("tracking", "uri"), ("train", "storage_path")):
+        if values[section][key]:
+            values[section][key] = redact_uri(values[section][key])
     return values
 
 

@@ -2,15 +2,25 @@
 else a local instance of our own (never one that `ray start` left running on this machine)."""
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
+import sys
+import tempfile
 import threading
 import warnings
+from contextlib import contextmanager
+from pathlib import Path
 
 import ray
 
-from vacsr.distributed.leftovers import reap_dead_instances, record_instance
+from vacsr.distributed.leftovers import (
+    new_temp_dir,
+    reap_dead_instances,
+    record_instance,
+    remove_temp_dir,
+)
 from vacsr.stop import Stopped
 
 # Loggers whose INFO output (Tune's tables and hints, Train's per-report lines, Optuna's study
@@ -63,11 +73,60 @@ def ensure_ray(num_cpus: int | None = None, num_gpus: int | None = None,
     # one machine is never preempted: skip Ray Train's per-run preemption-watcher actor
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     reap_dead_instances()  # what a SIGKILLed driver's own instance left (distributed/leftovers.py)
-    context = _init_keeping_stop_handler(
-        address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus,
-        include_dashboard=include_dashboard, dashboard_host="127.0.0.1",
-        log_to_driver=log_to_driver, **quiet)
-    record_instance(context.address_info["session_dir"])
+    temp = _local_temp_dir()
+    with _temp_dir_of_children(temp):
+        context = _init_keeping_stop_handler(
+            address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus,
+            include_dashboard=include_dashboard, dashboard_host="127.0.0.1",
+            log_to_driver=log_to_driver, **quiet)
+    record_instance(context.address_info["session_dir"], temp)
+
+
+# The temporary folder of the local instance's processes. Ray ends them without their exit
+# handlers, so what they make in TMPDIR stays: the dashboard starts its modules through
+# multiprocessing's forkserver, whose listener folder (`pymp-*`) only a clean exit removes. They
+# get a folder of their own, removed once the instance has ended.
+_TEMP_DIRS: list[Path] = []
+
+
+def _local_temp_dir() -> Path:
+    """A new folder for the instance about to start. An earlier instance has ended (Ray is not
+    initialised): its folder goes now."""
+    _remove_temp_dirs()
+    _TEMP_DIRS.append(new_temp_dir())
+    return _TEMP_DIRS[-1]
+
+
+def _remove_temp_dirs() -> None:
+    while _TEMP_DIRS:
+        remove_temp_dir(_TEMP_DIRS.pop())
+
+
+@atexit.register  # after `import ray`, so before Ray's own exit handler (the later runs first)
+def _end_local_instance() -> None:
+    if _TEMP_DIRS:
+        ray.shutdown()
+        _remove_temp_dirs()
+
+
+@contextmanager
+def _temp_dir_of_children(folder: Path):
+    """TMPDIR is `folder` for the processes ray.init starts (and theirs); this process keeps its
+    own, and Ray's session folder stays where Ray puts it (RAY_TMPDIR, else TMPDIR on Linux,
+    else /tmp)."""
+    tempfile.gettempdir()  # this process's choice, cached by tempfile before TMPDIR changes
+    saved = {name: os.environ.get(name) for name in ("TMPDIR", "RAY_TMPDIR")}
+    linux = sys.platform.startswith("linux")
+    os.environ.setdefault("RAY_TMPDIR", (saved["TMPDIR"] if linux else None) or "/tmp")
+    os.environ["TMPDIR"] = str(folder)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _init_keeping_stop_handler(**kwargs):

@@ -9,17 +9,20 @@ Other Ray instances may run on the same machine (other users' jobs, a `ray start
 nothing is ever chosen by name. Each instance vacsr starts is recorded in
 `<cache>/ray-instances/<session>.json` (cache: `$VACSR_CACHE_DIR`, else `~/.cache/vacsr`) with the
 driver's pid and start time, the session folder, and the pid and start time of every process of
-the instance. The next local start reads the records: a record whose driver is provably dead
-(no such pid, or a pid reused by a process that started later) has its processes killed, those
-still running with the recorded start time only, and is removed. A clean exit removes its own
-record. Linux only (process start times come from /proc); elsewhere nothing is recorded.
+the instance, and the instance's own temporary folder (`new_temp_dir`). The next local start reads
+the records: a record whose driver is provably dead (no such pid, or a pid reused by a process that
+started later) has its processes killed, those still running with the recorded start time only,
+its temporary folder removed, and is removed. A clean exit removes its own record. Linux only
+(process start times come from /proc); elsewhere nothing is recorded.
 """
 from __future__ import annotations
 
 import atexit
 import json
 import os
+import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from vacsr.atomic import atomic_write_json
 
 PROC = Path("/proc")
 TERM_GRACE_S = 2.0  # the agents ignore SIGTERM for longer: SIGKILL after this
+TEMP_PREFIX = "vacsr-ray-"  # an instance's temporary folder; a record names no other to remove
 
 
 def records_dir() -> Path:
@@ -67,8 +71,15 @@ def _alive_as_recorded(pid: int, started: int) -> bool:
     return start_time(pid) == started
 
 
-def record_instance(session_dir: str) -> Path | None:
-    """Record the local instance this process just started (call right after `ray.init`)."""
+def new_temp_dir() -> Path:
+    """A new folder in the system's temporary folder for the temporary files of a local
+    instance's processes (their TMPDIR): what they leave there on being ended goes with it."""
+    return Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
+
+
+def record_instance(session_dir: str, temp_dir: Path | None = None) -> Path | None:
+    """Record the local instance this process just started (call right after `ray.init`), and
+    its temporary folder."""
     if not PROC.is_dir():
         return None
     me = os.getpid()
@@ -76,7 +87,8 @@ def record_instance(session_dir: str) -> Path | None:
         return None
     processes = [[pid, start_time(pid)] for pid in descendants(me)]
     record = {"driver": [me, start_time(me)], "session_dir": session_dir,
-              "processes": [p for p in processes if p[1] is not None]}
+              "processes": [p for p in processes if p[1] is not None],
+              "temp_dir": str(temp_dir) if temp_dir else None}
     path = records_dir() / f"{Path(session_dir).name}.json"
     try:
         atomic_write_json(path, record)
@@ -103,8 +115,15 @@ def reap_dead_instances() -> list[int]:
         if _alive_as_recorded(driver, started):
             continue  # a running driver's instance, of this user or not: never touched
         ended.extend(_end(processes))
+        remove_temp_dir(record.get("temp_dir"))
         path.unlink(missing_ok=True)
     return ended
+
+
+def remove_temp_dir(folder: object) -> None:
+    """Remove an ended instance's temporary folder (one `new_temp_dir` made: by its name)."""
+    if isinstance(folder, (str, Path)) and Path(folder).name.startswith(TEMP_PREFIX):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _end(processes: list[tuple[int, int]]) -> list[int]:

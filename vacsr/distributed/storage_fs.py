@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from vacsr.atomic import temp_file_beside
+from vacsr.atomic import require_regular_target, temp_file_beside
 
 
 class _AtomicOutput(io.RawIOBase):
@@ -27,6 +27,7 @@ class _AtomicOutput(io.RawIOBase):
     def __init__(self, path: str) -> None:
         super().__init__()
         self.path, self._file, self._failed = path, None, False
+        require_regular_target(path)  # a rename onto a device or folder would replace it
         # its folder created as pyarrow's local output streams do
         fd, self.tmp = temp_file_beside(Path(path).absolute(), suffix=".part")
         self._file = os.fdopen(fd, "wb")

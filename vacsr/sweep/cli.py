@@ -26,9 +26,29 @@ if _missing:
                       "pip install 'vacsr[cluster]')")
 
 
+def plan_out_target(value: str | None) -> Path | None:
+    """--plan-out's file, checked before anything runs: in an existing folder this process can
+    write to, and a regular file or none yet (never a folder or a device such as /dev/null)."""
+    from vacsr.atomic import require_regular_target, require_writable_folder
+
+    if not value:
+        return None
+    out = Path(value).expanduser().resolve()
+    if not out.parent.is_dir():
+        raise ConfigError(f"--plan-out {value}: no folder {out.parent}; expected a file path in "
+                          "an existing folder")
+    try:
+        require_regular_target(out)
+        require_writable_folder(out.parent, "--plan-out")
+    except VacsrError as exc:
+        raise ConfigError(f"--plan-out {exc}") from None  # the line names the path
+    return out
+
+
 def print_plan(kind: SweepKind, args) -> int:
-    """--plan: the cost estimate on stdout (and as JSON at --plan-out); 0, 2 on bad input, 128 +
-    the signal's number when stopped (one line, nothing left behind)."""
+    """--plan: the cost estimate on stdout (and as JSON at --plan-out); 0, 2 on bad input or when
+    --plan-out cannot be written, 128 + the signal's number when stopped (one line, nothing left
+    behind)."""
     from vacsr.atomic import atomic_write_text
     from vacsr.stop import SignalNote, Stopped
     from vacsr.sweep.cost.measure import measure_sweep_cost
@@ -36,10 +56,7 @@ def print_plan(kind: SweepKind, args) -> int:
 
     note = SignalNote()  # noted, and raised while the calibration waits on Ray
     try:
-        out = Path(args.plan_out).expanduser().resolve() if args.plan_out else None
-        if out is not None and not out.parent.is_dir():
-            raise ConfigError(f"--plan-out {args.plan_out}: no folder {out.parent}; expected a "
-                              "file path in an existing folder")
+        out = plan_out_target(args.plan_out)
         plan = plan_from_args(kind, args, check_memory=refuse_unfit)
         cost = measure_sweep_cost(plan, note.check)
     except VacsrError as exc:
@@ -52,7 +69,12 @@ def print_plan(kind: SweepKind, args) -> int:
         note.restore()
     print(format_sweep_cost(cost))
     if out is not None:
-        atomic_write_text(out, json.dumps(cost, indent=2) + "\n")
+        try:  # checked above, and still able to fail (the disk filled meanwhile)
+            atomic_write_text(out, json.dumps(cost, indent=2) + "\n")
+        except (VacsrError, OSError) as exc:
+            why = f"{out}: cannot write ({exc.strerror})" if isinstance(exc, OSError) else exc
+            print(f"vacsr: error: --plan-out {why}", file=sys.stderr)
+            return 2
         print(f"plan written to {out}")
     return 0
 

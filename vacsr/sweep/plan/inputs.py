@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 
 from vacsr.errors import ConfigError
+from vacsr.redact import redact_text, redact_uri
 from vacsr.sweep.plan.folders import storage_filesystem
 
 # a sweep name is one folder under --storage and part of Optuna study and MLflow run names
@@ -181,8 +182,9 @@ def check_ray_storage(text: str | None) -> str:
     try:
         storage_filesystem(text)
     except Exception as exc:  # pyarrow raises ArrowInvalid / ValueError / OSError by scheme
-        raise ConfigError(f"--ray-storage {text!r}: not a storage URI pyarrow can open "
-                          f"({str(exc).splitlines()[0]})") from None
+        why = redact_text(str(exc).splitlines()[0], text)  # pyarrow may quote the URI
+        raise ConfigError(f"--ray-storage {redact_uri(text)!r}: not a storage URI pyarrow can "
+                          f"open ({why})") from None
     return text
 
 
