@@ -186,7 +186,7 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
 
 def _add_plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", action="store_true",
-                   help="print what the sweep would cost (counts, steps, device-hours, wall time, "
+                   help="print what the sweep would cost (counts, steps, device time, wall time, "
                         "peak memory per dataset, from a short calibration where trials run) "
                         "and exit; writes nothing but --plan-out and the measured costs, kept "
                         "for the next sweep on this machine")
