@@ -141,7 +141,7 @@ torch.save(open_clip.create_model("vacsr-tiny").state_dict(), sys.argv[1])' "$OU
         --repeats 1 --target-s 120 --matmul-size 512 --large-budget-mib 64
     run_check sweep summary_line "$PY" benchmarks/gpu_sweep.py --logical-gpus 2 --cpus 4 -- \
         "${SWEEP[@]}" --gpus-per-worker 0.5 --trials 4 --concurrent-trials 4 --seeds 1 --epochs 1 \
-        --range train.epochs=choice:1 --pretrained "$OUT/tiny-random.pt" --cpus-per-worker 0.5 \
+        --pretrained "$OUT/tiny-random.pt" --cpus-per-worker 0.5 \
         --trial-cpus 0.5 --set train.device=cpu --set train.amp_on_cpu=true
     run_check trainable-side summary_line "$PY" benchmarks/bench_trainable_side.py \
         --model vacsr-tiny --batch-size 8 --blocks 1 --images 32

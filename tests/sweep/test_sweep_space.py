@@ -75,6 +75,23 @@ def test_a_fixed_key_leaves_the_space_of_every_dataset(tmp_path, monkeypatch, ca
                    "dataset has their values"]  # adapter.hidden_dim is searched by no one
 
 
+def test_epochs_fixes_the_searched_epochs_as_set_does(tmp_path, monkeypatch, capsys):
+    """The embedded profile searches train.epochs (int:4:8); --epochs 3 fixes it like --set:
+    no trial draws another count, and a second value or a range on it is one line."""
+    plan = sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat", "--epochs", "3"],
+                      monkeypatch=monkeypatch)
+    assert "train.epochs" not in plan.spaces["eurosat"]
+    assert plan.configs["eurosat"].train.epochs == 3
+    assert capsys.readouterr().out.startswith("--set fixes searched keys: train.epochs=3;")
+    with pytest.raises(ConfigError, match=r"^--epochs 3: --set train.epochs=5 gives another "
+                                          r"value; give one$"):
+        sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat", "--epochs", "3", "--set",
+                                          "train.epochs=5"], monkeypatch=monkeypatch)
+    with pytest.raises(ConfigError, match=r"^--range train.epochs: --set fixes it"):
+        sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat", "--epochs", "3", "--range",
+                                          "train.epochs=int:1:4"], monkeypatch=monkeypatch)
+
+
 def test_a_range_on_a_fixed_key_is_refused():
     fixed = fixed_by({"optim.schedule": "cosine"}, {"loss.beta": 0.5}, "base2novel")
     check_free_ranges({"loss.gamma": LogFloat(0.5, 2.0)}, fixed)

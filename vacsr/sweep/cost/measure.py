@@ -8,7 +8,6 @@ vacsr/sweep/cost/sweep_cost.py. Writes nothing but the kept costs: the machine's
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import tempfile
 import time
@@ -22,7 +21,7 @@ from vacsr.sweep.cost.cost_store import CostSource, obtain_costs, source_line
 from vacsr.sweep.cost.counts import DatasetCounts, count_dataset
 from vacsr.sweep.cost.sweep_cost import build_sweep_cost
 from vacsr.sweep.plan.folders import costs_file
-from vacsr.sweep.plan.plan import SweepPlan, trial_resources
+from vacsr.sweep.plan.plan import SweepPlan, local_resources, trial_resources
 
 GENERATED = ".generated"  # the embedded profile's mark of finished synthetic data
 
@@ -74,12 +73,7 @@ def cluster_resources(resources: dict[str, float]) -> dict:
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         return dict(ray.cluster_resources())
-    found = {"CPU": float(os.cpu_count() or 1)}
-    if resources.get("GPU", 0) > 0:
-        import torch
-
-        found["GPU"] = float(torch.cuda.device_count())
-    return found
+    return local_resources(resources.get("GPU", 0) > 0)
 
 
 def plan_step_costs(plan: SweepPlan, samples: tuple[str, ...], keep_in_folder: bool,

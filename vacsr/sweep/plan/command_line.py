@@ -135,7 +135,8 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
     p.add_argument("--trials", type=_positive(int),
                    help=f"trials per dataset ({default('trials')})")
     p.add_argument("--epochs", type=_positive(int),
-                   help="epochs when not searched (default: the config's)")
+                   help="epochs of every run, as --set train.epochs=N: fixed, never searched "
+                        "(default: the config's)")
     p.add_argument("--shots", type=_positive(int), help=f"few-shot K ({default('shots')})")
     p.add_argument("--seeds", type=_seed_list,
                    help=f"seeds of the final re-runs ({default('seeds')})")
@@ -280,6 +281,17 @@ def _ranges(kind: SweepKind, profile: dict, texts: list[str], fixed: dict[str, s
     return {**ranges, **user_ranges}, user_fixed
 
 
+def _user_values(args) -> dict[str, Any]:
+    """The values the user fixes: each --set, and --epochs N as --set train.epochs=N (the
+    same rule: never searched); both on train.epochs with two values is one line."""
+    user = dict(cfg.parse_override(text) for text in args.set)
+    if args.epochs:
+        if user.setdefault("train.epochs", args.epochs) != args.epochs:
+            raise ConfigError(f"--epochs {args.epochs}: --set train.epochs="
+                              f"{cfg.shown(user['train.epochs'])} gives another value; give one")
+    return user
+
+
 def _writes_to_check(uri: str) -> bool:
     """A store checked by creating it (SQLite, a file store): --plan leaves it unchecked."""
     return uri.startswith(("sqlite", "file")) or "://" not in uri
@@ -310,7 +322,7 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
         check_pretrained(args.pretrained, model)
     if args.ray_address:  # a cluster that is not there: one line now, not a wait in ray.init
         check_ray_address(args.ray_address)
-    user = dict(cfg.parse_override(text) for text in args.set)  # each --set parsed here, once
+    user = _user_values(args)  # each --set parsed here, once
     fixed = fixed_by(kind.protocol, user, kind.name)  # never searched (space.py)
     ranges, user_fixed = _ranges(kind, profile, args.range, fixed, user)
     storage = sweep_folder(args.storage, args.name)
@@ -320,11 +332,10 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
     tiny = embedded and profile.get("pretrain_tiny") and model == profile["model"]
     pretrained = args.pretrained or (str(embedded_weights(storage)) if tiny else None)
     shared = _base_values(kind, args, profile, root, model, pretrained)
-    epochs = {"train.epochs": args.epochs} if args.epochs else {}
     own = {d: {"data.dataset": d, "data.prefix_cache_dir": str(prefix_cache_folder(storage, d))}
            for d in datasets}
     configs = {d: build_config([shared, own[d], dict(kind.protocol), profile.get("set", {}),
-                                epochs, user], set(user))
+                                user], set(user))
                for d in datasets}
     depths = tower_depths(model)
     spaces = {d: clamp_blocks(dataset_space(kind.space, kind.batch_sizes.get(d, ()), ranges,

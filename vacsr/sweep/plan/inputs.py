@@ -134,15 +134,9 @@ def check_devices(configs: dict, local: bool, trial_cpus: float = 1.0) -> None:
 def check_trials_fit(configs: dict, trial_cpus: float) -> None:
     """A local instance has this machine's CPUs and GPUs and no autoscaler: a trial needing more
     would wait forever. Refused here, naming the flag."""
-    import os
+    from vacsr.sweep.plan.plan import local_resources, short_of, trial_needs
 
-    from vacsr.sweep.plan.plan import short_of, trial_needs
-
-    have = {"CPU": float(os.cpu_count() or 1)}
-    if any(config.train.gpus_per_worker > 0 for config in configs.values()):
-        import torch
-
-        have["GPU"] = float(torch.cuda.device_count())
+    have = local_resources(any(config.train.gpus_per_worker > 0 for config in configs.values()))
     for config in configs.values():
         train = config.train
         for name, (need, held) in short_of(trial_needs(train, trial_cpus), have).items():

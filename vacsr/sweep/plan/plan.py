@@ -91,6 +91,19 @@ def trains_in_trial(train) -> bool:
     return train.workers == 1
 
 
+def local_resources(gpus: bool) -> dict[str, float]:
+    """What a local Ray instance of the sweep's has: this machine's CPUs, and with `gpus` (trials
+    that take GPUs) the GPUs torch sees; no autoscaler grows it."""
+    import os
+
+    have = {"CPU": float(os.cpu_count() or 1)}
+    if gpus:
+        import torch
+
+        have["GPU"] = float(torch.cuda.device_count())
+    return have
+
+
 def trial_resources(train, trial_cpus: float) -> dict[str, float]:
     """What a trial's actor reserves: the worker's share where it trains itself, else
     `trial_cpus` to drive the TorchTrainer."""
