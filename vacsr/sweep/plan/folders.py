@@ -12,7 +12,8 @@ checkpoints: the sweep folder, or --ray-storage as a local path or an s3:// gs:/
       final/<dataset>/seed<N>/        final_run_folder: the final seed runs
       best/<dataset>/                 best_folder: best_config.yaml
       report/                         report_folder: results.md .csv .png, per_seed.csv,
-                                      importance/<dataset>/ (importance_folder)
+                                      importance/<dataset>/ (importance_folder), and with
+                                      --methods comparison.md .csv, comparison_differences.csv
       errors/<dataset>.txt            error_file: a failed dataset's traceback
       costs.json                      costs_file: the plan's measured step costs, with their key
                                       (vacsr/sweep/cost/cost_store.py; --resume reads them)
@@ -38,6 +39,8 @@ SELECTION_FILE = "selection.json"  # in a trial folder
 ASHA_STOPS_FILE = "asha_stops.json"  # in a trial folder
 RESULTS_MD, RESULTS_CSV, PER_SEED_CSV, RESULTS_PNG = (
     "results.md", "results.csv", "per_seed.csv", "results.png")  # in the report folder
+COMPARISON_MD, COMPARISON_CSV, COMPARISON_DIFFERENCES_CSV = (
+    "comparison.md", "comparison.csv", "comparison_differences.csv")  # in the report folder
 
 
 def sweep_folder(root: str | os.PathLike, name: str) -> Path:

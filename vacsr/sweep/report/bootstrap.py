@@ -1,0 +1,156 @@
+"""How far apart two methods' H is, with a 95% interval: a paired bootstrap over (dataset, seed)
+pairs. Each pair holds one method's per-seed H beside the other's on the same dataset and seed
+(per-seed H: the harmonic mean of that seed's base and novel, paper sec. 4.2); the difference of
+the two means is the mean of the pairs' differences, and resampling the pairs (not datasets and
+seeds apart) keeps what a dataset or a seed does to both methods together.
+
+Plain data in, plain data out (vacsr/sweep/report/comparison.py lays it out), seeded, so one
+sweep's results always give one interval.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from vacsr.results import harmonic_mean
+
+RESAMPLES = 10_000  # B, the resamples of the pairs
+BOOTSTRAP_SEED = 0  # the numpy Generator's seed: a report is reproducible
+LEVEL = 95  # percent: the interval runs from the 2.5th to the 97.5th percentile of the means
+
+
+@dataclass(frozen=True)
+class PairedInterval:
+    """The observed mean difference and its bootstrap interval."""
+    observed: float  # mean over the pairs of (reference H - other H)
+    low: float  # the (100 - LEVEL) / 2 percentile of the resampled means
+    high: float  # the 100 - that percentile
+    pairs: int
+    resamples: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """Two methods' per-seed H matched by (dataset, seed), and what could not be matched."""
+    differences: tuple[float, ...]  # reference H - other H, one per pair
+    keys: tuple[tuple[str, object], ...]  # (dataset, seed) of each pair, in order
+    left_out: int  # (dataset, seed) results of either method without a partner
+    left_out_why: tuple[str, ...] = field(default=())  # one phrase per dataset that lost pairs
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The reference's H minus another method's: an interval, or the reason there is none."""
+    label: str  # what the other method is to the reader: "the best other method", "zero-shot"
+    reference: str
+    other: str | None
+    interval: PairedInterval | None = None
+    pairing: Pairing | None = None
+    reason: str = ""  # why not available, when interval is None
+
+    @property
+    def available(self) -> bool:
+        return self.interval is not None
+
+
+def paired_bootstrap(differences: Sequence[float], resamples: int = RESAMPLES,
+                     seed: int = BOOTSTRAP_SEED) -> PairedInterval:
+    """Resample the pairs' differences with replacement `resamples` times; the interval is the
+    2.5 / 97.5 percentiles of the resamples' means. One draw of (resamples, pairs) indices: the
+    pairs are datasets x seeds (tens), so that is a few MB at most."""
+    values = np.asarray(differences, dtype=np.float64)  # (pairs,)
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError(f"differences: expected at least one pair, got {values.size}")
+    if resamples < 1:
+        raise ValueError(f"resamples={resamples}: expected a positive count")
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, values.size, size=(resamples, values.size))  # (B, pairs)
+    means = values[picks].mean(axis=1)  # (B,)
+    tail = (100 - LEVEL) / 2
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return PairedInterval(observed=float(values.mean()), low=float(low), high=float(high),
+                          pairs=int(values.size), resamples=resamples, seed=seed)
+
+
+def per_seed_h(entry: dict, metrics: tuple[str, str]) -> float:
+    """One seed's H from its base and novel (not from averages: that is the table's H)."""
+    return harmonic_mean(entry[metrics[0]], entry[metrics[1]])
+
+
+def _by_seed(result: dict | None, metrics: tuple[str, str]) -> dict[object, float]:
+    return {} if result is None else {s["seed"]: per_seed_h(s, metrics)
+                                      for s in result["per_seed"]}
+
+
+def pair_seeds(reference: dict[str, dict], other: dict[str, dict], metrics: tuple[str, str],
+               other_is_single: bool = False, names: tuple[str, str] = ("reference", "other"),
+               failed: tuple[dict[str, str], dict[str, str]] = ({}, {})) -> Pairing:
+    """Pair reference[dataset] and other[dataset] (results as the table takes them) by seed.
+
+    `other_is_single`: the other method was evaluated once per dataset (no training: zero-shot),
+    so its one value pairs with every seed of the reference. A dataset either method lacks
+    (failed, or never run) keeps no pairs: each of the other's results there counts as left out,
+    and `failed` (method -> dataset -> reason, the reference's then the other's) says why."""
+    differences: list[float] = []
+    keys: list[tuple[str, object]] = []
+    left_out, why = 0, []
+    for dataset in dict.fromkeys([*reference, *other, *failed[0], *failed[1]]):
+        mine = _by_seed(reference.get(dataset), metrics)
+        theirs = _by_seed(other.get(dataset), metrics)
+        if other_is_single and theirs:
+            theirs = dict.fromkeys(mine or theirs, next(iter(theirs.values())))
+        matched = [seed for seed in mine if seed in theirs]
+        for seed in matched:
+            differences.append(mine[seed] - theirs[seed])
+            keys.append((dataset, seed))
+        lost = len(set(mine) | set(theirs)) - len(matched)
+        if lost:
+            left_out += lost
+            why.append(_why_lost(dataset, mine, theirs, names, failed))
+    return Pairing(tuple(differences), tuple(keys), left_out, tuple(why))
+
+
+def _why_lost(dataset: str, mine: dict, theirs: dict, names: tuple[str, str],
+              failed: tuple[dict[str, str], dict[str, str]]) -> str:
+    absent = [(name, reasons.get(dataset)) for name, results, reasons
+              in zip(names, (mine, theirs), failed) if not results]
+    if absent:
+        return f"{dataset}: " + "; ".join(
+            f"{name} failed ({reason})" if reason else f"{name} has no result"
+            for name, reason in absent)
+    unmatched = sorted(map(str, set(mine) ^ set(theirs)))
+    return f"{dataset}: seed(s) {', '.join(unmatched)} in one method only"
+
+
+def compare(label: str, reference: str, other: str | None, results: dict[str, dict],
+            failed: dict[str, dict], metrics: tuple[str, str], single: set[str],
+            resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
+            missing: str = "") -> Difference:
+    """The reference's H minus `other`'s over their (dataset, seed) pairs; not available, with
+    the reason, when a method is absent (the reference's reason first) or no pair exists.
+    `single`: methods evaluated once per dataset. `missing`: the reason when `other` is None."""
+    for name in (reference, other):
+        if name is None:
+            return Difference(label, reference, None, reason=missing)
+        if not results.get(name):
+            reasons = failed.get(name, {})
+            return Difference(label, reference, other, reason=(
+                f"{name} has no results" if not reasons else
+                f"{name} failed on every dataset ({_first_reasons(reasons)})"))
+    pairing = pair_seeds(results[reference], results[other], metrics,
+                         other_is_single=other in single, names=(reference, other),
+                         failed=(failed.get(reference, {}), failed.get(other, {})))
+    if not pairing.differences:
+        return Difference(label, reference, other, pairing=pairing,
+                          reason=f"{reference} and {other} share no (dataset, seed) pair")
+    return Difference(label, reference, other, paired_bootstrap(pairing.differences, resamples,
+                                                                seed), pairing)
+
+
+def _first_reasons(reasons: dict[str, str], shown: int = 2) -> str:
+    items = [f"{dataset}: {why}" for dataset, why in reasons.items()]
+    more = f"; {len(items) - shown} more" if len(items) > shown else ""
+    return "; ".join(items[:shown]) + more
