@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_loss_paths import CLASSIFICATION, ROWS  # noqa: E402
 
 from vacsr.config import load_config  # noqa: E402
+from vacsr.methods.build import build_model  # noqa: E402
 from vacsr.model.losses import sigmoid_loss, vacsr_loss  # noqa: E402
-from vacsr.model.vacsr import build_model  # noqa: E402
 from vacsr.train.loop import Trainer  # noqa: E402
 
 TERMS = ("sigmoid", "recon", "sigma", "sigma_via_sigma_hat", "kl", "cos_sigma_recon")

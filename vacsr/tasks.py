@@ -9,7 +9,8 @@ features of all ranks in between.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -19,10 +20,8 @@ from vacsr.data.datasets import CaptionPairDataset, LabelledImageDataset
 from vacsr.data.fewshot import shots_per_class
 from vacsr.errors import ConfigError
 from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval
-from vacsr.model.adapter import SigmoidBaselineHead
-from vacsr.model.backbone_grad import vacsr_loss_recon_to_backbone
+from vacsr.methods.method import class_prompts
 from vacsr.model.encoding import encode_texts
-from vacsr.model.losses import sigmoid_loss, vacsr_loss
 from vacsr.model.prefix import constant_in_training, text_prefix, text_suffix
 from vacsr.model.vacsr import VACSRModel
 from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG
@@ -62,19 +61,16 @@ class PairBatch:
 class _Task:
     def __init__(self, model: VACSRModel, loss_config) -> None:
         self.model = model
-        self.loss_kwargs = asdict(loss_config)
-        self.backbone_grad = self.loss_kwargs.pop("backbone_grad")  # the terms training it
+        self.loss_config = loss_config
 
     def loss_from_pairs(self, pairs: PairBatch):
-        """All B x B' pairs of the (gathered) batch -> (loss, parts)."""
-        head = self.model.head
-        if isinstance(head, SigmoidBaselineHead):
-            return sigmoid_loss(head(pairs.image_feats, pairs.text_feats).logits, pairs.labels())
-        if self.backbone_grad == "recon":  # only L_recon trains the backbone: backbone_grad.py
-            return vacsr_loss_recon_to_backbone(head, pairs.image_feats, pairs.text_feats,
-                                                pairs.labels(), **self.loss_kwargs)
-        return vacsr_loss(head(pairs.image_feats, pairs.text_feats), pairs.labels(),
-                          **self.loss_kwargs)
+        """All B x B' pairs of the (gathered) batch -> (loss, parts): the method's loss
+        (vacsr/methods/)."""
+        method = self.model.method
+        if method.loss is None:
+            raise ConfigError(f"adapter.kind: {method.name} trains nothing; it has no loss")
+        return method.loss(self.model.head, pairs.image_feats, pairs.text_feats, pairs.labels(),
+                           self.loss_config)
 
     def loss(self, batch):
         return self.loss_from_pairs(self.features(batch))
@@ -123,11 +119,11 @@ class RetrievalTask(_Task):
         return None
 
     @staticmethod
-    def encode_texts(backbone, data, **encode) -> tuple[torch.Tensor, dict[str, Any]]:
+    def encode_texts(model, data, **encode) -> tuple[torch.Tensor, dict[str, Any]]:
         """Caption features (N_c, d) and what the recalls need."""
         targets = {"caption_to_image": data.caption_to_image, "image_ids": data.image_ids or None,
                    "caption_ids": data.caption_ids or None, "image_groups": data.image_groups}
-        return encode_texts(backbone, data.captions, **encode), targets
+        return encode_texts(model.backbone, data.captions, **encode), targets
 
     @staticmethod
     def score(encoded, *, scorer=None, device=None, **engine_kwargs) -> dict[str, float]:
@@ -157,7 +153,10 @@ class ClassificationTask(_Task):
 
     @classmethod
     def for_run(cls, model: VACSRModel, loss_config, splits: dict) -> "ClassificationTask":
-        return cls(model, loss_config, model.backbone.tokenize(splits["train"].prompts()))
+        train = splits["train"]
+        if hasattr(model.head, "fit_classes"):  # a weight per training class (linear probe)
+            model.head.fit_classes(len(train.classnames))
+        return cls(model, loss_config, model.backbone.tokenize(class_prompts(model, train)))
 
     @staticmethod
     def train_size(data_config, train) -> tuple[int, str, str]:
@@ -181,9 +180,15 @@ class ClassificationTask(_Task):
         return None
 
     @staticmethod
-    def encode_texts(backbone, data, **encode) -> tuple[torch.Tensor, dict[str, Any]]:
-        """One prompt feature per class (C, d) and the labels."""
-        return encode_texts(backbone, data.prompts(), **encode), {"labels": data.labels}
+    def encode_texts(model, data, **encode) -> tuple[torch.Tensor, dict[str, Any]]:
+        """One prompt feature per class (C, d), the method's prompts (vacsr/methods/), and the
+        labels. Prompts whose context the head learns go through it whole, uncached."""
+        prompts = class_prompts(model, data)
+        if hasattr(model.head, "encode_prompts"):
+            feats = _learned_prompt_features(model, prompts, encode.get("autocast"),
+                                             encode.get("keep_on_device", False))
+            return feats, {"labels": data.labels}
+        return encode_texts(model.backbone, prompts, **encode), {"labels": data.labels}
 
     @staticmethod
     def score(encoded, *, scorer=None, device=None, **engine_kwargs) -> dict[str, float]:
@@ -202,6 +207,10 @@ class ClassificationTask(_Task):
         return any(p.requires_grad for name, p in self.model.backbone.named_parameters()
                    if not name.startswith(("clip.visual.", "image_gpo.")))
 
+    def learned_prompts(self) -> bool:
+        """The head learns the prompts' context (CoOp): the class features change every step."""
+        return hasattr(self.model.head, "encode_prompts")
+
     def class_features(self, device) -> torch.Tensor:
         """(C, d) prompt features: computed once when the text tower is frozen; when it has a
         frozen prefix (vacsr/model/frozen.py), the prefix's output once and the rest every step
@@ -210,6 +219,8 @@ class ClassificationTask(_Task):
         (hundreds of prompts through the blocks per step are the cost otherwise)."""
         tokens = self.prompt_tokens.to(device)
         backbone = self.model.backbone
+        if self.learned_prompts():  # every prompt through the frozen tower, to the context
+            return self.model.head.encode_prompts(backbone, tokens)
         if not self.text_trainable():
             if self._frozen_text is None or self._frozen_text.device != torch.device(device):
                 with torch.no_grad():
@@ -228,6 +239,26 @@ class ClassificationTask(_Task):
         class_index = torch.arange(self.prompt_tokens.shape[0], device=images.device)
         return PairBatch(self.model.encode_image(images), self.class_features(images.device),
                          labels, class_index, text_is_shared=True)
+
+
+@torch.no_grad()
+def _learned_prompt_features(model, prompts: list[str], autocast, keep_on_device: bool,
+                             batch_size: int = 1024) -> torch.Tensor:
+    """(C, d) float32 class features of a head that learns its prompts' context."""
+    backbone = model.backbone
+    device, was_training = next(backbone.parameters()).device, model.training
+    tokens = backbone.tokenize(prompts)  # (C, T)
+    model.eval()
+    chunks = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            with (autocast or nullcontext)():
+                feats = model.head.encode_prompts(
+                    backbone, tokens[start:start + batch_size].to(device)).float()
+            chunks.append(feats if keep_on_device else feats.cpu())  # (c, d)
+    finally:
+        model.train(was_training)
+    return torch.cat(chunks)
 
 
 TASKS = {task.name: task for task in (RetrievalTask, ClassificationTask)}

@@ -15,6 +15,7 @@ base:         vacsr vacsr.errors vacsr.atomic vacsr.redact vacsr.seed vacsr.stop
 config:       vacsr.config.*
 data:         vacsr.data.*
 model:        vacsr.model.*
+methods:      vacsr.methods.*
 eval:         vacsr.eval.*
 tasks:        vacsr.tasks
 train:        vacsr.train.*

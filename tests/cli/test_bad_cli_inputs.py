@@ -373,7 +373,7 @@ def test_eval_of_another_shape_without_its_config_is_one_line_in_a_process(tmp_p
     """The whole stderr: open_clip's notice that the backbone starts random (its weights come
     from the checkpoint) is no second line."""
     from vacsr.config import load_config
-    from vacsr.model.vacsr import build_model
+    from vacsr.methods.build import build_model
 
     model = build_model(load_config(overrides=[*TINY, "adapter.hidden_dim=24"]))
     torch.save({"model": model.state_dict()}, tmp_path / "bare.ckpt")

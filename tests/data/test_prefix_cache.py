@@ -10,8 +10,8 @@ import torch
 from vacsr.config import load_config
 from vacsr.data import build_classification
 from vacsr.data.generate import generate
+from vacsr.methods.build import build_model
 from vacsr.model.prefix_cache import PrefixCache
-from vacsr.model.vacsr import build_model
 from vacsr.train.eval_pass import evaluate_split
 
 

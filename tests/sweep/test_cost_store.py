@@ -211,7 +211,7 @@ def test_the_code_digest_covers_every_module_a_calibrated_step_imports(tmp_path)
     """A model module outside STEP_CODE would change the step's time and not the key."""
     probe = ("import sys\nfrom vacsr.compute_device import resolve_device\n"
              "from vacsr.data.base import load_image\nfrom vacsr.model.prefix import blocks\n"
-             "from vacsr.model.vacsr import build_model\n"
+             "from vacsr.methods.build import build_model\n"
              "print('\\n'.join(m.__file__ for n, m in sys.modules.items()\n"
              "                 if n.startswith('vacsr.model') and getattr(m, '__file__', None)))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,

@@ -156,7 +156,7 @@ def test_cosine_init_needs_the_pair_units():
 def test_config_init_reaches_the_model():
     from vacsr.config import load_config
     from vacsr.errors import ConfigError
-    from vacsr.model.vacsr import build_model
+    from vacsr.methods.build import build_model
 
     model = build_model(load_config(overrides=["adapter.init=cosine", "adapter.hidden_dim=16",
                                                "adapter.decoder_hidden_dim=4"])).eval()

@@ -102,8 +102,8 @@ def test_class_prompts_pass_the_frozen_text_blocks_once_and_train_the_text_head(
     trunk is the frozen prefix (compact: the pooled token), computed once per run, the head every
     step, and the features and gradients are those of open_clip's whole encode_text."""
     from vacsr.config import load_config
+    from vacsr.methods.build import build_model
     from vacsr.model import prefix
-    from vacsr.model.vacsr import build_model
     from vacsr.tasks import ClassificationTask
 
     config = load_config(overrides=["model.use_gpo=false", "model.trainable_text_blocks=0",

@@ -65,12 +65,13 @@ def test_task_routes_loss_backbone_grad(task_name, setting, reading):
     from types import SimpleNamespace
 
     from vacsr.config import load_config
+    from vacsr.methods.registry import METHODS
     from vacsr.tasks import ClassificationTask, PairBatch, RetrievalTask
 
     head, image, text, labels = _case(seed=2)
     keys = labels.argmax(dim=1)  # y_ij = [keys_i == j]
     pairs = PairBatch(image, text, keys, torch.arange(5))
-    model, loss_config = (SimpleNamespace(head=head),
+    model, loss_config = (SimpleNamespace(head=head, method=METHODS["vacsr"]),
                           load_config(overrides=[f"loss.backbone_grad={setting}"]).loss)
     task = (RetrievalTask(model, loss_config) if task_name == "retrieval" else
             ClassificationTask(model, loss_config, prompt_tokens=torch.zeros(5, 4)))

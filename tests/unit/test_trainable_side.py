@@ -8,9 +8,9 @@ import torch
 
 from vacsr.config import load_config, validate
 from vacsr.errors import ConfigError
+from vacsr.methods.build import build_model
 from vacsr.model import prefix
 from vacsr.model.backbone import ClipBackbone
-from vacsr.model.vacsr import build_model
 
 
 def _trainable_blocks(backbone, tower: str) -> list[int]:

@@ -17,7 +17,6 @@ from vacsr.config.load import from_dict, load_config
 from vacsr.config.overrides import MAX_SHOWN_CHARS, apply_mapping, parse_override, set_value, shown
 from vacsr.config.schema import (
     ADAPTER_INITS,
-    ADAPTER_KINDS,
     BACKBONE_GRADS,
     LOSS_NEG_COLUMNS,
     LOSS_REDUCTIONS,
@@ -48,7 +47,7 @@ from vacsr.config.yaml_reader import (
 )
 
 __all__ = [
-    "ADAPTER_INITS", "ADAPTER_KINDS", "BACKBONE_GRADS", "LOSS_NEG_COLUMNS", "LOSS_REDUCTIONS",
+    "ADAPTER_INITS", "BACKBONE_GRADS", "LOSS_NEG_COLUMNS", "LOSS_REDUCTIONS",
     "MAX_CAPTIONS_PER_IMAGE", "MAX_CONFIG_BYTES", "MAX_IMAGE_SIZE", "MAX_SEED", "MAX_SHOWN_CHARS",
     "MAX_SPLIT_PIXEL_BYTES", "MAX_YAML_DEPTH", "SECTIONS", "TRAINABLE_SIDES", "AdapterConfig",
     "Config", "DataConfig", "LossConfig", "ModelConfig", "OptimConfig", "TrackingConfig",

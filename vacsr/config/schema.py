@@ -36,7 +36,6 @@ MAX_CAPTIONS_PER_IMAGE = 100
 # fails inside each trial instead of in one line before the first
 MAX_SEED = 2**32 - 1
 
-ADAPTER_KINDS = ("vacsr", "sigmoid_baseline")
 ADAPTER_INITS = ("random", "cosine")
 TRAINABLE_SIDES = ("first", "last")
 BACKBONE_GRADS = ("all", "recon")
@@ -48,9 +47,12 @@ LOSS_NEG_COLUMNS = ("all", "with_positive")
 
 @dataclass
 class AdapterConfig:
-    """The variational similarity adapter (paper section 3.1) or the sigmoid baseline."""
+    """The method's head: the variational similarity adapter (paper section 3.1), the sigmoid
+    baseline, or a compared method's (vacsr/methods/)."""
 
-    kind: str = "vacsr"  # "vacsr" | "sigmoid_baseline" ("w/o all components" of Table 6)
+    # the method (vacsr/methods/registry.py): "vacsr" | "sigmoid_baseline" ("w/o all components"
+    # of Table 6) | "zero_shot" | "linear_probe" | "clip_adapter" | "coop"
+    kind: str = "vacsr"
     hidden_dim: int = 512  # encoder hidden width H
     latent_dim: int = 32  # latent dimension L per component
     num_components: int = 2  # K, Gaussian mixture components (K = 1 is "w/o GMM")
@@ -68,6 +70,14 @@ class AdapterConfig:
     # (then init_logit_bias is unused), random at chance; the paper does not state the init
     # (sec. 3.1, app. C.2). docs/method.md, "The loss as implemented", measures both.
     init: str = "cosine"
+    # CLIP-Adapter (vacsr/methods/clip_adapter.py): the bottleneck's reduction (d -> d / r) and
+    # the residual ratio alpha blending the adapted image feature with CLIP's (its paper's 4, 0.2)
+    reduction: int = 4
+    residual_ratio: float = 0.2
+    # CoOp (vacsr/methods/coop.py): M learned context tokens, started at a phrase's own word
+    # embeddings (M its token count; CoCoOp's base-to-novel setting) or "random" (N(0, 0.02^2))
+    context_tokens: int = 4
+    context_init: str = "a photo of a"
 
 
 @dataclass

@@ -35,7 +35,14 @@ def validate(config: Config) -> Config:
     _check(m.trainable_text_blocks >= -1, "model.trainable_text_blocks", "-1 (all) or >= 0",
            m.trainable_text_blocks)
     _one_of("model.trainable_side", m.trainable_side, schema.TRAINABLE_SIDES)
-    _one_of("adapter.kind", a.kind, schema.ADAPTER_KINDS)
+    # adapter.kind names a method: vacsr/methods/registry.py checks it where a model is built
+    _check(bool(a.kind), "adapter.kind", "a method name", a.kind)
+    _check(a.reduction >= 1, "adapter.reduction", ">= 1", a.reduction)
+    _check(math.isfinite(a.residual_ratio) and 0 <= a.residual_ratio <= 1,
+           "adapter.residual_ratio", "a ratio in [0, 1]", a.residual_ratio)
+    _check(a.context_tokens >= 1, "adapter.context_tokens", ">= 1", a.context_tokens)
+    _check(bool(a.context_init.strip()), "adapter.context_init", "random or a phrase",
+           a.context_init)
     _check(a.hidden_dim >= 1, "adapter.hidden_dim", ">= 1", a.hidden_dim)
     _check(a.latent_dim >= 1, "adapter.latent_dim", ">= 1", a.latent_dim)
     _check(a.num_components >= 1, "adapter.num_components", "K >= 1", a.num_components)

@@ -28,6 +28,7 @@ output weights start at zero (as LoRA's second matrix), everything else is rando
 """
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -230,6 +231,9 @@ def build_head(*, kind: str, embed_dim: int, **adapter: Any) -> nn.Module:
 
 
 def head_from_config(adapter: AdapterConfig, embed_dim: int) -> nn.Module:
-    """build_head with every field of `adapter` (a config's `adapter` section)."""
+    """build_head with the fields of `adapter` (a config's `adapter` section) the adapter takes
+    (the section also holds other methods' keys: vacsr/methods/)."""
     options = asdict(adapter)
-    return build_head(kind=options.pop("kind"), embed_dim=embed_dim, **options)
+    takes = inspect.signature(VariationalSimilarityAdapter.__init__).parameters
+    return build_head(kind=options.pop("kind"), embed_dim=embed_dim,
+                      **{key: value for key, value in options.items() if key in takes})

@@ -127,12 +127,16 @@ def image_suffix(backbone, prefix: torch.Tensor, depth: int) -> torch.Tensor:
     return F.normalize(pooled, dim=-1)
 
 
-def text_prefix(backbone, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+def text_prefix(backbone, tokens: torch.Tensor, depth: int,
+                embeddings: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T) token ids -> (B, T, W) after `depth` blocks ((B, 1, W), the pooled token, when
-    compact)."""
+    compact). `embeddings` (B, T, W): the token embeddings to start from instead of the ids'
+    own (learned prompt context, vacsr/methods/coop.py); the ids still place the pooled token."""
     clip = backbone.clip
     cast = clip.transformer.get_cast_dtype()
-    x = clip.token_embedding(tokens).to(cast) + clip.positional_embedding.to(cast)
+    if embeddings is None:
+        embeddings = clip.token_embedding(tokens)
+    x = embeddings.to(cast) + clip.positional_embedding.to(cast)
     x = _run_blocks(clip.transformer, x, 0, depth, clip.attn_mask)
     if compact(backbone, "text", depth):
         return text_global_pool(x, tokens, clip.text_pool_type,

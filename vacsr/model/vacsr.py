@@ -1,18 +1,22 @@
-"""VACSR model: an open_clip backbone feeding the variational adapter (or the baseline head)."""
+"""VACSR model: an open_clip backbone feeding a method's head (the variational adapter, the
+baseline head, or a compared method's: vacsr/methods/). vacsr/methods/build.py builds it."""
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
 
-from vacsr.model.adapter import AdapterOutput, head_from_config
-from vacsr.model.backbone import ClipBackbone, build_backbone
+from vacsr.model.adapter import AdapterOutput
+from vacsr.model.backbone import ClipBackbone
 
 
 class VACSRModel(nn.Module):
-    def __init__(self, backbone: ClipBackbone, head: nn.Module) -> None:
+    def __init__(self, backbone: ClipBackbone, head: nn.Module, method: Any = None) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = head
+        self.method = method  # the vacsr.methods.Method the head belongs to
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
         return self.backbone.encode_image(images)
@@ -27,10 +31,3 @@ class VACSRModel(nn.Module):
     def score(self, image_feats: torch.Tensor, text_feats: torch.Tensor):
         """(N_i, d) x (N_t, d) -> (logits, sigma_hat or None), each (N_i, N_t); no noise."""
         return self.head.score_block(image_feats, text_feats)
-
-
-def build_model(config) -> VACSRModel:
-    """Config -> VACSRModel (backbone from config.model, head from config.adapter)."""
-    backbone = build_backbone(config.model)
-    head = head_from_config(config.adapter, backbone.embed_dim)
-    return VACSRModel(backbone, head)

@@ -54,7 +54,7 @@ def encode_split(model: VACSRModel, data, *, task: str, batch_size: int = 128,
     try:
         encode = {"autocast": autocast, "keep_on_device": keep_on_device, "cache": cache}
         image_feats = encode_images(model.backbone, data.images, batch_size=batch_size, **encode)
-        text_feats, targets = task_type(task).encode_texts(model.backbone, data, **encode)
+        text_feats, targets = task_type(task).encode_texts(model, data, **encode)
     finally:
         model.train(was_training)
     return EncodedSplit(task=task, image_feats=image_feats, text_feats=text_feats,
@@ -88,7 +88,7 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
     `device` (default: the config's train.device) in the run's precision, so the metrics are the
     ones its end-of-epoch evaluation computes."""
     from vacsr.compute_device import resolve_device
-    from vacsr.model.vacsr import build_model
+    from vacsr.methods.build import build_model
     from vacsr.train.checkpoint import check_same_architecture, load_checkpoint, load_model_state
     from vacsr.train.precision import run_precision
 
@@ -106,6 +106,10 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
         raise DataError(f"{data.dataset}: no {split!r} split (has: {', '.join(splits)})")
     model = build_model(config).to(device).eval()
     load_model_state(model, state, checkpoint_path, config)
+    if (data.dataset, data.subsample_classes) != (config.data.dataset,
+                                                  config.data.subsample_classes):
+        # classes the run never trained on: scored as its method says (vacsr/methods/)
+        model.head = model.method.unseen_head(model.head)
     part = splits[split]
     encoded = encode_split(model, part, task=data.task,
                            batch_size=max(config.train.batch_size, 64), autocast=precision,

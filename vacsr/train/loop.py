@@ -21,8 +21,10 @@ from vacsr.config import Config, public_dict, save_config
 from vacsr.data.loader import make_loader
 from vacsr.data.sampler import GlobalBatchSampler, require_one_batch
 from vacsr.errors import CheckpointError, TrainingDiverged
+from vacsr.methods.build import build_model
+from vacsr.methods.registry import method_of
 from vacsr.model.prefix_cache import open_cache
-from vacsr.model.vacsr import VACSRModel, build_model
+from vacsr.model.vacsr import VACSRModel
 from vacsr.seed import epoch_seed, seed_everything
 from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG
 from vacsr.tasks import task_type
@@ -48,6 +50,7 @@ class Trainer:
 
     def __init__(self, config: Config, *, device: torch.device | None = None) -> None:
         self.config = config
+        self.method = method_of(config.adapter.kind)  # a typo is one line before any data
         self.device = device or resolve_device(config.train.device)
         self.precision = run_precision(self.device, config.train)
         # the data first: a broken dataset is refused in one line before seconds of model
@@ -60,7 +63,8 @@ class Trainer:
         seed_everything(config.train.seed)
         self.model: VACSRModel = build_model(config).to(self.device)
         self.task = kind.for_run(self.model, config.loss, self.splits)
-        self.optimizer = build_optimizer(self.model, config.optim)
+        # a method that trains nothing (zero-shot CLIP) has no optimizer: its epochs evaluate
+        self.optimizer = build_optimizer(self.model, config.optim) if self.method.trained else None
         self.output_dir = Path(config.train.output_dir).expanduser().resolve()
         self.prefix_cache = open_cache(config.data)  # evaluation passes' frozen-prefix outputs
         self.history: list[dict] = []
@@ -109,8 +113,9 @@ class Trainer:
         return self.output_dir / CHECKPOINT_FILE
 
     def state(self, epoch: int) -> dict:
+        optimizer = self.optimizer.state_dict() if self.optimizer is not None else {}
         return {"epoch": epoch, "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "history": self.history,
+                "optimizer": optimizer, "history": self.history,
                 "config": public_dict(self.config), STATE_KEY: self.precision.name}
 
     def load_state(self, state: dict, source: str | Path = "resumed checkpoint") -> None:
@@ -124,7 +129,8 @@ class Trainer:
                          keys=ARCHITECTURE_KEYS + TRAINABLE_KEYS, hint=RESUME_HINT)
         check_resume_precision(state, self.precision, source)
         try:
-            self.optimizer.load_state_dict(state["optimizer"])
+            if self.optimizer is not None:
+                self.optimizer.load_state_dict(state["optimizer"])
         except (KeyError, ValueError) as exc:
             raise CheckpointError(f"{source}: its optimizer state does not fit this config's "
                                   f"trainable parameters ({exc.__class__.__name__}); "
@@ -164,6 +170,8 @@ class Trainer:
         """One pass over `loader`; `loss_fn(batch, step_seed)` defaults to the local loss (the
         distributed trainer passes its DDP-wrapped one)."""
         self.model.train()
+        if self.optimizer is None:  # nothing trains: the epoch is its evaluation alone
+            return {}
         seed_everything(epoch_seed(self.config.train.seed, epoch))
         loss_fn = loss_fn or (lambda batch, step_seed: self.compute_loss(batch, None, step_seed))
         optim, epochs, totals, steps = self.config.optim, self.config.train.epochs, {}, len(loader)

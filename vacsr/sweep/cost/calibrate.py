@@ -92,8 +92,8 @@ def measure_costs(config, samples: tuple[str, ...], submitted: float) -> StepCos
 
     from vacsr.compute_device import resolve_device
     from vacsr.config import set_value
+    from vacsr.methods.build import build_model
     from vacsr.model.prefix import blocks
-    from vacsr.model.vacsr import build_model
 
     config = copy.deepcopy(config)
     for key, value in (("model.pretrained", None), ("model.trainable_image_blocks", -1),

@@ -7,41 +7,12 @@ values a dataset's runs would refuse, all before Ray starts.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
-from typing import Any, Collection, Mapping, Union
+from dataclasses import replace
+from typing import Any, Collection, Mapping
 
 from vacsr.config import Config, flatten, set_value, validate
+from vacsr.config.domains import Choice, Domain, Float, Int, LogFloat
 from vacsr.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class _Range:
-    """The closed range [low, high] a key is drawn from."""
-    low: float
-    high: float
-
-
-@dataclass(frozen=True)
-class LogFloat(_Range):
-    """A float drawn on a log scale (learning rates, weight decay)."""
-
-
-@dataclass(frozen=True)
-class Float(_Range):
-    """A float drawn uniformly."""
-
-
-@dataclass(frozen=True)
-class Int(_Range):
-    """An integer drawn uniformly, both ends included."""
-
-
-@dataclass(frozen=True)
-class Choice:
-    options: tuple
-
-
-Domain = Union[LogFloat, Float, Int, Choice]
 
 
 def fixed_by(protocol: Mapping[str, Any], user: Mapping[str, Any],

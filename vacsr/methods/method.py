@@ -1,0 +1,80 @@
+"""A few-shot CLIP method as data: what trains, how a batch of features becomes class logits or
+pair scores (its head), its loss, what it searches and fixes, and how it scores classes it never
+trained on. The registry (vacsr/methods/registry.py) lists them; the trainer, the evaluation and
+the sweeps ask a method instead of branching on its name (`adapter.kind` names it in a config).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+
+from vacsr.config.domains import Domain
+
+# the keys every trained method of a sweep searches alike: the same epoch range, learning rate
+# and batch sizes (the equal budget of a comparison)
+SHARED_KEYS = ("train.epochs", "optim.lr", "train.batch_size")
+
+# a frozen CLIP (the features open_clip's encode_image / encode_text give): no block, projection
+# or embedding trains and the towers pool as CLIP does, so the whole tower is the frozen prefix
+# (vacsr/model/frozen.py) and evaluation passes reuse its cached outputs
+FROZEN_CLIP = {"model.trainable_image_blocks": 0, "model.trainable_text_blocks": 0,
+               "model.train_projections": False, "model.train_embeddings": False,
+               "model.use_gpo": False}
+
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, Any],
+                  tuple[torch.Tensor, dict]]
+
+
+def keep(head: nn.Module) -> nn.Module:
+    """Classes a method never trained on are scored by the trained head itself."""
+    return head
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method. `build_head(adapter_config, backbone)` makes its head, a module scoring
+    (image features, text features) blocks (`forward` -> AdapterOutput, `score_block` ->
+    (logits, sigma_hat or None)); `loss(head, image_feats, text_feats, labels, loss_config)` ->
+    (loss, named parts), None for a method that does not train."""
+
+    name: str
+    cites: str  # the paper (and section) the module implements
+    trains: str  # what trains, in words (a report's budget section)
+    build_head: Callable[[Any, nn.Module], nn.Module]
+    loss: LossFn | None
+    # searched keys of its own, and the sweep kind's searched keys it keeps (None: all of them)
+    space: Mapping[str, Domain] = field(default_factory=dict)
+    kind_keys: tuple[str, ...] | None = None
+    protocol: Mapping[str, Any] = field(default_factory=dict)  # config values it fixes
+    own_keys: tuple[str, ...] = ()  # config keys only this method reads
+    tasks: tuple[str, ...] = ("classification", "retrieval")
+    # how classes outside its training set (novel classes, another dataset) are scored: a head
+    # for them from the trained one, and the rule in words
+    unseen_head: Callable[[nn.Module], nn.Module] = keep
+    unseen_rule: str = "the trained head, as on the trained classes"
+    # the class prompts: (classification data, the head) -> strings; None: the dataset's own
+    # template (`data.prompts()`)
+    prompts: Callable[[Any, Any], list[str]] | None = None
+    # the image tower is frozen whole: a run may train on image features computed once
+    frozen_image_tower: bool = False
+
+    @property
+    def trained(self) -> bool:
+        return self.loss is not None
+
+    def searched(self, kind_space: Mapping[str, Domain]) -> dict[str, Domain]:
+        """What this method's trials search in a kind whose space is `kind_space`: the kind's keys
+        it keeps, then its own."""
+        kept = {key: domain for key, domain in kind_space.items()
+                if self.kind_keys is None or key in self.kind_keys}
+        return {**kept, **self.space} if self.trained else {}
+
+
+def class_prompts(model, data) -> list[str]:
+    """The prompts a model's class features come from (one per class of `data`): its method's,
+    else the dataset's template."""
+    prompts = getattr(model.method, "prompts", None)
+    return data.prompts() if prompts is None else prompts(data, model.head)
