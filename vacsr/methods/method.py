@@ -2,14 +2,15 @@
 pair scores (its head), its loss, what it searches and fixes, and how it scores classes it never
 trained on. The registry (vacsr/methods/registry.py) lists them; the trainer, the evaluation and
 the sweeps ask a method instead of branching on its name (`adapter.kind` names it in a config).
+
+A method's module is a declaration: it imports torch and open_clip only inside the functions that
+build its head and compute its loss (the heads live in vacsr/model/), so a sweep driver reads
+every method's space and protocol without the model stack.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
-
-import torch
-from torch import nn
 
 from vacsr.config.domains import Domain
 
@@ -24,13 +25,21 @@ FROZEN_CLIP = {"model.trainable_image_blocks": 0, "model.trainable_text_blocks":
                "model.train_projections": False, "model.train_embeddings": False,
                "model.use_gpo": False}
 
-LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, Any],
-                  tuple[torch.Tensor, dict]]
+# (head, image features (B, d), class or caption features (B', d), labels (B, B'), the loss
+# config) -> (loss, dict of named parts)
+LossFn = Callable[[Any, Any, Any, Any, Any], tuple[Any, dict]]
 
 
-def keep(head: nn.Module) -> nn.Module:
+def keep(head):
     """Classes a method never trained on are scored by the trained head itself."""
     return head
+
+
+def cross_entropy(head, image_feats, text_feats, labels, loss_config):
+    """Cross-entropy of each image's class logits: CoOp eq. 2, CLIP-Adapter sec. 3.2, CLAP."""
+    from vacsr.model.clip_heads import cross_entropy_loss
+
+    return cross_entropy_loss(head, image_feats, text_feats, labels, loss_config)
 
 
 @dataclass(frozen=True)
@@ -43,7 +52,7 @@ class Method:
     name: str
     cites: str  # the paper (and section) the module implements
     trains: str  # what trains, in words (a report's budget section)
-    build_head: Callable[[Any, nn.Module], nn.Module]
+    build_head: Callable[[Any, Any], Any]
     loss: LossFn | None
     # searched keys of its own, and the sweep kind's searched keys it keeps (None: all of them)
     space: Mapping[str, Domain] = field(default_factory=dict)
@@ -53,7 +62,7 @@ class Method:
     tasks: tuple[str, ...] = ("classification", "retrieval")
     # how classes outside its training set (novel classes, another dataset) are scored: a head
     # for them from the trained one, and the rule in words
-    unseen_head: Callable[[nn.Module], nn.Module] = keep
+    unseen_head: Callable[[Any], Any] = keep
     unseen_rule: str = "the trained head, as on the trained classes"
     # the class prompts: (classification data, the head) -> strings; None: the dataset's own
     # template (`data.prompts()`)

@@ -4,15 +4,17 @@ and no adapter."""
 from __future__ import annotations
 
 from vacsr.methods.method import Method
-from vacsr.model.adapter import SigmoidBaselineHead
-from vacsr.model.losses import sigmoid_loss
 
 
-def build_head(adapter, backbone) -> SigmoidBaselineHead:
+def build_head(adapter, backbone):
+    from vacsr.model.adapter import SigmoidBaselineHead
+
     return SigmoidBaselineHead()
 
 
 def loss(head, image_feats, text_feats, labels, loss_config):
+    from vacsr.model.losses import sigmoid_loss
+
     return sigmoid_loss(head(image_feats, text_feats).logits, labels)
 
 

@@ -6,18 +6,20 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from vacsr.methods.method import Method
-from vacsr.model.adapter import head_from_config
-from vacsr.model.backbone_grad import vacsr_loss_recon_to_backbone
-from vacsr.model.losses import vacsr_loss
 
 
 def build_head(adapter, backbone):
+    from vacsr.model.adapter import head_from_config
+
     return head_from_config(adapter, backbone.embed_dim)
 
 
 def loss(head, image_feats, text_feats, labels, loss_config):
     """The paper's objective; with `loss.backbone_grad: recon` only beta L_recon reaches the
     backbone (an ablation, vacsr/model/backbone_grad.py)."""
+    from vacsr.model.backbone_grad import vacsr_loss_recon_to_backbone
+    from vacsr.model.losses import vacsr_loss
+
     options = asdict(loss_config)
     if options.pop("backbone_grad") == "recon":
         return vacsr_loss_recon_to_backbone(head, image_feats, text_feats, labels, **options)

@@ -121,8 +121,10 @@ def measure_costs(config, samples: tuple[str, ...], submitted: float) -> StepCos
 
     def head_step() -> None:
         out = model.head(*feats)  # (b, b) pairs
-        sum(t.float().sum() for t in (out.logits, out.sigma_hat, out.mu, out.logvar)
-            if t is not None).backward()
+        total = sum(t.float().sum() for t in (out.logits, out.sigma_hat, out.mu, out.logvar)
+                    if t is not None)
+        if total.requires_grad:  # a head with nothing to train (zero-shot CLIP) scores alone
+            total.backward()
 
     head = _median_seconds(head_step, sync) / CALIBRATION_BATCH ** 2
     name = (f"cuda: {torch.cuda.get_device_name(device)}" if cuda

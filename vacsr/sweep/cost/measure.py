@@ -37,14 +37,14 @@ def data_root(plan: SweepPlan, synthetic_per_class: tuple[int, ...] | None) -> I
     from vacsr.data.generate import generate_all
 
     kind = plan.kind
-    names = [d for d in kind.data_needed(plan.datasets) if d not in kind.also_accepts]
+    names = [d for d in kind.data_needed(plan.data_names) if d not in kind.also_accepts]
     with tempfile.TemporaryDirectory(prefix="vacsr-plan-") as folder:
         generate_all(folder, datasets=names, per_class=tuple(synthetic_per_class))
         yield Path(folder)
 
 
 def sweep_counts(plan: SweepPlan, root: Path) -> dict[str, DatasetCounts]:
-    return {d: count_dataset(plan.kind, root, d, plan.configs[d].data.shots)
+    return {d: count_dataset(plan.kind, root, plan.dataset_of(d), plan.configs[d].data.shots)
             for d in plan.datasets}
 
 

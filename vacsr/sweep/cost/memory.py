@@ -46,7 +46,7 @@ def worst_memory(plan: SweepPlan, dataset: str) -> tuple[str, object, int]:
     own least value lowers that peak the most (narrowing it helps most); with none searched that
     lowers it, the batch size."""
     space, base = plan.spaces[dataset], plan.configs[dataset]
-    flat, prompts = flatten(base), step_prompts(plan.kind, dataset)
+    flat, prompts = flatten(base), step_prompts(plan.kind, plan.dataset_of(dataset))
     values = {key: est.values_of(space.get(key), flat[key]) for key in est.COST_KEYS}
     worst = {key: _most(key, v) for key, v in values.items()}
     peak = _peak(base, worst, prompts)

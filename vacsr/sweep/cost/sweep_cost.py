@@ -27,7 +27,7 @@ def _trial_epochs(plan: SweepPlan, dataset: str) -> list[tuple[int, ...]]:
     drawn from the space."""
     space, base = plan.spaces[dataset], plan.configs[dataset]
     first = start_point(space, base).get("train.epochs", base.train.epochs)
-    return [(first,)] + [_epoch_choices(plan, dataset)] * (plan.trials - 1)
+    return [(first,)] + [_epoch_choices(plan, dataset)] * (plan.trials_of(dataset) - 1)
 
 
 def _test_seconds(counts: DatasetCounts, costs: StepCosts) -> float:
@@ -48,7 +48,7 @@ def dataset_estimate(plan: SweepPlan, dataset: str, counts: DatasetCounts, costs
     expected = est.asha_epochs(trial_epochs, longest_epochs(space, base.train.epochs))
     upper = [sum(c) / len(c) for c in trial_epochs]
 
-    starts = 1 if trains_in_trial(base.train) else plan.trials  # one reused actor, or each
+    starts = 1 if trains_in_trial(base.train) else plan.trials_of(dataset)  # one actor, or each
 
     def search(epochs: list[float]) -> float:
         runs = [est.run_seconds(first, epochs[0], costs, counts, depths)]
@@ -56,15 +56,16 @@ def dataset_estimate(plan: SweepPlan, dataset: str, counts: DatasetCounts, costs
         return sum(runs) + starts * costs.startup + costs.teardown
 
     mean_epochs = sum(choices) / len(choices)
-    retrained = sum(seed != base.train.seed for seed in plan.seeds)  # the best trial's seed: reused
+    seeds = plan.seeds_of(dataset)
+    retrained = sum(seed != base.train.seed for seed in seeds)  # the best trial's seed: reused
     final = (costs.startup + retrained * est.mean_run_seconds(grid, mean_epochs, costs, counts,
                                                               depths)
-             + len(plan.seeds) * _test_seconds(counts, costs))
+             + len(seeds) * _test_seconds(counts, costs))
     sizes = sorted({run.batch_size for run in grid})
     return {"dataset": dataset, **{k: v for k, v in counts.as_dict().items() if k != "samples"},
             "batch_sizes": sizes, "steps_per_epoch": [counts.train // b for b in sizes[::-1]],
-            "trials": plan.trials, "epochs": [min(choices), max(choices)],
-            "trial_s": search(expected) / plan.trials,
+            "trials": plan.trials_of(dataset), "epochs": [min(choices), max(choices)],
+            "trial_s": search(expected) / plan.trials_of(dataset),
             "search_s": search(expected), "search_no_stop_s": search(upper),
             "final_s": final}
 

@@ -96,13 +96,13 @@ def _log_test(config, metrics: dict, tags: dict) -> None:
 
 def final_runs(plan: SweepPlan, dataset: str, best: dict, dataset_run_id: str,
                report: Callable[[dict], None] = lambda event: None) -> dict:
-    """Every seed's test metrics (per_seed, in plan.seeds order)."""
+    """Every seed's test metrics (per_seed, in plan.seeds_of(dataset) order)."""
     cfg = best["config"]
     reused_seed = cfg.train.seed if best.get("checkpoint") else None
     scorer = PoolScorer(plan.eval_actors, cfg.train.cpus_per_worker)
     per_seed, reused_trial = [], None
     try:
-        for seed in plan.seeds:
+        for seed in plan.seeds_of(dataset):
             config = final_config(cfg, plan, dataset, seed, dataset_run_id)
             checkpoint, tags = (_reuse_trial(plan, config, best, dataset, report)
                                 if seed == reused_seed else (None, {}))

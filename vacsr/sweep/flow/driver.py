@@ -109,7 +109,9 @@ def _run_datasets(plan: SweepPlan, state: SweepState, parent_id: str,
             + " now: the sweep waits for the autoscaler to add nodes")
     pending = [d for d in plan.datasets if not state.dataset(d).get("done")]
     progress.line(f"[{plan.name}] {len(pending)} dataset(s) to search, {parallel} at a time, "
-                  f"{per_dataset} concurrent trial(s) each, {plan.trials} trials per dataset")
+                  f"{per_dataset} concurrent trial(s) each, {plan.trials} trials per dataset"
+                  + ("" if len(set(map(plan.trials_of, plan.datasets))) == 1
+                     else " (1 where nothing is searched)"))
     if per_dataset > 1:
         progress.line(f"[{plan.name}] note: with {per_dataset} trials of a dataset at once, "
                       "ASHA's early stops depend on which trial reports first, so two runs of "
@@ -269,7 +271,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     parent.log_json(SWEEP_COST, cost)
     SweepRecords.note_costs_source(parent, cost["costs_from"])
     done = [d for d in plan.datasets if state.dataset(d).get("done")]
-    progress = SweepProgress(plan.name, plan.datasets, plan.trials, done, plan.kind.metric,
+    progress = SweepProgress(plan.name, plan.datasets, plan.trials_of, done, plan.kind.metric,
                              trial_estimate_s=trial_pace(cost))
     reserve = SpaceReserve(plan.storage)
     try:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from vacsr import config as cfg
 from vacsr.errors import ConfigError
 from vacsr.help_format import DefaultsHelp, flag_error, nonempty
+from vacsr.methods.registry import METHODS
 from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
 from vacsr.sweep.plan.folders import (
     embedded_data,
@@ -31,6 +32,15 @@ from vacsr.sweep.plan.inputs import (
     check_ray_storage,
     check_sweep_name,
     note_fewer_shots,
+)
+from vacsr.sweep.plan.methods import (
+    check_method_keys,
+    method_layers,
+    method_ranges,
+    method_space,
+    parse_methods,
+    searches_batch_size,
+    unit_name,
 )
 from vacsr.sweep.plan.plan import SweepPlan, build_config
 from vacsr.sweep.plan.studies import check_optuna_storage
@@ -132,6 +142,10 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
                    help="open_clip tag or local weights file (default: the model's own "
                         "initialisation; without --data-root the tiny CLIP pretrained once per "
                         "machine)")
+    p.add_argument("--methods", type=nonempty,
+                   help="comma-separated methods to run under the same budget, or all: "
+                        f"{', '.join(METHODS)} (default: vacsr alone); more than one adds "
+                        "report/comparison.md")
     p.add_argument("--trials", type=_positive(int),
                    help=f"trials per dataset ({default('trials')})")
     p.add_argument("--epochs", type=_positive(int),
@@ -292,6 +306,34 @@ def _user_values(args) -> dict[str, Any]:
     return user
 
 
+def _unit_configs(kind: SweepKind, datasets: list[str], methods: tuple[str, ...],
+                  layers: list[dict[str, Any]], user_keys: set[str], storage: Path,
+                  ranges: dict[str, Domain], fixed: dict[str, str], depths
+                  ) -> tuple[dict[str, cfg.Config], dict[str, dict[str, Domain]]]:
+    """Each unit's (dataset x method) base config and searched space, checked: the sweep's
+    layers, then the method's values (vacsr/sweep/plan/methods.py); a method's fixed values are
+    never searched. A dataset's units share its prefix cache: the frozen features of the
+    methods whose towers are frozen are computed once per dataset."""
+    configs, spaces = {}, {}
+    for method_name in methods:
+        method = METHODS[method_name]
+        for d in datasets:
+            unit = unit_name(d, method_name, methods)
+            own = {"data.dataset": d,
+                   "data.prefix_cache_dir": str(prefix_cache_folder(storage, d))}
+            config = build_config([layers[0], own, *layers[1:], method_layers(method)],
+                                  user_keys)
+            sizes = kind.batch_sizes.get(d, ()) if searches_batch_size(method) else ()
+            space = dataset_space(method_space(method, kind), sizes,
+                                  method_ranges(method, ranges), config.train.workers, d,
+                                  {**fixed, **dict.fromkeys(method.protocol, "")})
+            spaces[unit] = clamp_blocks(space, depths)
+            check_blocks(config, depths, unit)  # a value the runs refuse fails before Ray
+            check_space_values(spaces[unit], config, unit)
+            configs[unit] = config
+    return configs, spaces
+
+
 def _writes_to_check(uri: str) -> bool:
     """A store checked by creating it (SQLite, a file store): --plan leaves it unchecked."""
     return uri.startswith(("sqlite", "file")) or "://" not in uri
@@ -322,9 +364,11 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
         check_pretrained(args.pretrained, model)
     if args.ray_address:  # a cluster that is not there: one line now, not a wait in ray.init
         check_ray_address(args.ray_address)
+    methods = parse_methods(args.methods, kind)
     user = _user_values(args)  # each --set parsed here, once
     fixed = fixed_by(kind.protocol, user, kind.name)  # never searched (space.py)
     ranges, user_fixed = _ranges(kind, profile, args.range, fixed, user)
+    check_method_keys(methods, user, dict(parse_range(text) for text in args.range))
     storage = sweep_folder(args.storage, args.name)
     root = embedded_data(storage) if embedded else Path(args.data_root).expanduser().resolve()
     train_counts = {} if embedded else check_datasets(
@@ -332,18 +376,9 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
     tiny = embedded and profile.get("pretrain_tiny") and model == profile["model"]
     pretrained = args.pretrained or (str(embedded_weights(storage)) if tiny else None)
     shared = _base_values(kind, args, profile, root, model, pretrained)
-    own = {d: {"data.dataset": d, "data.prefix_cache_dir": str(prefix_cache_folder(storage, d))}
-           for d in datasets}
-    configs = {d: build_config([shared, own[d], dict(kind.protocol), profile.get("set", {}),
-                                user], set(user))
-               for d in datasets}
-    depths = tower_depths(model)
-    spaces = {d: clamp_blocks(dataset_space(kind.space, kind.batch_sizes.get(d, ()), ranges,
-                                            configs[d].train.workers, d, fixed), depths)
-              for d in datasets}
-    for d in datasets:  # a value the runs refuse fails here, before Ray starts
-        check_blocks(configs[d], depths, d)
-        check_space_values(spaces[d], configs[d], d)
+    configs, spaces = _unit_configs(kind, datasets, methods, [shared, dict(kind.protocol),
+                                                              profile.get("set", {}), user],
+                                    set(user), storage, ranges, fixed, tower_depths(model))
     note_fewer_shots(train_counts, configs)
     # a local instance of the sweep's own (the GPUs torch sees); one the caller started has its own
     ray = sys.modules.get("ray")  # not imported: not started either
@@ -363,7 +398,7 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
         ray_address=args.ray_address, eval_actors=args.eval_actors, verbose=args.verbose,
         device_memory_gib=args.device_memory_gib,
         synthetic_per_class=tuple(profile["synthetic_per_class"]) if embedded else None,
-        recalibrate=args.recalibrate)
+        recalibrate=args.recalibrate, methods=methods)
     _check_plan(plan, args, check_memory)
     if user_fixed:  # once per sweep, not per dataset
         print(f"--set fixes searched keys: {', '.join(user_fixed)}; every trial and final run "

@@ -45,10 +45,38 @@ class SweepPlan:
     # the embedded profile's synthetic images per class (train, val, test); None: real data
     synthetic_per_class: tuple[int, ...] | None = None
     recalibrate: bool = False  # measure the step costs even where kept (--recalibrate)
+    methods: tuple[str, ...] = ("vacsr",)  # --methods (vacsr/methods/registry.py)
 
     @property
     def datasets(self) -> list[str]:
+        """The sweep's units, each searched and reported on its own: a dataset's name, or
+        `<dataset>.<method>` when the sweep compares methods (`unit_name`)."""
         return list(self.configs)
+
+    def dataset_of(self, unit: str) -> str:
+        """The dataset a unit trains on."""
+        return self.configs[unit].data.dataset
+
+    def method_of(self, unit: str) -> str:
+        """The method a unit runs (its config's adapter.kind: vacsr/methods/)."""
+        return self.configs[unit].adapter.kind
+
+    @property
+    def data_names(self) -> list[str]:
+        """The datasets the units train on, each once, in order."""
+        return list(dict.fromkeys(self.dataset_of(unit) for unit in self.configs))
+
+    def trials_of(self, unit: str) -> int:
+        """A unit's trials: the sweep's, or 1 where nothing is searched (zero-shot CLIP, every
+        key fixed): more trials would run the same configuration again."""
+        return self.trials if self.spaces[unit] else 1
+
+    def seeds_of(self, unit: str) -> tuple[int, ...]:
+        """A unit's final seeds: the sweep's, or the first alone for a method that trains
+        nothing (its one evaluation: no seed changes it)."""
+        from vacsr.methods.registry import method_of
+
+        return self.seeds if method_of(self.method_of(unit)).trained else self.seeds[:1]
 
     @property
     def ray_root(self) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 from tqdm import tqdm
 
@@ -16,13 +16,17 @@ PLAN_WEIGHT = 2  # measured trials the plan's estimate counts as in the ETA
 
 
 class SweepProgress:
-    def __init__(self, name: str, datasets: list[str], trials_per_dataset: int, done: list[str],
+    def __init__(self, name: str, datasets: list[str], trials_per_dataset: int | Callable,
+                 done: list[str],
                  metric: str, stream: TextIO | None = None, interval_s: float = 60.0,
                  trial_estimate_s: float | None = None) -> None:
         self.name, self.metric, self.stream = name, metric, stream or sys.stderr
         self.datasets = {d: "done" if d in done else "waiting" for d in datasets}
-        self.trials = {d: trials_per_dataset if d in done else 0 for d in datasets}
-        self.total = trials_per_dataset * len(datasets)
+        # trials per dataset: one number, or a function of the dataset (SweepPlan.trials_of)
+        of = trials_per_dataset if callable(trials_per_dataset) else lambda d: trials_per_dataset
+        self.planned = {d: int(of(d)) for d in datasets}
+        self.trials = {d: self.planned[d] if d in done else 0 for d in datasets}
+        self.total = sum(self.planned.values())
         self.best: dict[str, float] = {}
         self.interval_s, self.last_status = interval_s, time.monotonic()
         self.start, self.start_done = time.monotonic(), sum(self.trials.values())
@@ -83,8 +87,8 @@ class SweepProgress:
     def finished(self, dataset: str, failed: str | None = None) -> None:
         self.datasets[dataset] = "failed" if failed else "done"
         if self.bar is not None:  # trials ASHA never started still count as done
-            self.bar.update(max(0, self.bar.total // len(self.datasets) - self.trials[dataset]))
-        self.trials[dataset] = self.total // len(self.datasets)
+            self.bar.update(max(0, self.planned[dataset] - self.trials[dataset]))
+        self.trials[dataset] = self.planned[dataset]
         self.line(f"[{self.name}] {dataset}: " + (f"FAILED: {failed}" if failed else "done"))
         self._refresh()
 

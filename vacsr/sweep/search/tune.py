@@ -86,7 +86,7 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
         trainable,
         tune_config=tune.TuneConfig(
             metric=plan.kind.metric, mode=plan.kind.mode, search_alg=search,
-            num_samples=plan.trials,
+            num_samples=plan.trials_of(dataset),
             # the schedule the cost estimate reads too (vacsr/sweep/spec/schedule.py)
             scheduler=RecordingASHA(stops, ASHA, max_epochs, time_attr="epoch"),
             max_concurrent_trials=max_concurrent,

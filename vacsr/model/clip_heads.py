@@ -1,0 +1,165 @@
+"""The heads of the methods that keep CLIP's own scoring (vacsr/methods/): exp(t) cos(v, w) with
+CLIP's learned temperature t (Radford et al., 2021, sec. 2.3), frozen at the backbone's value, on
+image features v and class features w that each method changes its own way:
+
+- CosineHead: zero-shot CLIP, the prompts' features as they are;
+- PrototypeHead: the linear probe of CLAP (ZS-LP), w_c = t_c + delta_c trained from delta = 0;
+- ResidualAdapterHead: CLIP-Adapter's residual bottleneck MLP on v (its eq. 2-3);
+- PromptContextHead: CoOp's learned context before the class name, through the frozen text tower.
+
+Each is zero-shot CLIP exactly at its identity point (delta = 0, ratio 0, a context started at a
+template's own words), which tests/unit/test_methods.py holds them to.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vacsr.errors import ConfigError
+from vacsr.model import prefix
+from vacsr.model.adapter import AdapterOutput
+
+
+def clip_logit_scale(backbone) -> float:
+    """log of CLIP's temperature scale (log 100 for OpenAI's weights)."""
+    return float(backbone.clip.logit_scale.detach().float())
+
+
+class CosineHead(nn.Module):
+    """exp(t) cos(image, text) over a (B, B') block; subclasses change the image features
+    (`image_side`) or the class features (`text_side`). No sigma_hat."""
+
+    def __init__(self, *, logit_scale: float) -> None:
+        super().__init__()
+        # a buffer: saved with the checkpoint, never trained
+        self.register_buffer("logit_scale", torch.tensor(float(logit_scale)))
+
+    def image_side(self, image_feats: torch.Tensor) -> torch.Tensor:
+        return image_feats
+
+    def text_side(self, text_feats: torch.Tensor) -> torch.Tensor:
+        return text_feats
+
+    def forward(self, image_feats: torch.Tensor, text_feats: torch.Tensor,
+                sample: bool | None = None) -> AdapterOutput:
+        image = F.normalize(self.image_side(image_feats), dim=-1)  # (B, d)
+        text = F.normalize(self.text_side(text_feats), dim=-1)  # (B', d)
+        return AdapterOutput(logits=self.logit_scale.exp() * image @ text.T, sigma_hat=None)
+
+    @torch.no_grad()
+    def score_block(self, queries: torch.Tensor, items: torch.Tensor):
+        return self.forward(queries, items).logits, None
+
+
+def cross_entropy_loss(head: nn.Module, image_feats: torch.Tensor, text_feats: torch.Tensor,
+                       labels: torch.Tensor, loss_config) -> tuple[torch.Tensor, dict]:
+    """Cross-entropy of each image's class logits (CoOp eq. 2, CLIP-Adapter sec. 3.2, CLAP's
+    linear probe): `labels` (B, C) one-hot rows of y_ij."""
+    logits = head(image_feats, text_feats).logits  # (B, C)
+    loss = F.cross_entropy(logits, labels.argmax(dim=1))
+    return loss, {"ce": loss.detach()}
+
+
+class PrototypeHead(CosineHead):
+    """exp(t) cos(v, t_c + delta_c); delta (C, d) is sized to the training classes (`fit_classes`)
+    and, when a checkpoint is loaded, to the classes it holds."""
+
+    def __init__(self, *, logit_scale: float, embed_dim: int) -> None:
+        super().__init__(logit_scale=logit_scale)
+        self.delta = nn.Parameter(torch.zeros(0, embed_dim))  # (C, d) once fitted
+
+    def fit_classes(self, count: int) -> None:
+        """One zero residual per training class (before the optimizer is built)."""
+        self.delta = nn.Parameter(self.delta.new_zeros(count, self.delta.shape[1]))
+
+    def text_side(self, text_feats: torch.Tensor) -> torch.Tensor:
+        if text_feats.shape[0] != self.delta.shape[0]:
+            raise ValueError(f"linear probe: {text_feats.shape[0]} class features for "
+                             f"{self.delta.shape[0]} trained prototypes; classes it did not "
+                             "train on are scored by unseen_head")
+        return text_feats + self.delta  # (C, d)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        stored = state_dict.get(prefix + "delta")
+        if stored is not None and stored.shape != self.delta.shape:  # the checkpoint's classes
+            self.fit_classes(stored.shape[0])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+def zero_shot_prototypes(head: PrototypeHead) -> CosineHead:
+    """The head for classes it never trained on: their prompt features alone."""
+    return CosineHead(logit_scale=float(head.logit_scale)).to(head.logit_scale.device)
+
+
+class ResidualAdapterHead(CosineHead):
+    def __init__(self, *, logit_scale: float, embed_dim: int, reduction: int,
+                 residual_ratio: float) -> None:
+        super().__init__(logit_scale=logit_scale)
+        hidden = max(1, embed_dim // reduction)
+        # no biases, ReLU after both layers: the paper's eq. 2
+        self.adapter = nn.Sequential(nn.Linear(embed_dim, hidden, bias=False), nn.ReLU(),
+                                     nn.Linear(hidden, embed_dim, bias=False), nn.ReLU())
+        self.residual_ratio = residual_ratio
+
+    def image_side(self, image_feats: torch.Tensor) -> torch.Tensor:
+        ratio = self.residual_ratio
+        return ratio * self.adapter(image_feats) + (1.0 - ratio) * image_feats  # (B, d)
+
+
+PLACEHOLDER = "X"  # one token of CLIP's BPE: its embeddings are replaced by the context
+RANDOM_INIT = "random"
+INIT_STD = 0.02  # CoOp's N(0, 0.02^2)
+
+
+def phrase_tokens(backbone, phrase: str) -> torch.Tensor:
+    """The token ids of `phrase` between its start and end tokens: (M,)."""
+    ids = backbone.tokenize([phrase])[0]  # (T,)
+    end = int(ids.argmax())  # EOT: the highest id in the vocabulary
+    return ids[1:end]
+
+
+class PromptContextHead(CosineHead):
+    """CLIP's scoring of prompts whose first M word embeddings are the learned `context`."""
+
+    def __init__(self, *, logit_scale: float, context: torch.Tensor, words: str) -> None:
+        super().__init__(logit_scale=logit_scale)
+        self.context = nn.Parameter(context.detach().clone())  # (M, W)
+        self.words = words  # the prompts' M words before the class name, replaced by `context`
+
+    def encode_prompts(self, backbone, tokens: torch.Tensor) -> torch.Tensor:
+        """(C, T) prompt ids, each "<SOT> M placeholders name. <EOT>" -> (C, D) normalised class
+        features through the frozen text tower, with the gradient reaching the context."""
+        clip = backbone.clip
+        m = self.context.shape[0]
+        if m + 3 > tokens.shape[1]:  # <SOT>, the context, a word of the name, <EOT>
+            raise ConfigError(f"adapter.context_tokens: {m} context tokens leave no room for a "
+                              f"class name in {backbone.name}'s {tokens.shape[1]} text positions")
+        words = clip.token_embedding(tokens)  # (C, T, W)
+        context = self.context.to(words.dtype)[None].expand(tokens.shape[0], -1, -1)
+        embeddings = torch.cat([words[:, :1], context, words[:, 1 + context.shape[1]:]], dim=1)
+        depth = len(prefix.blocks(clip, "text"))  # the whole tower, as its frozen path runs it
+        hidden = prefix.text_prefix(backbone, tokens, depth, embeddings=embeddings)
+        return prefix.text_suffix(backbone, hidden, tokens, depth)
+
+
+def initial_context(adapter, backbone) -> torch.Tensor:
+    """(M, W) context: a phrase's own token embeddings, or N(0, 0.02^2) draws."""
+    embedding = backbone.clip.token_embedding
+    if adapter.context_init == RANDOM_INIT:
+        return torch.randn(adapter.context_tokens, embedding.weight.shape[1]) * INIT_STD
+    with torch.no_grad():
+        return embedding(phrase_tokens(backbone, adapter.context_init)).float()
+
+
+def context_words(adapter) -> str:
+    """The words the context replaces: M placeholders, or the init phrase itself (its tokens are
+    the context's M positions)."""
+    if adapter.context_init == RANDOM_INIT:
+        return " ".join([PLACEHOLDER] * adapter.context_tokens)
+    return adapter.context_init
+
+
+def context_prompts(data, head: PromptContextHead) -> list[str]:
+    """"<context words> <class name>." per class; the words' embeddings become the context."""
+    return [f"{head.words} {name.replace('_', ' ')}." for name in data.classnames]

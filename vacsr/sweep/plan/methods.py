@@ -1,0 +1,95 @@
+"""`--methods`: which methods a sweep runs (vacsr/methods/registry.py), each as units of its own
+(one per dataset) under one budget: the same trials, seeds, epoch range, few-shot sample and
+selection on the val split. Every check here runs before Ray starts."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from vacsr.config import shown
+from vacsr.errors import ConfigError
+from vacsr.methods.method import Method
+from vacsr.methods.registry import METHODS
+from vacsr.sweep.spec.kind import SweepKind
+from vacsr.sweep.spec.space import Domain
+
+DEFAULT_METHODS = ("vacsr",)
+ALL = "all"
+
+
+def parse_methods(text: str | None, kind: SweepKind) -> tuple[str, ...]:
+    """--methods a,b,c (or `all`: every method of the kind's task) -> their names, in order."""
+    if text is None:
+        return DEFAULT_METHODS
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if names == [ALL]:
+        return tuple(m.name for m in METHODS.values() if kind.task in m.tasks)
+    known = ", ".join(METHODS)
+    for name in names:
+        if name not in METHODS:
+            raise ConfigError(f"--methods: unknown method {name!r}; the methods are {known} "
+                              f"(or {ALL})")
+        if kind.task not in METHODS[name].tasks:
+            raise ConfigError(f"--methods: {name} runs on {', '.join(METHODS[name].tasks)} "
+                              f"only, not the {kind.name} sweep's {kind.task}")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConfigError(f"--methods: {', '.join(repeated)} named twice; name each once")
+    if not names:
+        raise ConfigError(f"--methods: expected method names ({known}) or {ALL}")
+    return tuple(names)
+
+
+def unit_name(dataset: str, method: str, methods: tuple[str, ...]) -> str:
+    """A unit's name: the dataset's where the sweep runs one method (so a VACSR sweep's names,
+    studies and records are those it always had), else `<dataset>.<method>`."""
+    return dataset if len(methods) == 1 else f"{dataset}.{method}"
+
+
+def kept_keys(method: Method, keys) -> list[str]:
+    """Of `keys`, those a method's trials may search."""
+    if not method.trained:
+        return []
+    return [k for k in keys if method.kind_keys is None or k in method.kind_keys
+            or k in method.space]
+
+
+def check_method_keys(methods: tuple[str, ...], user: Mapping[str, Any],
+                      user_ranges: Mapping[str, Domain]) -> None:
+    """A --set or --range the chosen methods do not have, or a --set against a value a method
+    fixes: one line naming the methods."""
+    chosen = [METHODS[name] for name in methods]
+    for key, value in user.items():
+        owners = [m.name for m in METHODS.values() if key in m.own_keys]
+        if owners and not set(owners) & set(methods):
+            raise ConfigError(f"--set {key}: only {', '.join(owners)} read it, and --methods "
+                              f"runs {', '.join(methods)}")
+        for method in chosen:
+            fixed = method.protocol.get(key, value)
+            if fixed != value:
+                raise ConfigError(f"--set {key}={shown(value)}: {method.name} fixes it at "
+                                  f"{shown(fixed)} ({method.trains}); leave {method.name} out of "
+                                  "--methods or this --set out")
+    for key in user_ranges:
+        if not any(kept_keys(method, [key]) for method in chosen):
+            searchers = [m.name for m in METHODS.values() if kept_keys(m, [key])]
+            raise ConfigError(f"--range {key}: none of {', '.join(methods)} searches it"
+                              + (f" ({', '.join(searchers)} do)" if searchers else ""))
+
+
+def method_layers(method: Method) -> dict[str, Any]:
+    """The config values a method's units take beside the sweep's: its name and what it fixes."""
+    return {"adapter.kind": method.name, **method.protocol}
+
+
+def method_ranges(method: Method, ranges: Mapping[str, Domain]) -> dict[str, Domain]:
+    """The sweep's ranges (the profile's and --range) a method's trials search."""
+    return {key: ranges[key] for key in kept_keys(method, ranges)}
+
+
+def method_space(method: Method, kind: SweepKind) -> dict[str, Domain]:
+    """The kind's space as the method searches it, its own keys added."""
+    return method.searched(kind.space)
+
+
+def searches_batch_size(method: Method) -> bool:
+    return bool(kept_keys(method, ["train.batch_size"]))
