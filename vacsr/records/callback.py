@@ -15,7 +15,7 @@ from vacsr.config import Config
 from vacsr.errors import ConfigError
 from vacsr.paths import absolute_path
 from vacsr.plots import plot_training_curves
-from vacsr.records.names import RUN_KEY_TAG
+from vacsr.records.names import METHOD_TAG, RUN_KEY_TAG
 from vacsr.records.tracker import MlflowTracker, open_tracker
 from vacsr.records.uri import check_tracking_uri, redact_uri, resolve_tracking_uri
 from vacsr.train.run_files import METRICS_FILE
@@ -79,7 +79,8 @@ class TrackingCallback:
         run_id = tracker.start_recorded(
             FolderRecord(output_dir, uri, experiment, resume), experiment,
             run_name or output_dir.name, restart_lost=True, parent_run_id=parent_run_id,
-            tags={"vacsr.output_dir": str(output_dir), **(tags or {})})
+            tags={"vacsr.output_dir": str(output_dir), METHOD_TAG: config.adapter.kind,
+                  **(tags or {})})
         tracker.log_config(config)
         callback = cls(uri, run_id, output_dir, metric=metric, mode=mode)
         callback._tracker = tracker

@@ -20,7 +20,7 @@ from typing import Any
 from mlflow.entities import Metric, RunTag
 
 from vacsr.errors import ConfigError
-from vacsr.records.names import PARENT_TAG
+from vacsr.records.names import METHOD_TAG, PARENT_TAG
 from vacsr.records.sweep_state import SweepState, start_recorded_run
 from vacsr.records.tracker import MlflowTracker, open_tracker
 from vacsr.records.uri import redact_uri, resolve_tracking_uri
@@ -80,12 +80,13 @@ class SweepRecords:
         tracker.set_tag(COSTS_MEASURED_TAG, costs_from["measured_at"])
 
     def start_dataset_run(self, state: SweepState, dataset: str, sweep: str,
-                          parent_run_id: str) -> str:
+                          parent_run_id: str, method: str = "vacsr") -> str:
         """A dataset's run under the sweep's, started or continued as sweep_state.json records
         it; its id (its Ray task continues it: `continue_run`)."""
         return start_recorded_run(open_tracker(self.tracking_uri), state, dataset,
                                   self.experiment, dataset, parent_run_id=parent_run_id,
-                                  tags={DATASET_TAG: dataset, SWEEP_TAG: sweep})
+                                  tags={DATASET_TAG: dataset, SWEEP_TAG: sweep,
+                                        METHOD_TAG: method})
 
     def continue_run(self, run_id: str) -> MlflowTracker:
         """A tracker holding the existing run `run_id` (status back to RUNNING)."""

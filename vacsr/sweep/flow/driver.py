@@ -41,6 +41,7 @@ from vacsr.sweep.plan.ownership import claim_state
 from vacsr.sweep.plan.plan import SweepPlan, short_of, sweep_parallelism, trial_needs
 from vacsr.sweep.plan.studies import check_optuna_storage, fail_running_trials, open_optuna_storage
 from vacsr.sweep.report.importance import importance_section
+from vacsr.sweep.report.methods_report import write_method_reports
 from vacsr.sweep.report.progress import SweepProgress
 from vacsr.sweep.report.table import write_report
 from vacsr.sweep.search.recovery import SpaceReserve, storage_failure, tracking_failure
@@ -152,7 +153,7 @@ def _run_datasets(plan: SweepPlan, state: SweepState, parent_id: str,
 def _dataset_run(plan: SweepPlan, state: SweepState, dataset: str, parent_id: str) -> str:
     """The dataset's run, started crash-safely (vacsr/records/sweep_state.py) before its task."""
     return SweepRecords(plan.tracking_uri, plan.kind.experiment).start_dataset_run(
-        state, dataset, plan.name, parent_id)
+        state, dataset, plan.name, parent_id, plan.method_of(dataset))
 
 
 def _finish_dataset(plan: SweepPlan, state: SweepState, dataset: str, ref) -> str | None:
@@ -301,8 +302,12 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     reserve.release()
     progress.close()
     results = state.finished(plan.datasets)
-    rows, paths, text = write_report(plan.kind, results, failed, report_folder(plan.storage),
-                                     sections=importance_section(results, plan.kind.metric))
+    if len(plan.methods) > 1:  # each method's table and their comparison
+        rows, paths, text = write_method_reports(plan, results, failed,
+                                                 report_folder(plan.storage))
+    else:
+        rows, paths, text = write_report(plan.kind, results, failed, report_folder(plan.storage),
+                                         sections=importance_section(results, plan.kind.metric))
     for path in paths:
         parent.log_artifact(path)
     publish_table(parent, plan, rows, {d: state.dataset(d).get("run_id") for d in plan.datasets})

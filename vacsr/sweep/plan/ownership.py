@@ -43,8 +43,11 @@ def sweep_settings(plan: SweepPlan) -> dict[str, Any]:
         return {k: repr(v) for k, v in flatten(plan.configs[dataset]).items()
                 if k not in RESOURCE_KEYS}
 
-    return {"datasets": plan.datasets, "trials": plan.trials, "seeds": list(plan.seeds),
-            "seed": plan.sampler_seed, "concurrent-trials": plan.concurrent_trials,
+    # --methods is recorded where it is not VACSR alone, so a VACSR sweep's record is unchanged
+    methods = {} if plan.methods == ("vacsr",) else {"methods": list(plan.methods)}
+    return {"datasets": plan.datasets, **methods, "trials": plan.trials,
+            "seeds": list(plan.seeds), "seed": plan.sampler_seed,
+            "concurrent-trials": plan.concurrent_trials,
             "configs": {d: config(d) for d in plan.datasets},
             "spaces": {d: {k: repr(v) for k, v in plan.spaces[d].items()} for d in plan.datasets}}
 
@@ -53,8 +56,8 @@ def _differences(recorded: dict, current: dict) -> list[str]:
     """`--flag old -> new` for the plain settings, `dataset: key` for configs and spaces."""
     diffs = [f"--{key} {shown(recorded[key], joined=True)} -> "
              f"{shown(current[key], joined=True)}"
-             for key in ("datasets", "trials", "seeds", "seed", "concurrent-trials")
-             if key in recorded and recorded[key] != current[key]]
+             for key in ("datasets", "methods", "trials", "seeds", "seed", "concurrent-trials")
+             if key in recorded and recorded[key] != current.get(key, ["vacsr"])]
     for part, label in (("configs", "config"), ("spaces", "search range")):
         for dataset, values in current[part].items():
             old = recorded.get(part, {}).get(dataset)
@@ -74,7 +77,8 @@ def _studies_of(plan: SweepPlan) -> list[str]:
         names = {s.study_name for s in storage.get_all_studies()}
     finally:
         storage.engine.dispose()
-    return sorted(n for n in names if n in {f"{plan.name}-{d}" for d in plan.kind.datasets})
+    own = {f"{plan.name}-{d}" for d in plan.kind.datasets}  # a unit: <dataset>[.<method>]
+    return sorted(n for n in names if n in own or n.rpartition(".")[0] in own)
 
 
 def claim_state(plan: SweepPlan,

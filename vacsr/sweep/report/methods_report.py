@@ -1,0 +1,58 @@
+"""The report of a sweep that runs several methods (`--methods`): each method's own table
+(report/methods/<method>/results.md, as a one-method sweep writes it) and the comparison of all of
+them (report/comparison.md, vacsr/sweep/report/comparison.py) under the budget each got."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from vacsr.methods.registry import METHODS
+from vacsr.results import table_spec
+from vacsr.sweep.plan.plan import SweepPlan
+from vacsr.sweep.report.comparison import write_comparison
+from vacsr.sweep.report.importance import importance_section
+from vacsr.sweep.report.table import readable, write_report
+
+METHODS_FOLDER = "methods"
+
+
+def method_budget(plan: SweepPlan, unit: str) -> dict:
+    """What one unit's method got: the same for every trained method of a sweep (the trials,
+    seeds, epochs, shots and selection), and what it searched."""
+    config, space = plan.configs[unit], plan.spaces[unit]
+    epochs = space.get("train.epochs")
+    return {"trials": plan.trials_of(unit), "seeds": list(plan.seeds_of(unit)),
+            "epochs": (f"{epochs.low}-{epochs.high}" if epochs is not None
+                       else readable(config.train.epochs)),
+            "shots": config.data.shots, "selection": plan.kind.metric,
+            "trains": METHODS[plan.method_of(unit)].trains,
+            "searched": ", ".join(space) or "nothing"}
+
+
+def write_method_reports(plan: SweepPlan, results: dict[str, dict], failed: dict[str, str],
+                         folder: Path) -> tuple[list[dict], list[Path], str]:
+    """Each method's tables, then the comparison; returns the units' rows (named by unit, for
+    their runs' table/* metrics; no average over methods), every path and the console text."""
+    rows, paths = [], []
+    by_method: dict[str, dict] = {m: {} for m in plan.methods}
+    failed_by: dict[str, dict] = {m: {} for m in plan.methods}
+    budget: dict[str, dict] = {}
+    for method in plan.methods:
+        units = [u for u in plan.datasets if plan.method_of(u) == method]
+        own = {u: results[u] for u in units if u in results}
+        own_failed = {u: failed[u] for u in units if u in failed}
+        budget[method] = method_budget(plan, units[0])
+        for unit in units:
+            if unit in own:
+                by_method[method][plan.dataset_of(unit)] = own[unit]
+            if unit in own_failed:
+                failed_by[method][plan.dataset_of(unit)] = own_failed[unit]
+        if not own and not own_failed:
+            continue
+        method_rows, method_paths, _ = write_report(
+            plan.kind, own, own_failed, folder / METHODS_FOLDER / method,
+            sections=importance_section(own, plan.kind.metric))
+        rows += [r for r in method_rows if r["dataset"] != "average"]
+        paths += method_paths
+    _, comparison_paths, text = write_comparison(table_spec(plan.kind.table), by_method,
+                                                 failed_by, budget, folder)
+    return rows, paths + comparison_paths, text
