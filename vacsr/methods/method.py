@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from vacsr.config.domains import Domain
+from vacsr.errors import ConfigError
 
 # the keys every trained method of a sweep searches alike: the same epoch range, learning rate
 # and batch sizes (the equal budget of a comparison)
@@ -64,6 +65,12 @@ class Method:
     @property
     def trained(self) -> bool:
         return self.loss is not None
+
+    def check_task(self, task: str) -> None:
+        """One line when `task` (a config's data.task) is not one this method scores."""
+        if task not in self.tasks:
+            raise ConfigError(f"adapter.kind: {self.name} supports data.task "
+                              f"{' or '.join(self.tasks)}, not {task!r}")
 
     def searched(self, kind_space: Mapping[str, Domain]) -> dict[str, Domain]:
         """What this method's trials search in a kind whose space is `kind_space`: the kind's keys

@@ -51,6 +51,7 @@ class Trainer:
     def __init__(self, config: Config, *, device: torch.device | None = None) -> None:
         self.config = config
         self.method = method_of(config.adapter.kind)  # a typo is one line before any data
+        self.method.check_task(config.data.task)  # a classifier's head has no retrieval path
         self.device = device or resolve_device(config.train.device)
         self.precision = run_precision(self.device, config.train)
         # the data first: a broken dataset is refused in one line before seconds of model
