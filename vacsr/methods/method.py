@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from vacsr.config.domains import Domain
+from vacsr.errors import ConfigError
 
 # the keys every trained method of a sweep searches alike: the same epoch range, learning rate
 # and batch sizes (the equal budget of a comparison)
@@ -73,6 +74,24 @@ class Method:
     @property
     def trained(self) -> bool:
         return self.loss is not None
+
+    def check_task(self, task: str) -> None:
+        """One line when `task` (a config's data.task) is not one this method scores."""
+        if task not in self.tasks:
+            raise ConfigError(f"adapter.kind: {self.name} supports data.task "
+                              f"{' or '.join(self.tasks)}, not {task!r}")
+
+    def check_config(self, values: Mapping[str, Any]) -> None:
+        """One line when a config's flat `values` contradict what this method fixes (a frozen
+        CLIP for the compared methods): the method would silently be another one."""
+        wrong = {key: value for key, value in self.protocol.items() if values.get(key) != value}
+        if wrong:
+            fixes = " ".join(f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+                             for key, value in wrong.items())
+            raise ConfigError(f"adapter.kind: {self.name} runs with {fixes} ({self.trains}); "
+                              "this config has " + ", ".join(
+                                  f"{key}={values.get(key)}" for key in wrong)
+                              + "; set those values")
 
     def searched(self, kind_space: Mapping[str, Domain]) -> dict[str, Domain]:
         """What this method's trials search in a kind whose space is `kind_space`: the kind's keys

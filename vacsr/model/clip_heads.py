@@ -131,10 +131,6 @@ class PromptContextHead(CosineHead):
         """(C, T) prompt ids, each "<SOT> M placeholders name. <EOT>" -> (C, D) normalised class
         features through the frozen text tower, with the gradient reaching the context."""
         clip = backbone.clip
-        m = self.context.shape[0]
-        if m + 3 > tokens.shape[1]:  # <SOT>, the context, a word of the name, <EOT>
-            raise ConfigError(f"adapter.context_tokens: {m} context tokens leave no room for a "
-                              f"class name in {backbone.name}'s {tokens.shape[1]} text positions")
         words = clip.token_embedding(tokens)  # (C, T, W)
         context = self.context.to(words.dtype)[None].expand(tokens.shape[0], -1, -1)
         embeddings = torch.cat([words[:, :1], context, words[:, 1 + context.shape[1]:]], dim=1)
@@ -147,9 +143,27 @@ def initial_context(adapter, backbone) -> torch.Tensor:
     """(M, W) context: a phrase's own token embeddings, or N(0, 0.02^2) draws."""
     embedding = backbone.clip.token_embedding
     if adapter.context_init == RANDOM_INIT:
-        return torch.randn(adapter.context_tokens, embedding.weight.shape[1]) * INIT_STD
-    with torch.no_grad():
-        return embedding(phrase_tokens(backbone, adapter.context_init)).float()
+        context = torch.randn(adapter.context_tokens, embedding.weight.shape[1]) * INIT_STD
+    else:
+        with torch.no_grad():
+            context = embedding(phrase_tokens(backbone, adapter.context_init)).float()
+    check_room(adapter, backbone, context.shape[0])
+    return context
+
+
+def check_room(adapter, backbone, m: int) -> None:
+    """One line, as the model is built (before a run writes anything), when M context tokens
+    leave no room for a class name: <SOT>, the context, a word of the name, <EOT>."""
+    positions = int(backbone.clip.context_length)
+    if m + 3 <= positions:
+        return
+    if adapter.context_init == RANDOM_INIT:
+        raise ConfigError(f"adapter.context_tokens: {m} context tokens leave no room for a class "
+                          f"name in {backbone.name}'s {positions} text positions; expected at "
+                          f"most {positions - 3}")
+    raise ConfigError(f"adapter.context_init: {adapter.context_init!r} is {m} tokens, which leave "
+                      f"no room for a class name in {backbone.name}'s {positions} text "
+                      f"positions; expected a phrase of at most {positions - 3} tokens")
 
 
 def context_words(adapter) -> str:

@@ -89,6 +89,7 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
     ones its end-of-epoch evaluation computes."""
     from vacsr.compute_device import resolve_device
     from vacsr.methods.build import build_model
+    from vacsr.methods.registry import method_of
     from vacsr.train.checkpoint import check_same_architecture, load_checkpoint, load_model_state
     from vacsr.train.precision import run_precision
 
@@ -101,13 +102,13 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
                    subsample_classes=config.data.subsample_classes if subsample is None
                    else subsample)
     kind = task_type(data.task)
+    method_of(config.adapter.kind).check_task(data.task)
     splits = kind.build_splits(data, config.train.seed)
     if split not in splits:
         raise DataError(f"{data.dataset}: no {split!r} split (has: {', '.join(splits)})")
     model = build_model(config).to(device).eval()
     load_model_state(model, state, checkpoint_path, config)
-    if (data.dataset, data.subsample_classes) != (config.data.dataset,
-                                                  config.data.subsample_classes):
+    if (data.dataset, data.subsample_classes) != trained_classes(state, config):
         # classes the run never trained on: scored as its method says (vacsr/methods/)
         model.head = model.method.unseen_head(model.head)
     part = splits[split]
@@ -124,6 +125,17 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
     encoded.text_feats = encoded.text_feats.float().cpu()
     encoded.head = model.head.cpu().eval()
     return encoded
+
+
+def trained_classes(state: dict, config) -> tuple[str, str]:
+    """(data.dataset, data.subsample_classes) a checkpoint's run trained on: its stored config's,
+    since `vacsr eval` names the evaluated classes by overriding that config; the config's where
+    the checkpoint stores none."""
+    stored = state.get("config")
+    trained = stored.get("data") if isinstance(stored, dict) else None
+    if isinstance(trained, dict) and {"dataset", "subsample_classes"} <= trained.keys():
+        return trained["dataset"], trained["subsample_classes"]
+    return config.data.dataset, config.data.subsample_classes
 
 
 def score_encoded(encoded: EncodedSplit, *, scorer=None, device=None,

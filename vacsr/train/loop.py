@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from vacsr.atomic import atomic_write_json
 from vacsr.compute_device import resolve_device
-from vacsr.config import Config, public_dict, save_config
+from vacsr.config import Config, flatten, public_dict, save_config
 from vacsr.data.loader import make_loader
 from vacsr.data.sampler import GlobalBatchSampler, require_one_batch
 from vacsr.errors import CheckpointError, TrainingDiverged
@@ -51,6 +51,8 @@ class Trainer:
     def __init__(self, config: Config, *, device: torch.device | None = None) -> None:
         self.config = config
         self.method = method_of(config.adapter.kind)  # a typo is one line before any data
+        self.method.check_task(config.data.task)  # a classifier's head has no retrieval path
+        self.method.check_config(flatten(config))  # e.g. a linear probe on a frozen CLIP
         self.device = device or resolve_device(config.train.device)
         self.precision = run_precision(self.device, config.train)
         # the data first: a broken dataset is refused in one line before seconds of model

@@ -108,6 +108,9 @@ def final_runs(plan: SweepPlan, dataset: str, best: dict, dataset_run_id: str,
                                 if seed == reused_seed else (None, {}))
             reused_trial = tags.get(REUSED_TAG, reused_trial)
             if checkpoint is None:
+                # the evaluation actors' CPUs (or GPUs) are the run's: held across it, datasets
+                # finishing at once on a full cluster each wait for the others' for ever
+                scorer.shutdown()
                 trained = fit_ray(config, name=f"{dataset}-seed{seed}")
                 for line in trained.notes:
                     report({"event": "note", "dataset": dataset,

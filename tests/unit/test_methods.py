@@ -1,0 +1,332 @@
+"""Methods as plug-ins (vacsr/methods/): zero-shot CLIP is CLIP's own accuracy, every compared
+method starts at it (the linear probe before its first step, CLIP-Adapter at residual ratio 0,
+CoOp from "a photo of a"), the trained ones move their head alone and their checkpoints evaluate
+as their runs did, the linear probe scores novel classes zero-shot, bad input is one line, and
+the registry holds every method module with a space and a protocol made of config values.
+
+The tiny CLIP has random weights (one file, so every method's backbone is the same) and the data
+is EuroSAT's layout with synthetic images (5 base and 5 novel classes)."""
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vacsr.methods
+from vacsr.cli import main
+from vacsr.config import Config, flatten, load_config, set_value, validate
+from vacsr.data.base import load_image
+from vacsr.errors import ConfigError
+from vacsr.methods.registry import METHODS
+from vacsr.model.backbone import create_clip
+from vacsr.sweep.spec.space import bounding_values, validate_space
+from vacsr.train.checkpoint import load_checkpoint
+from vacsr.train.eval_pass import encode_checkpoint, encode_split, evaluate_checkpoint
+from vacsr.train.loop import Trainer, train
+
+pytestmark = pytest.mark.timeout(300)
+
+# the trained runs: a method and the overrides that pick its variant
+TRAINED = {"linear_probe": ("linear_probe",), "clip_adapter": ("clip_adapter",),
+           "coop": ("coop", "adapter.context_init=a photo of a"),
+           "coop_random": ("coop", "adapter.context_init=random", "adapter.context_tokens=4")}
+
+
+@pytest.fixture(scope="module")
+def eurosat(tmp_path_factory) -> Path:
+    from vacsr.data.generate import generate_all
+
+    # per class: 4 training images (2 shots drawn), 3 val, 4 test
+    return generate_all(tmp_path_factory.mktemp("data"), datasets=["eurosat"], per_class=(4, 3, 4))
+
+
+def _protocol(kind: str) -> list[str]:
+    """The config values the method fixes, as overrides (a sweep applies them the same way)."""
+    return [f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+            for key, value in METHODS[kind].protocol.items()]
+
+
+def _overrides(out: Path, weights: Path, root: Path, kind: str, *extra: str) -> list[str]:
+    return [f"model.pretrained={weights}", f"train.output_dir={out}", "train.resume=false",
+            "train.progress=false", "train.device=cpu", "data.task=classification",
+            "data.dataset=eurosat", f"data.root={root}", "data.shots=2", "data.augment=false",
+            "train.batch_size=4", "train.epochs=1", "optim.lr=0.05", "optim.schedule=constant",
+            f"adapter.kind={kind}", *_protocol(kind), *extra]
+
+
+def _config(out: Path, weights: Path, root: Path, kind: str, *extra: str):
+    return load_config(overrides=_overrides(out, weights, root, kind, *extra))
+
+
+def _logits(model, data) -> torch.Tensor:
+    """(N, C) class logits of a split through vacsr's evaluation encoding and the model's head."""
+    encoded = encode_split(model, data, task="classification")
+    return model.head.score_block(encoded.image_feats, encoded.text_feats)[0]
+
+
+def _encoded_logits(encoded) -> torch.Tensor:
+    return encoded.head.score_block(encoded.image_feats, encoded.text_feats)[0]
+
+
+def _accuracy(logits: torch.Tensor, labels) -> float:
+    correct = int((logits.argmax(dim=1) == torch.as_tensor(labels)).sum())
+    return 100.0 * correct / len(labels)
+
+
+@torch.no_grad()
+def _clip_logits(weights: Path, data) -> torch.Tensor:
+    """open_clip's own zero-shot classifier on a split: its eval transform, encode_image /
+    encode_text (normalised) and exp(t) cos, with the dataset's template."""
+    clip, _, eval_transform, tokenizer = create_clip("vacsr-tiny", str(weights))
+    clip.eval()
+    images = torch.stack([eval_transform(load_image(ref)) for ref in data.images])
+    prompts = [data.template.format(name.replace("_", " ")) for name in data.classnames]
+    image = clip.encode_image(images, normalize=True)  # (N, d)
+    text = clip.encode_text(tokenizer(prompts), normalize=True)  # (C, d)
+    return clip.logit_scale.exp() * image @ text.T
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, weights, eurosat):
+    """label -> (config, the model's state before training, the run's TrainResult); each run
+    trains once per module (`vacsr.train.loop.train`, 1 epoch of 3 steps)."""
+    done = {}
+
+    def run(label: str):
+        if label not in done:
+            kind, *extra = TRAINED[label]
+            config = _config(tmp_path_factory.mktemp(label), weights, eurosat, kind, *extra)
+            # the Trainer seeds before building the model: the state the run starts from
+            initial = Trainer(config)
+            trainable = {name for name, p in initial.model.named_parameters() if p.requires_grad}
+            state = {key: value.clone() for key, value in initial.model.state_dict().items()}
+            done[label] = (config, state, trainable, train(config))
+        return done[label]
+
+    return run
+
+
+# ---------------------------------------------------------------- zero-shot CLIP
+
+
+def test_zero_shot_accuracy_is_open_clips_own(tmp_path, weights, eurosat):
+    config = _config(tmp_path / "zs", weights, eurosat, "zero_shot")
+    result = train(config)  # trains nothing: its epoch is its evaluation
+    test = Trainer(config).splits["test"]
+    expected = _clip_logits(weights, test)  # (20, 5)
+    # random weights predict one class for most images, so the logits are compared too: they
+    # differ from image to image by far more than the tolerance
+    assert expected.std(dim=0).min() > 100 * 1e-4
+    accuracy = _accuracy(expected, test.labels)
+    assert result.final_metrics["test/acc"] == pytest.approx(accuracy, rel=1e-6)
+    assert evaluate_checkpoint(config, result.checkpoint, device="cpu")["acc"] == pytest.approx(
+        accuracy, rel=1e-6)
+    encoded = encode_checkpoint(config, result.checkpoint, device="cpu")
+    torch.testing.assert_close(_encoded_logits(encoded), expected, rtol=1e-5, atol=1e-4)
+    state = load_checkpoint(result.checkpoint)
+    assert state["optimizer"] == {}  # no optimizer: nothing trains
+    clip = torch.load(weights, weights_only=True)
+    assert all(torch.equal(state["model"][f"backbone.clip.{key}"], value)
+               for key, value in clip.items())
+
+
+# ---------------------------------------------------------------- identity points
+
+
+def test_each_compared_method_starts_at_zero_shot_clip(tmp_path, weights, eurosat):
+    zero = Trainer(_config(tmp_path / "zs", weights, eurosat, "zero_shot"))
+    test = zero.splits["test"]
+    reference = _logits(zero.model, test)  # (20, 5)
+    reference_acc = zero.evaluate("test")["acc"]
+
+    # the linear probe before its first step: w_c = t_c + 0
+    probe = Trainer(_config(tmp_path / "lp", weights, eurosat, "linear_probe"))
+    delta = probe.model.head.delta
+    assert delta.shape == (len(probe.splits["train"].classnames), 64) and not delta.any()
+    torch.testing.assert_close(_logits(probe.model, test), reference, rtol=0, atol=1e-6)
+    assert probe.evaluate("test")["acc"] == reference_acc
+
+    # CLIP-Adapter at alpha = 0: its random bottleneck acts, and the ratio takes it out
+    adapter = Trainer(_config(tmp_path / "ca", weights, eurosat, "clip_adapter",
+                              "adapter.residual_ratio=0"))
+    assert adapter.model.head.adapter(torch.randn(8, 64)).abs().sum() > 0
+    torch.testing.assert_close(_logits(adapter.model, test), reference, rtol=0, atol=1e-6)
+    assert adapter.evaluate("test")["acc"] == reference_acc
+    blended = Trainer(_config(tmp_path / "cb", weights, eurosat, "clip_adapter",
+                              "adapter.residual_ratio=0.5"))
+    assert not torch.allclose(_logits(blended.model, test), reference, atol=1e-3)
+
+    # CoOp from "a photo of a" is zero-shot CLIP with the template "a photo of a {}."
+    coop = Trainer(_config(tmp_path / "co", weights, eurosat, "coop",
+                           "adapter.context_init=a photo of a"))
+    photo = replace(test, template="a photo of a {}.")
+    photo_logits = _logits(zero.model, photo)
+    assert not torch.allclose(photo_logits, reference, atol=1e-3)  # the template matters here
+    torch.testing.assert_close(_logits(coop.model, test), photo_logits, rtol=0, atol=1e-5)
+    assert coop.evaluate("test")["acc"] == pytest.approx(_accuracy(photo_logits, test.labels),
+                                                         rel=1e-6)
+    # the training path's class features (through the context, with autograd) are the same
+    features = coop.task.class_features(torch.device("cpu"))  # (5, d)
+    assert features.requires_grad
+    torch.testing.assert_close(features.detach(), encode_split(zero.model, photo,
+                                                               task="classification").text_feats,
+                               rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------- trained methods
+
+
+@pytest.mark.parametrize("label", list(TRAINED))
+def test_a_trained_method_moves_its_head_alone_and_its_checkpoint_evaluates_as_its_run(
+        label, trained_run, tmp_path):
+    config, initial, trainable, result = trained_run(label)
+    final = load_checkpoint(result.checkpoint)["model"]
+    assert final.keys() == initial.keys()
+    # what trains is the head's parameters (logit_scale is a buffer): the backbone is frozen
+    assert trainable and all(name.startswith("head.") for name in trainable)
+    for key in final:
+        if key in trainable:
+            assert not torch.equal(final[key], initial[key]), f"{key} did not train"
+        else:
+            assert torch.equal(final[key], initial[key]), f"{key} changed"
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--checkpoint", str(result.checkpoint), "--out", str(out)]) == 0
+    metrics = json.loads(out.read_text())["metrics"]
+    assert metrics["acc"] == result.final_metrics["test/acc"]
+    assert metrics["num_samples"] == 20
+
+
+def test_the_linear_probe_scores_novel_classes_with_their_zero_shot_prototypes(
+        trained_run, tmp_path, weights, eurosat):
+    config, _, _, result = trained_run("linear_probe")
+    zero_config = _config(tmp_path / "zs", weights, eurosat, "zero_shot")
+    zero = train(zero_config)
+
+    probe_novel = encode_checkpoint(config, result.checkpoint, subsample="novel", device="cpu")
+    zero_novel = encode_checkpoint(zero_config, zero.checkpoint, subsample="novel",
+                                   device="cpu")
+    assert probe_novel.text_feats.shape[0] == 5  # the novel classes, no trained weight
+    torch.testing.assert_close(_encoded_logits(probe_novel), _encoded_logits(zero_novel),
+                               rtol=0, atol=1e-6)
+    zero_metrics = evaluate_checkpoint(zero_config, zero.checkpoint, subsample="novel",
+                                       device="cpu")
+    assert evaluate_checkpoint(config, result.checkpoint, subsample="novel",
+                               device="cpu") == zero_metrics
+    # `vacsr eval` names the evaluated classes with an override of the stored config: the
+    # checkpoint's own config still says which classes it trained on
+    out = tmp_path / "novel.json"
+    assert main(["eval", "--checkpoint", str(result.checkpoint), "--out", str(out),
+                 "data.subsample_classes=novel"]) == 0
+    assert json.loads(out.read_text())["metrics"] == zero_metrics
+
+    # the base classes: its trained prototypes t_c + delta_c
+    base = encode_checkpoint(config, result.checkpoint, device="cpu")
+    delta = load_checkpoint(result.checkpoint)["model"]["head.delta"]  # (5, d)
+    expected = base.head.logit_scale.exp() * (F.normalize(base.image_feats, dim=-1)
+                                              @ F.normalize(base.text_feats + delta, dim=-1).T)
+    torch.testing.assert_close(_encoded_logits(base), expected, rtol=1e-5, atol=1e-4)
+    zero_base = encode_checkpoint(zero_config, zero.checkpoint, device="cpu")
+    assert not torch.allclose(_encoded_logits(base), _encoded_logits(zero_base), atol=1e-2)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def _refused(argv: list[str], capsys) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err, err
+    return err
+
+
+def test_an_unknown_method_is_one_line_naming_the_methods(tmp_path, weights, eurosat, capsys):
+    out = tmp_path / "run"
+    argv = ["train", *_overrides(out, weights, eurosat, "zero_shot"), "adapter.kind=nope"]
+    assert _refused(argv, capsys) == (
+        "vacsr: error: adapter.kind: unknown method 'nope'; the methods are vacsr, "
+        "sigmoid_baseline, zero_shot, linear_probe, clip_adapter, coop")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", [name for name, method in METHODS.items()
+                                  if "retrieval" not in method.tasks])
+def test_a_classification_method_refuses_retrieval_in_one_line(kind, tmp_path, weights, capsys):
+    out = tmp_path / "run"
+    argv = ["train", f"model.pretrained={weights}", f"train.output_dir={out}",
+            "train.progress=false", "data.num_train=8", "data.num_test=10",
+            "train.batch_size=4", f"adapter.kind={kind}", *_protocol(kind)]
+    assert _refused(argv, capsys) == (
+        f"vacsr: error: adapter.kind: {kind} supports data.task classification, not "
+        "'retrieval'")
+    assert not out.exists()
+
+
+def test_a_classification_checkpoint_refuses_retrieval_evaluation(trained_run):
+    config, _, _, result = trained_run("linear_probe")
+    retrieval = replace(config, data=replace(config.data, task="retrieval", dataset="synthetic",
+                                             root=None))
+    with pytest.raises(ConfigError, match=r"^adapter.kind: linear_probe supports data.task "
+                                          r"classification, not 'retrieval'$"):
+        evaluate_checkpoint(retrieval, result.checkpoint, device="cpu")
+
+
+def test_coop_context_that_leaves_no_room_for_a_class_name_is_one_line(tmp_path, weights,
+                                                                       eurosat, capsys):
+    out = tmp_path / "run"
+    base = ["train", *_overrides(out, weights, eurosat, "coop")]
+    # 16 text positions: <SOT>, 13 context tokens, a word of the name and <EOT> fit; 14 do not
+    assert _refused([*base, "adapter.context_init=random", "adapter.context_tokens=14"],
+                    capsys) == (
+        "vacsr: error: adapter.context_tokens: 14 context tokens leave no room for a class name "
+        "in vacsr-tiny's 16 text positions; expected at most 13")
+    assert not out.exists()  # refused before the run folder holds anything
+    err = _refused([*base, "adapter.context_init=a b c d e f g h i j k l m n"], capsys)
+    assert err.startswith("vacsr: error: adapter.context_init: 'a b c d e f g h i j k l m n' is "
+                          "14 tokens"), err
+    assert not out.exists()
+    fits = Trainer(_config(out, weights, eurosat, "coop", "adapter.context_init=random",
+                           "adapter.context_tokens=13"))
+    assert fits.model.head.context.shape == (13, 64)
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def test_every_method_module_is_registered():
+    modules = [importlib.import_module(f"vacsr.methods.{info.name}")
+               for info in pkgutil.iter_modules(vacsr.methods.__path__)]
+    declared = [module.METHOD for module in modules if hasattr(module, "METHOD")]
+    assert sorted(method.name for method in declared) == sorted(METHODS)
+    assert all(METHODS[method.name] is method for method in declared)
+    assert set(METHODS) == {"vacsr", "sigmoid_baseline", "zero_shot", "linear_probe",
+                            "clip_adapter", "coop"}
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_a_methods_space_and_protocol_are_config_values(name):
+    method = METHODS[name]
+    keys = set(flatten(Config()))
+    space = method.searched({})
+    validate_space(space)  # real keys, non-empty domains
+    assert set(method.own_keys) <= keys and set(method.kind_keys or ()) <= keys
+    assert not set(method.protocol) & set(space)  # a fixed key is never searched
+    if method.loss is None:  # nothing trains, so nothing is searched
+        assert space == {}
+    for key, domain in space.items():  # every value a trial can be given
+        for value in bounding_values(domain):
+            config = Config()
+            set_value(config, "adapter.kind", name)
+            set_value(config, key, value)
+            validate(config)
+    config = Config()
+    set_value(config, "adapter.kind", name)
+    for key, value in method.protocol.items():
+        set_value(config, key, value)
+    validate(config)
+    assert method.cites and method.trains and method.unseen_rule
