@@ -201,6 +201,9 @@ class ClassificationTask(_Task):
         super().__init__(model, loss_config)
         self.prompt_tokens = prompt_tokens  # (C, T)
         self._frozen_text: torch.Tensor | None = None
+        # batches hold image features, not images (a frozen image tower's, computed once:
+        # vacsr/train/loop.py Trainer.feature_dataset)
+        self.image_features_given = False
         self._text_prefix: torch.Tensor | None = None  # the prompts' frozen prefix output
 
     def text_trainable(self) -> bool:
@@ -235,10 +238,11 @@ class ClassificationTask(_Task):
         return text_suffix(backbone, self._text_prefix, tokens, depth)
 
     def features(self, batch) -> PairBatch:
-        images, labels = batch
+        images, labels = batch  # (B, 3, H, W), or (B, d) features already
         class_index = torch.arange(self.prompt_tokens.shape[0], device=images.device)
-        return PairBatch(self.model.encode_image(images), self.class_features(images.device),
-                         labels, class_index, text_is_shared=True)
+        image_feats = images if self.image_features_given else self.model.encode_image(images)
+        return PairBatch(image_feats, self.class_features(images.device), labels, class_index,
+                         text_is_shared=True)
 
 
 @torch.no_grad()

@@ -330,3 +330,41 @@ def test_a_methods_space_and_protocol_are_config_values(name):
         set_value(config, key, value)
     validate(config)
     assert method.cites and method.trains and method.unseen_rule
+
+
+# ---------------------------------------------------------------- frozen features, once
+
+
+def test_a_frozen_image_tower_trains_on_features_computed_once(tmp_path, weights, eurosat):
+    """A frozen method's run computes each training image's feature once and trains every epoch
+    on it: the same losses and accuracy as encoding the images every step, and a second run on
+    the same split (another trial) reads the features from the dataset's prefix cache."""
+    cache = tmp_path / "cache"
+
+    class PerStep(Trainer):  # the images through the frozen tower at every step
+        def trains_on_features(self) -> bool:
+            return False
+
+    def config(name: str):
+        return _config(tmp_path / name, weights, eurosat, "linear_probe", "train.epochs=2",
+                       f"data.prefix_cache_dir={cache}")
+
+    once = Trainer(config("once"))
+    assert once.trains_on_features()
+    cached = once.fit()
+    assert once.task.image_features_given
+    stepped = PerStep(config("stepped")).fit()
+    steps = json.loads((tmp_path / "stepped" / "metrics.json").read_text())["history"]
+    assert len(once.history) == len(steps) == 2
+    for a, b in zip(once.history, steps):
+        assert a["train/ce"] == pytest.approx(b["train/ce"], rel=1e-5, abs=1e-6)
+    assert cached.final_metrics["test/acc"] == stepped.final_metrics["test/acc"]
+    # the first run stored the training images' features; the second trial finds them
+    again = Trainer(config("again"))
+    again.fit()
+    served = again.history[-1]["prefix_cache/served"]
+    assert served >= len(again.splits["train"].images)
+    # augmentation would draw new views every epoch: the frozen methods fix it off, in one line
+    with pytest.raises(ConfigError, match=r"linear_probe runs with data\.augment=false .*"
+                                          r"this config has data\.augment=True"):
+        Trainer(_config(tmp_path / "aug", weights, eurosat, "linear_probe", "data.augment=true"))

@@ -21,10 +21,13 @@ SHARED_KEYS = ("train.epochs", "optim.lr", "train.batch_size")
 
 # a frozen CLIP (the features open_clip's encode_image / encode_text give): no block, projection
 # or embedding trains and the towers pool as CLIP does, so the whole tower is the frozen prefix
-# (vacsr/model/frozen.py) and evaluation passes reuse its cached outputs
+# (vacsr/model/frozen.py) and evaluation passes reuse its cached outputs. Unaugmented training
+# images: each one's feature is computed once and every epoch trains on it (vacsr/train/loop.py
+# Trainer.feature_dataset), as CLAP's and Tip-Adapter's linear probes train on extracted
+# features; with augmentation every epoch's new views would each need the tower again
 FROZEN_CLIP = {"model.trainable_image_blocks": 0, "model.trainable_text_blocks": 0,
                "model.train_projections": False, "model.train_embeddings": False,
-               "model.use_gpo": False}
+               "model.use_gpo": False, "data.augment": False}
 
 # (head, image features (B, d), class or caption features (B', d), labels (B, B'), the loss
 # config) -> (loss, dict of named parts)

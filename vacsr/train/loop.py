@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.utils.data import TensorDataset
 from tqdm import tqdm
 
 from vacsr.atomic import atomic_write_json
@@ -23,6 +24,7 @@ from vacsr.data.sampler import GlobalBatchSampler, require_one_batch
 from vacsr.errors import CheckpointError, TrainingDiverged
 from vacsr.methods.build import build_model
 from vacsr.methods.registry import method_of
+from vacsr.model.encoding import encode_images
 from vacsr.model.prefix_cache import open_cache
 from vacsr.model.vacsr import VACSRModel
 from vacsr.seed import epoch_seed, seed_everything
@@ -92,7 +94,26 @@ class Trainer:
                   f"{most} per class (tags {SHOTS_MIN_TAG} / {SHOTS_MAX_TAG})", file=sys.stderr,
                   flush=True)
 
+    def trains_on_features(self) -> bool:
+        """A method whose whole image tower is frozen, on unaugmented images (its protocol:
+        vacsr/methods/method.py FROZEN_CLIP), trains on each image's feature computed once."""
+        return (self.method.frozen_image_tower and not self.config.data.augment
+                and self.config.data.task == "classification")
+
+    def feature_dataset(self) -> TensorDataset:
+        """(image feature (d,), label) of every training image: one pass of the frozen tower on
+        the evaluation transform (what every epoch would compute again), through the prefix
+        cache when the run has one, so a dataset's trials, seeds and methods share it."""
+        train = self.splits["train"]
+        feats = encode_images(self.model.backbone, train.images,
+                              batch_size=max(self.config.train.batch_size, 64),
+                              autocast=self.autocast, cache=self.prefix_cache)  # (N, d)
+        return TensorDataset(feats, torch.as_tensor(train.labels))
+
     def train_dataset(self):
+        if self.trains_on_features():
+            self.task.image_features_given = True
+            return self.feature_dataset()
         backbone = self.model.backbone
         transform = (backbone.train_transform if self.config.data.augment
                      else backbone.eval_transform)
