@@ -322,3 +322,28 @@ def test_a_dead_drivers_instance_is_ended_and_nothing_else(tmp_path, monkeypatch
     finally:
         driver.kill()
         driver.wait(timeout=10)
+
+
+# ---------------------------------------------------------------- --methods
+@pytest.mark.parametrize("argv,fragment", [
+    (["--methods", "vacsr,tip_adapter"], "--methods: unknown method 'tip_adapter'; the methods "
+                                         "are vacsr, sigmoid_baseline, zero_shot, linear_probe, "
+                                         "clip_adapter, coop (or all)"),
+    (["--methods", "coop,vacsr,coop"], "--methods: coop named twice; name each once"),
+    (["--methods", "vacsr", "--set", "adapter.residual_ratio=0.5"],
+     "--set adapter.residual_ratio: only clip_adapter read it, and --methods runs vacsr"),
+    (["--methods", "vacsr,linear_probe", "--set", "model.trainable_image_blocks=1"],
+     "--set model.trainable_image_blocks=1: linear_probe fixes it at 0"),
+    (["--methods", "vacsr,linear_probe", "--set", "data.augment=true"],
+     "--set data.augment=true: linear_probe fixes it at false"),
+    (["--methods", "zero_shot,linear_probe", "--range", "loss.beta=log:0.5:2"],
+     "--range loss.beta: none of zero_shot, linear_probe searches it (searched by vacsr)"),
+    (["--methods", "vacsr", "--range", "adapter.context_tokens=choice:4,8"],
+     "--range adapter.context_tokens: none of vacsr searches it (searched by coop)"),
+])
+def test_a_bad_method_choice_is_one_line_before_ray(tmp_path, capsys, data_root, argv,
+                                                     fragment):
+    line = _refused(["--datasets", "eurosat", "--data-root", str(data_root), *argv],
+                    tmp_path / "store", capsys)
+    assert fragment in line, line
+    _nothing_written(tmp_path, data_root)

@@ -62,6 +62,9 @@ class Method:
     space: Mapping[str, Domain] = field(default_factory=dict)
     kind_keys: tuple[str, ...] | None = None
     protocol: Mapping[str, Any] = field(default_factory=dict)  # config values it fixes
+    # keys of its protocol a sweep's --set leaves to it (a value it does not use: a method that
+    # trains nothing has one epoch, its evaluation, whatever --epochs says for the others)
+    ignores: tuple[str, ...] = ()
     own_keys: tuple[str, ...] = ()  # config keys only this method reads
     tasks: tuple[str, ...] = ("classification", "retrieval")
     # how classes outside its training set (novel classes, another dataset) are scored: a head

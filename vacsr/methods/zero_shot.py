@@ -20,6 +20,7 @@ METHOD = Method(
     loss=None,
     kind_keys=(),
     protocol={**FROZEN_CLIP, "train.epochs": 1},  # its one epoch is its evaluation
+    ignores=("train.epochs",),
     tasks=("classification",),
     unseen_rule="the prompts of those classes, as every class",
     frozen_image_tower=True,

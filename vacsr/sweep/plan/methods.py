@@ -46,11 +46,14 @@ def unit_name(dataset: str, method: str, methods: tuple[str, ...]) -> str:
 
 
 def kept_keys(method: Method, keys) -> list[str]:
-    """Of `keys`, those a method's trials may search."""
+    """Of `keys`, those a method's trials may search: its own, the kind's it keeps, and for a
+    method that keeps the kind's whole space any other key no other method owns (a --range
+    adds a key to the search)."""
     if not method.trained:
         return []
-    return [k for k in keys if method.kind_keys is None or k in method.kind_keys
-            or k in method.space]
+    others = {k for m in METHODS.values() if m is not method for k in m.own_keys}
+    return [k for k in keys if k in method.space or (
+        k not in others and (method.kind_keys is None or k in method.kind_keys))]
 
 
 def check_method_keys(methods: tuple[str, ...], user: Mapping[str, Any],
@@ -64,6 +67,8 @@ def check_method_keys(methods: tuple[str, ...], user: Mapping[str, Any],
             raise ConfigError(f"--set {key}: only {', '.join(owners)} read it, and --methods "
                               f"runs {', '.join(methods)}")
         for method in chosen:
+            if key in method.ignores:
+                continue
             fixed = method.protocol.get(key, value)
             if fixed != value:
                 raise ConfigError(f"--set {key}={shown(value)}: {method.name} fixes it at "
@@ -73,7 +78,8 @@ def check_method_keys(methods: tuple[str, ...], user: Mapping[str, Any],
         if not any(kept_keys(method, [key]) for method in chosen):
             searchers = [m.name for m in METHODS.values() if kept_keys(m, [key])]
             raise ConfigError(f"--range {key}: none of {', '.join(methods)} searches it"
-                              + (f" ({', '.join(searchers)} do)" if searchers else ""))
+                              + (f" (searched by {', '.join(searchers)})" if searchers
+                                 else ""))
 
 
 def method_layers(method: Method) -> dict[str, Any]:
@@ -87,8 +93,10 @@ def method_ranges(method: Method, ranges: Mapping[str, Domain]) -> dict[str, Dom
 
 
 def method_space(method: Method, kind: SweepKind) -> dict[str, Domain]:
-    """The kind's space as the method searches it, its own keys added."""
-    return method.searched(kind.space)
+    """The kind's space as the method searches it, its own keys added, less the keys only other
+    methods read (the sigmoid baseline has no KL weight to search)."""
+    space = method.searched(kind.space)
+    return {key: space[key] for key in kept_keys(method, space)}
 
 
 def searches_batch_size(method: Method) -> bool:

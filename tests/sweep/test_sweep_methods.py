@@ -1,0 +1,94 @@
+"""A base-to-novel sweep of several methods (`--methods`) end to end on a local Ray: each method a
+unit per dataset with its own study, trials and final runs under one budget, zero-shot CLIP one
+evaluation, every run naming its method, each method's table and the comparison report, and a
+selection `vacsr best --export` hands to `vacsr train --config` that trains to the same test
+accuracy."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from sweeps.base2novel import SWEEP as BASE2NOVEL
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
+
+METHODS = ("vacsr", "zero_shot", "linear_probe", "coop")
+
+
+def _runs(uri: str):
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    return mlflow.search_runs(experiment_names=["vacsr-base2novel"])
+
+
+def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_local, weights,
+                                                                capsys):
+    import optuna
+    import yaml
+
+    from vacsr.cli import main as vacsr_main
+    from vacsr.sweep.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = main(BASE2NOVEL, ["--storage", str(tmp_path), "--tracking-uri", uri,
+                             "--pretrained", str(weights), "--datasets", "eurosat",
+                             "--methods", ",".join(METHODS), "--trials", "2", "--seeds", "1,2",
+                             "--epochs", "2", "--cpus-per-worker", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    report = tmp_path / "base2novel" / "report"
+    text = (report / "comparison.md").read_text()
+    assert "1 evaluation (no training; seeds cannot change it)" in text
+    assert "VACSR" in text or "vacsr" in text
+    for method in METHODS:
+        assert (report / "methods" / method / "results.md").is_file(), method
+    rows = list(csv.DictReader((report / "comparison.csv").open()))
+    cells = {(r["dataset"], r["method"]): r for r in rows}
+    assert {m for d, m in cells if d == "eurosat"} == set(METHODS)
+
+    runs = _runs(uri)
+    assert runs["tags.vacsr.method"].notna().all()  # every run names its method
+    units = runs[runs["tags.vacsr.dataset"].notna()]
+    assert set(units["tags.vacsr.dataset"]) == {f"eurosat.{m}" for m in METHODS}
+    storage = f"sqlite:///{tmp_path / 'base2novel' / 'optuna.db'}"
+    for method in METHODS:
+        unit = units[units["tags.vacsr.dataset"] == f"eurosat.{method}"].iloc[0]
+        assert unit["params.method"] == unit["tags.vacsr.method"] == method
+        children = runs[runs["tags.mlflow.parentRunId"] == unit.run_id]
+        assert (children["tags.vacsr.method"] == method).all()
+        assert (children["params.adapter.kind"] == method).all()
+        finals = children[children["tags.mlflow.runName"].str.contains("final")]
+        study = optuna.load_study(study_name=f"base2novel-eurosat.{method}", storage=storage)
+        if method == "zero_shot":  # nothing searched, nothing trained: one trial, one final
+            assert len(study.trials) == 1 and len(finals) == 1 and len(children) == 2
+        else:  # the budget: 2 trials and the two seeds for every trained method
+            assert len(study.trials) == 2 and len(finals) == 2, list(children.tags)
+        # the table's row of the unit is the comparison's
+        base = float(cells[("eurosat", method)]["base"])
+        assert unit["metrics.table/base"] == pytest.approx(base, abs=0.01)
+    # the frozen methods: no block trained, and the sweep's epochs held for every trained one
+    probe = runs[(runs["tags.vacsr.method"] == "linear_probe")
+                 & runs["tags.mlflow.runName"].str.contains("final")]
+    assert (probe["params.model.trainable_image_blocks"] == "0").all()
+    assert (probe["params.train.epochs"] == "2").all()
+
+    # a selection exported from the store trains again to the seed's test accuracy
+    export = tmp_path / "export"
+    assert vacsr_main(["best", "--tracking-uri", uri, "--experiment", "vacsr-base2novel",
+                       "--export", str(export)]) == 0
+    capsys.readouterr()
+    for method in ("linear_probe", "coop"):
+        config_path = export / f"eurosat.{method}.yaml"
+        out_dir = tmp_path / f"again-{method}"
+        assert vacsr_main(["train", "--config", str(config_path), f"train.output_dir={out_dir}",
+                           "train.eval_test=true", "tracking.enabled=false",
+                           "train.device=cpu"]) == 0, method
+        again = json.loads((out_dir / "metrics.json").read_text())["final"]["test/acc"]
+        unit = units[units["tags.vacsr.dataset"] == f"eurosat.{method}"].iloc[0]
+        seed = int(yaml.safe_load(config_path.read_text())["train"]["seed"])
+        per_seed = runs[(runs["tags.mlflow.parentRunId"] == unit.run_id)
+                        & (runs["tags.mlflow.runName"] == f"eurosat.{method}-final-seed{seed}")]
+        assert again == pytest.approx(float(per_seed.iloc[0]["metrics.test/acc"]), abs=1e-6)
