@@ -127,12 +127,16 @@ def test_the_task_names_the_config_checks_are_the_task_classes():
 
 def test_the_sweep_driver_and_a_cached_tiny_clip_leave_out_the_model_stack(tmp_path):
     """The driver process never trains: its module (which each dataset task imports before
-    its own search and final runs), writing the synthetic data in its real layouts, and the
+    its own search and final runs), writing the synthetic data in its real layouts, the memory
+    estimate of its plan (the tiny model's and ViT-B/16's, from their config files) and the
     tiny CLIP's cache lookup import neither torch nor open_clip; the cache digest still names
     the exact torch build."""
     code = ("import json, sys; import vacsr.sweep.flow.driver; "
             "from vacsr.data.generate import generate_all; "
             f"generate_all({str(tmp_path / 'data')!r}, datasets=['coco', 'eurosat']); "
+            "from vacsr.model.memory import estimate_step_memory; "
+            "assert estimate_step_memory('vacsr-tiny')['total'] > 0; "
+            "assert estimate_step_memory('ViT-B-16')['total'] > 0; "
             "from vacsr.model.pretrained_cache import TINY_RECIPE, recipe_digest; "
             "digest = recipe_digest(dict(TINY_RECIPE)); "
             "print(json.dumps([digest, [m for m in sys.argv[1:] if m in sys.modules]]))")

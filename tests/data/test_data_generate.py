@@ -57,3 +57,9 @@ def test_coco_captions_describe_the_image(root):
         distance = np.abs(rgb - target).sum(-1)
         checked += int((distance < 60).sum() > 10)  # JPEG keeps the colour within a few levels
     assert checked == 10 and len(data["images"]) == 85
+
+
+def test_an_empty_list_of_datasets_writes_none(tmp_path):
+    """A retrieval sweep on its in-memory `synthetic` data needs no layout: none is written
+    (a missing list writes them all)."""
+    assert list(generate_all(tmp_path / "none", datasets=[]).iterdir()) == []

@@ -4,6 +4,7 @@ calibration) that writes nothing and prints only vacsr's lines, and a second pla
 costs the first measured."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -14,10 +15,11 @@ from conftest import nothing_written, one_line
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.domain_generalization import SWEEP as DOMAIN_GENERALIZATION
 from vacsr.data.classification import load_classification
-from vacsr.data.generate import generate_all
+from vacsr.data.generate import generate_all, write_samples
 from vacsr.sweep.cli import main
 from vacsr.sweep.cost import estimate
-from vacsr.sweep.cost.counts import count_dataset
+from vacsr.sweep.cost.cost_key import sample_shapes
+from vacsr.sweep.cost.counts import SAMPLES, count_dataset, synthetic_counts
 from vacsr.sweep.report.progress import SweepProgress
 
 
@@ -26,15 +28,26 @@ def _tree(folder):
 
 
 @pytest.mark.parametrize("kind, dataset", [(BASE2NOVEL, "dtd"), (BASE2NOVEL, "imagenet"),
+                                           (BASE2NOVEL, "fgvc_aircraft"),
+                                           (BASE2NOVEL, "caltech101"),
                                            (DOMAIN_GENERALIZATION, "imagenet")])
 def test_counts_are_what_a_run_loads_and_counting_writes_nothing(tmp_path, monkeypatch, kind,
                                                                  dataset):
+    """Counted from the files, and computed from the generator's sizes without them (a --plan
+    of the embedded profile): the same numbers, and sample images of the same format and size
+    (what the kept costs are keyed by)."""
+    per_class = (5, 3, 2)
     root = generate_all(tmp_path / "data", datasets=kind.data_needed([dataset]),
-                        per_class=(5, 3, 2))
+                        per_class=per_class)
     monkeypatch.setenv("VACSR_CACHE_DIR", str(tmp_path / "cache"))
     before = _tree(tmp_path)
     counts = count_dataset(kind, root, dataset, shots=4)
     assert _tree(tmp_path) == before  # no few-shot split, no listing cache
+    computed = synthetic_counts(kind, dataset, 4, per_class)
+    assert dataclasses.replace(counts, samples=()) == computed
+    samples = write_samples(tmp_path / "samples", dataset, SAMPLES)
+    assert sample_shapes(samples) == sample_shapes(counts.samples)
+    assert len(counts.samples) == SAMPLES
     subsample = kind.train_classes
     run = load_classification(root, dataset, shots=4, seed=1, subsample=subsample)
     assert (counts.train, counts.val, counts.test) == tuple(

@@ -8,13 +8,18 @@ import pytest
 import torch
 from open_clip.transformer import ResidualAttentionBlock
 
-from vacsr.config import load_config
+from vacsr.config import AdapterConfig, load_config
+from vacsr.model.adapter import VariationalSimilarityAdapter
 from vacsr.model.backbone import register_model_configs
+from vacsr.model.configs import model_config
+from vacsr.model.gpo import GPO
 from vacsr.model.memory import (
     C_FROZEN,
     C_TRAINABLE,
+    adapter_params,
     estimate_for_config,
     estimate_step_memory,
+    gpo_params,
     towers,
 )
 
@@ -42,6 +47,50 @@ def test_parameter_part_matches_a_hand_count_and_open_clip():
     frozen = estimate_step_memory("vacsr-tiny", batch_size=8, image_blocks=0, text_blocks=0,
                                   train_projections=False)
     assert frozen["optimizer"] == 12 * (ADAPTER + 2 * GPO_PARAMS) and frozen["casts"] == 0
+
+
+def _count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize("name", ["vacsr-tiny", "ViT-B-16"])
+def test_the_counts_read_from_the_config_file_are_the_built_models(name):
+    """The estimate reads each tower's size from the config file alone (no open_clip, no
+    torch): it equals the model open_clip builds, tower by tower (on the meta device: shapes
+    without memory)."""
+    register_model_configs()
+    with torch.device("meta"):
+        model = open_clip.create_model(name, device="meta")
+    image, text, embed = towers(name)
+    assert image.params() == _count(model.visual)
+    assert text.params() == _count(model) - _count(model.visual)
+    assert embed == model.text_projection.shape[1]
+
+
+@pytest.mark.parametrize("embed, hidden, adapter", [
+    (64, 64, AdapterConfig()), (512, 512, AdapterConfig()),
+    (64, 32, AdapterConfig(latent_dim=8, num_components=1, decoder_hidden_dim=0)),
+    (64, 16, AdapterConfig(latent_dim=4, num_components=3, decoder_hidden_dim=5))])
+def test_the_head_counts_are_the_built_modules(embed, hidden, adapter):
+    built = VariationalSimilarityAdapter(
+        embed_dim=embed, hidden_dim=hidden, latent_dim=adapter.latent_dim,
+        num_components=adapter.num_components, decoder_hidden_dim=adapter.decoder_hidden_dim,
+        init="random")
+    assert adapter_params(embed, hidden, adapter) == _count(built)
+    assert adapter_params(64, 512) == ADAPTER  # the adapter's own defaults
+    assert gpo_params() == _count(GPO()) == GPO_PARAMS
+    assert gpo_params(8, 4) == _count(GPO(pe_dim=8, hidden_dim=4))
+
+
+def test_model_configs_read_as_files_are_what_open_clip_returns():
+    """Every name open_clip knows (vacsr's own registered), read without importing it."""
+    register_model_configs()
+    names = open_clip.list_models()
+    assert "vacsr-tiny" in names and "ViT-B-16" in names
+    for name in names:
+        assert model_config(name) == open_clip.get_model_config(name), name
+    for name in ("hf-hub:org/repo", "local-dir:/tmp", "../ViT-B-16", "no-such-model", ""):
+        assert model_config(name) is None, name
 
 
 def test_estimate_grows_with_batch_and_activation_bytes():

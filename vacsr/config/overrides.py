@@ -2,8 +2,10 @@
 converted to its field's type, and how values are quoted in error lines and written back."""
 from __future__ import annotations
 
+import functools
 import typing
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 import yaml
 
@@ -68,10 +70,12 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported type {annotation!r}")
 
 
-def section_types(section: str) -> dict[str, Any]:
-    """{field: annotation} of one config section."""
+@functools.cache  # the schema is fixed; resolving its hints evaluates every annotation string
+def section_types(section: str) -> Mapping[str, Any]:
+    """{field: annotation} of one config section, resolved once (a sweep's plan sets and checks
+    thousands of values); read-only, as every call shares it."""
     cls = typing.get_type_hints(Config)[section]
-    return typing.get_type_hints(cls)
+    return MappingProxyType(typing.get_type_hints(cls))
 
 
 def set_value(config: Config, dotted_key: str, value: Any) -> None:

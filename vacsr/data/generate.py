@@ -23,6 +23,12 @@ from vacsr.atomic import require_writable_folder
 from vacsr.data.classification import DATASETS
 from vacsr.data.coco import GROUP_FIELD
 from vacsr.data.synthetic import Scene, all_scenes, captions_for, render, scene_index
+from vacsr.data.synthetic_layout import (
+    VARIANT_PER_CLASS,
+    image_suffix,
+    images_per_class,
+    variant_labels,
+)
 from vacsr.errors import ConfigError
 
 BAND_COLORS = {"cyan": (0, 200, 200), "brown": (120, 70, 20), "navy": (10, 10, 110),
@@ -212,12 +218,12 @@ def write_imagenet(root: str | Path, *, seed: int = 0, train_per_class: int = 4,
     return dataset_dir
 
 
-def write_imagenet_variant(root: str | Path, name: str, *, seed: int = 0, per_class: int = 1,
-                           size: int = 32) -> Path:
+def write_imagenet_variant(root: str | Path, name: str, *, seed: int = 0,
+                           per_class: int = VARIANT_PER_CLASS, size: int = 32) -> Path:
     """imagenetv2 (folders 0..999), imagenet-sketch (1000 wnids), -adversarial / -rendition
     (200 wnids each, different subsets), each with its copy of classnames.txt."""
     from vacsr.data.imagenet import VARIANTS
-    folder, image_sub, count = VARIANTS[name]
+    folder, image_sub, _ = VARIANTS[name]
     domain = {"imagenetv2": "v2", "imagenet_sketch": "sketch", "imagenet_a": "adversarial",
               "imagenet_r": "rendition"}[name]
     rng = random.Random(f"{seed}-{name}")
@@ -226,9 +232,7 @@ def write_imagenet_variant(root: str | Path, name: str, *, seed: int = 0, per_cl
     dataset_dir.mkdir(parents=True, exist_ok=True)
     (dataset_dir / "classnames.txt").write_text(_classnames_text())
     wnids = imagenet_wnids()
-    labels = (range(1000) if count == 1000
-              else range(0 if name == "imagenet_a" else 1, 1000, 5))
-    for label in labels:
+    for label in variant_labels(name):
         class_dir = image_dir / (str(label) if name == "imagenetv2" else wnids[label])
         for n in range(per_class):
             image = shifted(class_image(label, size, rng), domain, rng)
@@ -281,19 +285,19 @@ def generate(root: str | Path, name: str, *, seed: int = 0, size: int = 32,
              per_class: tuple[int, int, int] = (4, 3, 2)) -> Path:
     """Write one dataset (any name of ALL_DATASETS) under `root`; returns its folder.
 
-    `per_class` = (train, val, test) images per class of the classification datasets. ImageNet
-    has no val split (its few-shot val comes from the train images left after the few-shot draw),
-    so it gets at least 4 train images per class; the variants get one image per class.
+    `per_class` = (train, val, test) images per class of the classification datasets, as
+    synthetic_layout.images_per_class adjusts them (ImageNet: no val split); the variants get
+    one image per class.
     """
-    train, val, test = per_class
+    train, val, test = images_per_class(name, per_class)
     if name == "coco":
         return write_coco(root, seed=seed, size=size)
     if name == "fgvc_aircraft":
         return write_aircraft(root, seed=seed, size=size, train_per_class=train,
                               val_per_class=val, test_per_class=test)
     if name == "imagenet":
-        return write_imagenet(root, seed=seed, size=size, train_per_class=max(train, 4),
-                              test_per_class=max(1, test // 2))
+        return write_imagenet(root, seed=seed, size=size, train_per_class=train,
+                              test_per_class=test)
     if name in SPLIT_DATASETS:
         return write_split_dataset(root, name, seed=seed, size=size, train_per_class=train,
                                    val_per_class=val, test_per_class=test)
@@ -305,9 +309,10 @@ def generate(root: str | Path, name: str, *, seed: int = 0, size: int = 32,
 def generate_all(root: str | Path, *, seed: int = 0, size: int = 32,
                  datasets: tuple[str, ...] | list[str] | None = None,
                  per_class: tuple[int, int, int] = (4, 3, 2)) -> Path:
-    """Write every layout (or the named ones) under `root`, ready to be used as data.root."""
+    """Write every layout (or the named ones: none for an empty list, as a retrieval sweep on
+    its in-memory `synthetic` data asks) under `root`, ready to be used as data.root."""
     root = Path(root)
-    names = list(datasets or ALL_DATASETS)
+    names = list(ALL_DATASETS if datasets is None else datasets)
     unknown = [name for name in names if name not in ALL_DATASETS]
     if unknown:
         raise ConfigError(f"unknown dataset {unknown[0]!r} (known: {', '.join(ALL_DATASETS)})")
@@ -317,6 +322,22 @@ def generate_all(root: str | Path, *, seed: int = 0, size: int = 32,
     return root
 
 
+def write_samples(root: str | Path, name: str, count: int, *, seed: int = 0,
+                  size: int = 32) -> tuple[str, ...]:
+    """An image of each of the first `count` classes of classification dataset `name`, drawn,
+    sized and stored as generate() stores that layout's, and nothing else: the few files a
+    plan's calibration decodes (and its kept costs are keyed by their format and size) where
+    the whole layout is not needed (vacsr/sweep/cost/measure.py)."""
+    rng = random.Random(f"{seed}-{name}-samples")
+    folder = Path(root) / name
+    paths = []
+    for label in range(min(count, DATASETS[name].num_classes)):
+        path = folder / f"class_{label:04d}{image_suffix(name)}"
+        save(class_image(label, size, rng), path)
+        paths.append(str(path))
+    return tuple(paths)
+
+
 __all__ = ["ALL_DATASETS", "class_image", "class_words", "generate", "generate_all",
            "write_aircraft", "write_coco", "write_imagenet", "write_imagenet_variant",
-           "write_split_dataset"]
+           "write_samples", "write_split_dataset"]

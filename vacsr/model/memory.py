@@ -32,15 +32,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import open_clip
-
-from vacsr.model.adapter import VariationalSimilarityAdapter
-from vacsr.model.backbone import register_model_configs
+from vacsr.config import AdapterConfig
+from vacsr.model.configs import model_config
 from vacsr.model.frozen import gradient_blocks
-from vacsr.model.gpo import GPO
 
 C_TRAINABLE, C_FROZEN = 16, 10  # saved (B, T, D) tensors per block, see the module docstring
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
+GPO_PE_DIM, GPO_HIDDEN = 32, 32  # GPO()'s defaults (vacsr/model/gpo.py), as the model builds it
 
 
 @dataclass(frozen=True)
@@ -63,9 +61,16 @@ class Tower:
 
 
 def towers(name: str) -> tuple[Tower, Tower, int]:
-    """(image tower, text tower, embed dim) of an open_clip ViT config, from its JSON alone."""
-    register_model_configs()
-    cfg = open_clip.get_model_config(name)
+    """(image tower, text tower, embed dim) of an open_clip ViT config, from its JSON alone
+    (read as a file: open_clip is imported only for a name it alone resolves, such as hf-hub:)."""
+    cfg = model_config(name)
+    if cfg is None:
+        import open_clip
+
+        from vacsr.model.backbone import register_model_configs
+
+        register_model_configs()
+        cfg = open_clip.get_model_config(name)
     if cfg is None:
         raise ValueError(f"unknown open_clip model {name!r}")
     v, t, embed = cfg["vision_cfg"], cfg["text_cfg"], int(cfg["embed_dim"])
@@ -79,6 +84,23 @@ def towers(name: str) -> tuple[Tower, Tower, int]:
     # token and positional embeddings, ln_final, text_projection, logit_scale
     text_other = t["vocab_size"] * tw + ctx * tw + 2 * tw + tw * embed + 1
     return image, Tower(t["layers"], tw, t["heads"], ctx, 8 * ctx, text_other), embed
+
+
+def adapter_params(embed: int, hidden: int, adapter: AdapterConfig | None = None) -> int:
+    """Parameters of VariationalSimilarityAdapter(embed_dim=embed, hidden_dim=hidden) with the
+    other sizes of `adapter` (default: the adapter's own defaults; vacsr/model/adapter.py): fc1
+    d -> H, fc2 H -> K (2L + 1), the decoder L -> D_h -> 1 (L -> 1 without a hidden layer); each
+    Linear with its bias."""
+    adapter = adapter or AdapterConfig()
+    k, latent, dec = adapter.num_components, adapter.latent_dim, adapter.decoder_hidden_dim
+    decoder = (latent + 1) * dec + dec + 1 if dec > 0 else latent + 1
+    return (embed + 1) * hidden + (hidden + 1) * k * (2 * latent + 1) + decoder
+
+
+def gpo_params(pe_dim: int = GPO_PE_DIM, hidden: int = GPO_HIDDEN) -> int:
+    """Parameters of a GPO: a bidirectional one-layer GRU (per direction three gates, each an
+    input and a hidden weight and two biases) and the bias-free score layer."""
+    return 2 * 3 * hidden * (pe_dim + hidden + 2) + hidden
 
 
 def _tower(tower: Tower, blocks: int, rows: int, s: int, r: int, fused: bool, embed: int,
@@ -110,9 +132,8 @@ def estimate_step_memory(name: str = "ViT-B-16", *, batch_size: int = 128, dtype
     image, text, embed = towers(name)
     s, r = DTYPE_BYTES[dtype], 4
     texts = batch_size if texts is None else texts
-    modules = [VariationalSimilarityAdapter(embed_dim=embed, hidden_dim=adapter_hidden)]
-    modules += [GPO(), GPO()] if use_gpo else []  # adapter and GPO: always trained
-    new = sum(p.numel() for m in modules for p in m.parameters())
+    # adapter and GPO: always trained
+    new = adapter_params(embed, adapter_hidden) + (2 * gpo_params() if use_gpo else 0)
     trainable, activations, casts = new, 0, 0
     if train_projections:
         trainable += 2 * image.width + image.width * embed + 2 * text.width + text.width * embed

@@ -1,7 +1,9 @@
 """How many images a sweep's runs read per dataset, counted from the same listings a run reads and
 by the same rules (paper appendix C.1, CoOp's protocol), without writing anything: no few-shot
 split cache (split_fewshot/*.pkl) and no listing cache (VACSR_LISTING_CACHE=read while counting:
-a cache a run wrote is read, none is written).
+a cache a run wrote is read, none is written). The embedded profile's synthetic data, not yet
+written (a `--plan`), is counted by the same rules from the sizes the generator would write
+(vacsr/data/synthetic_layout.py).
 
 The counts do not depend on the seed: the few-shot draw keeps min(K, n_c) training images of each
 class and min(K, 4) val images, whichever images it picks; base classes are the first ceil(n/2)
@@ -13,9 +15,9 @@ import contextlib
 import math
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from vacsr.data.fewshot import VAL_MAX_SHOTS, Item, group_by_label
 
@@ -63,32 +65,55 @@ def class_halves(labels: set[int], subsample: str) -> set[int]:
     return set({"all": ordered, "base": ordered[:half], "novel": ordered[half:]}[subsample])
 
 
-def classification_counts(root: Path, name: str, shots: int, subsample: str,
-                          evaluations: dict[str, tuple[str | None, str]]) -> DatasetCounts:
-    """Counts of a base-to-novel dataset; `evaluations`: metric -> (dataset or None, classes)."""
-    from vacsr.data.classification import read_dataset_splits
-
-    with listing_cache_read_only():
-        folder, splits = read_dataset_splits(root, name)
-    train = per_class(splits["train"])
+def split_counts(name: str, train: Mapping[int, int], val: Mapping[int, int] | None,
+                 test: Mapping[int, int], shots: int, subsample: str,
+                 evaluations: dict[str, tuple[str | None, str]],
+                 variant_test: Callable[[str], int]) -> DatasetCounts:
+    """Counts of a classification dataset from its images per label of each split (val None:
+    ImageNet's); `evaluations`: metric -> (dataset or None, classes); `variant_test`: the test
+    images of an evaluation's own dataset."""
     kept = {label: min(shots, n) for label, n in train.items()}
-    if splits["val"] is None:  # ImageNet: val drawn from the train images not drawn for train
+    if val is None:  # ImageNet: val drawn from the train images not drawn for train
         val = {label: min(shots, VAL_MAX_SHOTS, n - kept[label]) for label, n in train.items()}
     else:
-        val = {label: min(shots, VAL_MAX_SHOTS, n) for label, n in per_class(splits["val"]).items()}
-    test = Counter(item.label for item in splits["test"])
+        val = {label: min(shots, VAL_MAX_SHOTS, n) for label, n in val.items()}
     chosen = class_halves(set(train), subsample)
     found: dict[str, int] = {}
     for metric, (dataset, classes) in evaluations.items():
         if dataset is None:
-            found[metric] = sum(test[label] for label in class_halves(set(train), classes))
+            found[metric] = sum(test.get(label, 0) for label in class_halves(set(train), classes))
         else:
-            found[metric] = variant_count(root, dataset)
+            found[metric] = variant_test(dataset)
     return DatasetCounts(train=sum(kept[label] for label in chosen),
                          val=sum(val.get(label, 0) for label in chosen),
-                         test=sum(test[label] for label in chosen),
-                         prompts=class_prompts(name, subsample),
-                         evaluations=found, samples=first_images(folder, splits["train"]))
+                         test=sum(test.get(label, 0) for label in chosen),
+                         prompts=class_prompts(name, subsample), evaluations=found)
+
+
+def classification_counts(root: Path, name: str, shots: int, subsample: str,
+                          evaluations: dict[str, tuple[str | None, str]]) -> DatasetCounts:
+    """Counts of a classification dataset under `root`, from the listings a run reads."""
+    from vacsr.data.classification import read_dataset_splits
+
+    with listing_cache_read_only():
+        folder, splits = read_dataset_splits(root, name)
+    val = None if splits["val"] is None else per_class(splits["val"])
+    counts = split_counts(name, per_class(splits["train"]), val,
+                          Counter(item.label for item in splits["test"]), shots, subsample,
+                          evaluations, lambda dataset: variant_count(root, dataset))
+    return replace(counts, samples=first_images(folder, splits["train"]))
+
+
+def synthetic_counts(kind, dataset: str, shots: int,
+                     per_class: tuple[int, int, int]) -> DatasetCounts:
+    """The counts of `dataset` of `kind` (a SweepKind, classification) in the synthetic data
+    generate_all(per_class=...) would write, computed without writing it (no samples)."""
+    from vacsr.data.synthetic_layout import split_sizes, variant_size
+
+    sizes = split_sizes(dataset, per_class)
+    evaluations = {e.metric: (e.dataset, e.classes) for e in kind.evaluations}
+    return split_counts(dataset, sizes["train"], sizes["val"], sizes["test"], shots,
+                        kind.train_classes, evaluations, variant_size)
 
 
 def first_images(folder: Path, items: Sequence[Item], count: int = SAMPLES) -> tuple[str, ...]:

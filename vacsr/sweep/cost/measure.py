@@ -1,9 +1,12 @@
-"""The cost estimate of a checked SweepPlan: the counts from its data (the embedded profile's
-synthetic data, when the sweep folder holds none yet, generated in a temporary folder and
-deleted), the step costs measured by a calibration task where its trials would run, or kept from
-an earlier measurement of the same step (cost_store.py), composed by
-vacsr/sweep/cost/sweep_cost.py. Writes nothing but the kept costs: the machine's, and with
-`keep_in_folder` (a run) the sweep folder's.
+"""The cost estimate of a checked SweepPlan: the counts from its data, the step costs measured by
+a calibration task where its trials would run, or kept from an earlier measurement of the same
+step (cost_store.py), composed by vacsr/sweep/cost/sweep_cost.py. Writes nothing but the kept
+costs: the machine's, and with `keep_in_folder` (a run) the sweep folder's.
+
+The embedded profile's synthetic data, when the sweep folder holds none yet (a `--plan`: a run
+writes it before it plans), is counted from the sizes the generator would write, and only the
+few images the calibration decodes are written, to a temporary folder deleted after; COCO's
+synthetic layout (85 images) is written there whole.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from typing import Callable, Iterator
 from vacsr.sweep.cost.calibrate import StepCosts, run_calibration
 from vacsr.sweep.cost.cost_key import cost_key
 from vacsr.sweep.cost.cost_store import CostSource, obtain_costs, source_line
-from vacsr.sweep.cost.counts import DatasetCounts, count_dataset
+from vacsr.sweep.cost.counts import SAMPLES, DatasetCounts, count_dataset, synthetic_counts
 from vacsr.sweep.cost.sweep_cost import build_sweep_cost
 from vacsr.sweep.plan.folders import costs_file
 from vacsr.sweep.plan.plan import SweepPlan, local_resources, trial_resources
@@ -26,26 +29,38 @@ from vacsr.sweep.plan.plan import SweepPlan, local_resources, trial_resources
 GENERATED = ".generated"  # the embedded profile's mark of finished synthetic data
 
 
-@contextlib.contextmanager
-def data_root(plan: SweepPlan, synthetic_per_class: tuple[int, ...] | None) -> Iterator[Path]:
-    """The folder to count in: the runs' own, or with `synthetic_per_class` (the embedded
-    profile) and no generated data there yet, a temporary one generated the same way."""
-    root = Path(plan.configs[plan.datasets[0]].data.root or "")
-    if synthetic_per_class is None or (root / GENERATED).is_file():
-        yield root
-        return
-    from vacsr.data.generate import generate_all
-
-    kind = plan.kind
-    names = [d for d in kind.data_needed(plan.data_names) if d not in kind.also_accepts]
-    with tempfile.TemporaryDirectory(prefix="vacsr-plan-") as folder:
-        generate_all(folder, datasets=names, per_class=tuple(synthetic_per_class))
-        yield Path(folder)
-
-
 def sweep_counts(plan: SweepPlan, root: Path) -> dict[str, DatasetCounts]:
     return {d: count_dataset(plan.kind, root, plan.dataset_of(d), plan.configs[d].data.shots)
             for d in plan.datasets}
+
+
+@contextlib.contextmanager
+def counted(plan: SweepPlan) -> Iterator[dict[str, DatasetCounts]]:
+    """Each dataset's counts, the first one's sample images on disk while inside: counted in
+    the runs' own folder, or for the embedded profile (`plan.synthetic_per_class`) with no data
+    there yet, computed from the profile (module docstring)."""
+    root = Path(plan.configs[plan.datasets[0]].data.root or "")
+    per_class = plan.synthetic_per_class
+    if per_class is None or (root / GENERATED).is_file():
+        yield sweep_counts(plan, root)
+        return
+    kind, first = plan.kind, plan.datasets[0]
+    with tempfile.TemporaryDirectory(prefix="vacsr-plan-") as folder:
+        if kind.task == "retrieval":
+            from vacsr.data.generate import generate_all
+
+            names = [d for d in kind.data_needed(plan.data_names) if d not in kind.also_accepts]
+            generate_all(folder, datasets=names, per_class=tuple(per_class))
+            yield sweep_counts(plan, Path(folder))
+            return
+        from vacsr.data.generate import write_samples
+
+        counts = {d: synthetic_counts(kind, plan.dataset_of(d), plan.configs[d].data.shots,
+                                      tuple(per_class))
+                  for d in plan.datasets}  # d: a unit (vacsr/sweep/plan/plan.py)
+        counts[first] = replace(counts[first], samples=write_samples(
+            folder, plan.dataset_of(first), SAMPLES))
+        yield counts
 
 
 @contextlib.contextmanager
@@ -108,8 +123,7 @@ def measure_sweep_cost(plan: SweepPlan, stop_check: Callable[[], None] = lambda:
                        keep_in_folder: bool = False) -> dict:
     """The cost estimate (sweep_cost.build_sweep_cost's data) of `plan`, with where its costs
     came from (`costs_from`); `keep_in_folder`: a run's, its costs kept in its sweep folder."""
-    with data_root(plan, plan.synthetic_per_class) as root:
-        counts = sweep_counts(plan, root)
+    with counted(plan) as counts:
         costs, resources, source = plan_step_costs(plan, counts[plan.datasets[0]].samples,
                                                    keep_in_folder, stop_check)
     return build_sweep_cost(plan, counts, costs, resources) | {"costs_from": source.as_dict()}

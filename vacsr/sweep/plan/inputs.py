@@ -28,10 +28,11 @@ def check_sweep_name(text: str) -> str:
 
 
 def check_model(name: str) -> None:
-    """An open_clip model name: vacsr's own configs are read without open_clip."""
-    from vacsr.model.configs import own_model_config
+    """An open_clip model name: a config file vacsr or open_clip ships is read without
+    importing open_clip."""
+    from vacsr.model.configs import model_config
 
-    if own_model_config(name) is not None or name.startswith("hf-hub:"):
+    if model_config(name) is not None or name.startswith("hf-hub:"):
         return
     import open_clip
 
