@@ -170,11 +170,11 @@ def start_point(space: dict[str, Domain], config: Config) -> dict[str, Any]:
 
 def tower_depths(model_name: str) -> tuple[int, int] | None:
     """(image blocks, text blocks) of an open_clip model config; None when the name is unknown
-    (a local architecture open_clip resolves later). vacsr's own configs are read as files:
-    open_clip loads only for the others."""
-    from vacsr.model.configs import own_model_config
+    (a local architecture open_clip resolves later). The configs are read as files (vacsr's own,
+    then those open_clip ships): open_clip loads only for names only it resolves (hf-hub:)."""
+    from vacsr.model.configs import model_config
 
-    config = own_model_config(model_name)
+    config = model_config(model_name)
     if config is None:
         import open_clip
 
