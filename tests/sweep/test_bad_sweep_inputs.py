@@ -338,6 +338,9 @@ def test_a_dead_drivers_instance_is_ended_and_nothing_else(tmp_path, monkeypatch
      "--set data.augment=true: linear_probe fixes it at false"),
     (["--methods", "zero_shot,linear_probe", "--range", "loss.beta=log:0.5:2"],
      "--range loss.beta: none of zero_shot, linear_probe searches it (searched by vacsr)"),
+    (["--methods", "coop", "--range", "adapter.context_tokens=choice:4,14"],
+     "adapter.context_tokens: eurosat's coop runs can take 14, which leaves no room for a class "
+     "name in vacsr-tiny's 16 text positions; expected at most 13"),
     (["--methods", "vacsr", "--range", "adapter.context_tokens=choice:4,8"],
      "--range adapter.context_tokens: none of vacsr searches it (searched by coop)"),
 ])

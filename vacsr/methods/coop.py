@@ -52,4 +52,5 @@ METHOD = Method(
     unseen_rule="their own names after the same learned context (the paper's unified context)",
     prompts=prompts,
     frozen_image_tower=True,
+    prompt_positions_key="adapter.context_tokens",
 )

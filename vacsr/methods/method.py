@@ -76,6 +76,9 @@ class Method:
     prompts: Callable[[Any, Any], list[str]] | None = None
     # the image tower is frozen whole: a run may train on image features computed once
     frozen_image_tower: bool = False
+    # a config key counting text positions the method's prompts take before the class name
+    # (CoOp's context): a sweep checks its every value against the model's context length
+    prompt_positions_key: str | None = None
 
     @property
     def trained(self) -> bool:

@@ -35,6 +35,7 @@ from vacsr.sweep.plan.inputs import (
 )
 from vacsr.sweep.plan.methods import (
     check_method_keys,
+    check_prompt_room,
     method_layers,
     method_ranges,
     method_space,
@@ -330,6 +331,7 @@ def _unit_configs(kind: SweepKind, datasets: list[str], methods: tuple[str, ...]
             spaces[unit] = clamp_blocks(space, depths)
             check_blocks(config, depths, unit)  # a value the runs refuse fails before Ray
             check_space_values(spaces[unit], config, unit)
+            check_prompt_room(method, cfg.flatten(config), spaces[unit], config.model.name, unit)
             configs[unit] = config
     return configs, spaces
 

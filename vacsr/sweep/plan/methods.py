@@ -10,7 +10,7 @@ from vacsr.errors import ConfigError
 from vacsr.methods.method import Method
 from vacsr.methods.registry import METHODS
 from vacsr.sweep.spec.kind import SweepKind
-from vacsr.sweep.spec.space import Domain
+from vacsr.sweep.spec.space import Domain, bounding_values
 
 DEFAULT_METHODS = ("vacsr",)
 ALL = "all"
@@ -80,6 +80,29 @@ def check_method_keys(methods: tuple[str, ...], user: Mapping[str, Any],
             raise ConfigError(f"--range {key}: none of {', '.join(methods)} searches it"
                               + (f" (searched by {', '.join(searchers)})" if searchers
                                  else ""))
+
+
+def check_prompt_room(method: Method, values: Mapping[str, Any], space: Mapping[str, Domain],
+                      model: str, dataset: str) -> None:
+    """Every value of a method's prompt-position key (fixed or searched) leaves <SOT>, a word of
+    the class name and <EOT> within the model's text positions: one line before Ray starts, not
+    a failure in each trial that draws it."""
+    key = method.prompt_positions_key
+    if key is None:
+        return
+    from vacsr.model.configs import model_config
+
+    config = model_config(model)
+    positions = (config or {}).get("text_cfg", {}).get("context_length")
+    if positions is None:  # a model only open_clip resolves: its build checks it
+        return
+    domain = space.get(key)
+    drawn = bounding_values(domain) if domain is not None else (values[key],)
+    largest = max(int(v) for v in drawn)
+    if largest + 3 > positions:
+        raise ConfigError(f"{key}: {dataset}'s {method.name} runs can take {largest}, which "
+                          f"leaves no room for a class name in {model}'s {positions} text "
+                          f"positions; expected at most {positions - 3}")
 
 
 def method_layers(method: Method) -> dict[str, Any]:
