@@ -51,6 +51,8 @@ def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_loc
 
     runs = _runs(uri)
     assert runs["tags.vacsr.method"].notna().all()  # every run names its method
+    sweep = runs[runs["tags.vacsr.kind"].notna()].iloc[0]  # the sweep's own: all of them
+    assert sweep["tags.vacsr.method"] == ",".join(METHODS)
     units = runs[runs["tags.vacsr.dataset"].notna()]
     assert set(units["tags.vacsr.dataset"]) == {f"eurosat.{m}" for m in METHODS}
     storage = f"sqlite:///{tmp_path / 'base2novel' / 'optuna.db'}"

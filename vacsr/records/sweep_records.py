@@ -65,12 +65,15 @@ class SweepRecords:
         return self.store.experiment_id(self.experiment)
 
     # ------------------------------------------------------------ the runs the driver opens
-    def start_sweep_run(self, state: SweepState, sweep: str, kind: str) -> MlflowTracker:
+    def start_sweep_run(self, state: SweepState, sweep: str, kind: str,
+                        methods: tuple[str, ...] = ("vacsr",)) -> MlflowTracker:
         """The sweep's own run, started or continued as sweep_state.json records it; the tracker
-        that holds it (the driver logs the report to it and ends it)."""
+        that holds it (the driver logs the report to it and ends it). Its method tag names every
+        method it runs."""
         tracker = open_tracker(self.tracking_uri)
         start_recorded_run(tracker, state, None, self.experiment, sweep,
-                           tags={SWEEP_TAG: sweep, KIND_TAG: kind})
+                           tags={SWEEP_TAG: sweep, KIND_TAG: kind,
+                                 METHOD_TAG: ",".join(methods)})
         return tracker
 
     @staticmethod

@@ -61,7 +61,8 @@ class Trainer:
         # building (and open_clip's notes on stderr); the splits draw from their own generators
         kind = task_type(config.data.task)
         self.splits = kind.build_splits(config.data, config.train.seed)
-        self._require_one_batch(kind)
+        if self.method.trained:  # a method that trains nothing takes no training step
+            self._require_one_batch(kind)
         self.run_tags = kind.run_tags(config.data, self.splits["train"])  # MLflow tags
         self._note_fewer_shots()
         seed_everything(config.train.seed)

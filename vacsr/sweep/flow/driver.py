@@ -262,7 +262,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
         check_optuna_storage(plan)  # the schema is created here once, not by racing dataset tasks
         cost = _measured_cost(plan, stop)
         parent = SweepRecords(plan.tracking_uri, plan.kind.experiment).start_sweep_run(
-            state, plan.name, plan.kind.name)
+            state, plan.name, plan.kind.name, plan.methods)
     except BaseException:
         stop.restore()
         raise
