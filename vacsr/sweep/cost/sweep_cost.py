@@ -62,7 +62,8 @@ def dataset_estimate(plan: SweepPlan, dataset: str, counts: DatasetCounts, costs
                                                               depths)
              + len(seeds) * _test_seconds(counts, costs))
     sizes = sorted({run.batch_size for run in grid})
-    return {"dataset": dataset, **{k: v for k, v in counts.as_dict().items() if k != "samples"},
+    return {"dataset": dataset, "method": plan.method_of(dataset),
+            **{k: v for k, v in counts.as_dict().items() if k != "samples"},
             "batch_sizes": sizes, "steps_per_epoch": [counts.train // b for b in sizes[::-1]],
             "trials": plan.trials_of(dataset), "epochs": [min(choices), max(choices)],
             "trial_s": search(expected) / plan.trials_of(dataset),
@@ -144,12 +145,27 @@ def format_sweep_cost(cost: dict) -> str:
         lines.append(f"{r['dataset']:<16}{r['train']:>7}{r['val']:>6}{r['test']:>7}{novel:>7}"
                      f"{steps:>10}{r['trials']:>7}{'%d-%d' % tuple(r['epochs']):>8}"
                      f"{r['trial_s']:>9.1f}{r['final_s']:>9.1f}{r['peak_gib']:>9.2f}")
+    lines += _per_method(cost["datasets"])
     t = cost["totals"]
     lines.append(f"search {duration(t['search_device_s'])} of device time with ASHA's expected "
                  f"stops ({duration(t['search_no_stop_device_s'])} without); final seeds "
                  f"{duration(t['final_device_s'])}")
     lines.append(f"wall time {duration(t['wall_s'])} (at most {duration(t['wall_no_stop_s'])})")
     return "\n".join(lines)
+
+
+def _per_method(rows: list[dict]) -> list[str]:
+    """Each method's device time (search with ASHA's expected stops, and final seeds) where the
+    sweep runs more than one (`--methods`)."""
+    methods = list(dict.fromkeys(r.get("method", "vacsr") for r in rows))
+    if len(methods) < 2:
+        return []
+    spent = {m: [0.0, 0.0] for m in methods}
+    for r in rows:
+        spent[r.get("method", "vacsr")][0] += r["search_s"]
+        spent[r.get("method", "vacsr")][1] += r["final_s"]
+    return ["per method: " + "; ".join(f"{m} {duration(a)} + {duration(b)} final"
+                                       for m, (a, b) in spent.items())]
 
 
 def _other(cost: dict) -> str:

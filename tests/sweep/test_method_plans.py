@@ -1,0 +1,82 @@
+"""What `--methods` plans before Ray starts (vacsr/sweep/plan/methods.py): a unit per dataset
+and method, each with its method's values and space under the one budget; VACSR alone keeps the
+sweep it always was; the cost plan adds each method's device time."""
+from __future__ import annotations
+
+from conftest import sweep_plan
+from sweeps.base2novel import SWEEP as BASE2NOVEL
+from vacsr.config import flatten
+from vacsr.methods.method import FROZEN_CLIP, SHARED_KEYS
+from vacsr.sweep.cost.sweep_cost import format_sweep_cost
+
+
+def _plan(tmp_path, monkeypatch, *argv):
+    return sweep_plan(BASE2NOVEL, tmp_path / "store", ["--datasets", "eurosat,dtd", *argv],
+                      monkeypatch=monkeypatch)
+
+
+def test_vacsr_alone_keeps_its_units_and_space(tmp_path, monkeypatch):
+    plan = _plan(tmp_path, monkeypatch)
+    again = _plan(tmp_path, monkeypatch, "--methods", "vacsr")
+    assert plan.datasets == again.datasets == ["eurosat", "dtd"]
+    assert plan.spaces == again.spaces
+    assert set(BASE2NOVEL.space) <= set(plan.spaces["eurosat"])
+    assert plan.methods == ("vacsr",) and plan.trials_of("dtd") == plan.trials
+
+
+def test_each_method_is_a_unit_with_its_own_values_and_the_shared_budget(tmp_path, monkeypatch):
+    plan = _plan(tmp_path, monkeypatch, "--methods", "all", "--seeds", "1,2,3", "--trials", "5")
+    names = ("vacsr", "sigmoid_baseline", "zero_shot", "linear_probe", "clip_adapter", "coop")
+    assert plan.methods == names
+    assert plan.datasets == [f"{d}.{m}" for m in names for d in ("eurosat", "dtd")]
+    for unit in plan.datasets:
+        dataset, method = unit.split(".")
+        assert (plan.dataset_of(unit), plan.method_of(unit)) == (dataset, method)
+        values = flatten(plan.configs[unit])
+        assert values["adapter.kind"] == method
+        # a dataset's units share its prefix cache: frozen features computed once per dataset
+        assert values["data.prefix_cache_dir"] == flatten(
+            plan.configs[f"{dataset}.vacsr"])["data.prefix_cache_dir"]
+        if method not in ("vacsr", "sigmoid_baseline"):
+            assert all(values[k] == v for k, v in FROZEN_CLIP.items() if k != "train.epochs")
+    spaces = {m: plan.spaces[f"eurosat.{m}"] for m in names}
+    assert spaces["zero_shot"] == {} and plan.trials_of("eurosat.zero_shot") == 1
+    assert plan.seeds_of("eurosat.zero_shot") == (1,) and plan.seeds_of("dtd.coop") == (1, 2, 3)
+    for method in ("linear_probe", "clip_adapter", "coop"):  # the budget every one shares
+        shared = {k: spaces[method][k] for k in SHARED_KEYS if k in spaces[method]}
+        assert shared == {k: spaces["vacsr"][k] for k in SHARED_KEYS}, method
+        assert not {k for k in spaces[method] if k.startswith(("loss.", "model."))}, method
+    assert set(spaces["coop"]) - set(SHARED_KEYS) == {"adapter.context_tokens",
+                                                      "adapter.context_init"}
+    assert set(spaces["clip_adapter"]) - set(SHARED_KEYS) == {"adapter.residual_ratio"}
+    # the sigmoid baseline searches the blocks and the shared keys, none of VACSR's own
+    assert "loss.beta" in spaces["vacsr"] and "adapter.num_components" in spaces["vacsr"]
+    assert not {k for k in spaces["sigmoid_baseline"] if k.startswith(("loss.", "adapter."))}
+    assert "model.trainable_image_blocks" in spaces["sigmoid_baseline"]
+
+
+def test_the_epochs_a_user_sets_hold_for_every_trained_method(tmp_path, monkeypatch):
+    plan = _plan(tmp_path, monkeypatch, "--methods", "vacsr,zero_shot,linear_probe", "--epochs",
+                 "3")
+    assert plan.configs["eurosat.vacsr"].train.epochs == 3
+    assert plan.configs["eurosat.linear_probe"].train.epochs == 3
+    assert "train.epochs" not in plan.spaces["eurosat.linear_probe"]
+    assert plan.configs["eurosat.zero_shot"].train.epochs == 1  # its one evaluation
+
+
+def test_the_cost_plan_adds_each_methods_device_time():
+    row = {"train": 8, "val": 4, "test": 4, "evaluations": {"novel_acc": 4},
+           "steps_per_epoch": [2], "trials": 2, "epochs": [1, 2], "trial_s": 1.0,
+           "final_s": 5.0, "peak_gib": 0.1}
+    cost = {"sweep": "s", "kind": "base2novel", "model": "vacsr-tiny",
+            "measured_on": {"device": "cpu"}, "resources": {"CPU": 2}, "parallel_datasets": 1,
+            "concurrent_trials": 1,
+            "datasets": [{**row, "dataset": "a.vacsr", "method": "vacsr", "search_s": 100.0},
+                         {**row, "dataset": "b.vacsr", "method": "vacsr", "search_s": 20.0},
+                         {**row, "dataset": "a.coop", "method": "coop", "search_s": 30.0}],
+            "totals": {"search_device_s": 150.0, "search_no_stop_device_s": 200.0,
+                       "final_device_s": 15.0, "wall_s": 165.0, "wall_no_stop_s": 215.0}}
+    text = format_sweep_cost(cost)
+    assert "per method: vacsr 2 min 00 s + 10 s final; coop 30 s + 5 s final" in text
+    one = {**cost, "datasets": cost["datasets"][:2]}
+    assert "per method" not in format_sweep_cost(one)
