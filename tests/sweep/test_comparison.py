@@ -221,6 +221,11 @@ def test_written_files_are_complete(tmp_path):
     lines = console.splitlines()
     assert len(lines) == 1 + 4 + 2 and lines[1].startswith("  vacsr         base 70.83 ± ")
     assert lines[-1].startswith("vacsr - zero_shot (the zero-shot baseline), H: +")
+    # what a method trains and searches describes it: shown, never a difference of budget
+    described = {m: {**given, "trains": f"{m}'s head", "searched": m} for m, given in
+                 budget.items()}
+    text = write_comparison(SPEC, results, failed, described, folder)[1][0].read_text()
+    assert "Every trained method had the same budget." in text and "coop's head" in text
     budget["coop"] = {**BUDGET, "trials": 4}
     assert "The trained methods' budgets differ in: trials." in write_comparison(
         SPEC, results, failed, budget, folder)[1][0].read_text()

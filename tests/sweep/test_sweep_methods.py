@@ -77,6 +77,16 @@ def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_loc
     assert (probe["params.model.trainable_image_blocks"] == "0").all()
     assert (probe["params.train.epochs"] == "2").all()
 
+    # a --resume of the finished comparison runs nothing and writes the same report
+    before = {p.name: p.read_bytes() for p in report.glob("comparison*")}
+    code = main(BASE2NOVEL, ["--storage", str(tmp_path), "--tracking-uri", uri,
+                             "--pretrained", str(weights), "--datasets", "eurosat",
+                             "--methods", ",".join(METHODS), "--trials", "2", "--seeds", "1,2",
+                             "--epochs", "2", "--cpus-per-worker", "1", "--resume"])
+    assert code == 0, capsys.readouterr().out[-3000:]
+    assert {p.name: p.read_bytes() for p in report.glob("comparison*")} == before
+    assert len(_runs(uri)) == len(runs)
+
     # a selection exported from the store trains again to the seed's test accuracy
     export = tmp_path / "export"
     assert vacsr_main(["best", "--tracking-uri", uri, "--experiment", "vacsr-base2novel",

@@ -109,7 +109,8 @@ def _run_datasets(plan: SweepPlan, state: SweepState, parent_id: str,
             f"{need:g} {name}s, the cluster has {held:g}" for name, (need, held) in short.items())
             + " now: the sweep waits for the autoscaler to add nodes")
     pending = [d for d in plan.datasets if not state.dataset(d).get("done")]
-    progress.line(f"[{plan.name}] {len(pending)} dataset(s) to search, {parallel} at a time, "
+    units = "dataset(s)" if len(plan.methods) == 1 else "dataset x method unit(s)"
+    progress.line(f"[{plan.name}] {len(pending)} {units} to search, {parallel} at a time, "
                   f"{per_dataset} concurrent trial(s) each, {plan.trials} trials per dataset"
                   + ("" if len(set(map(plan.trials_of, plan.datasets))) == 1
                      else " (1 where nothing is searched)"))

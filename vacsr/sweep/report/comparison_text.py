@@ -13,6 +13,9 @@ from vacsr.sweep.report.bootstrap import LEVEL, Difference
 from vacsr.sweep.report.comparison_rows import AVERAGE, Comparison
 from vacsr.sweep.report.table import readable
 
+# budget entries that describe a method rather than what it was given: shown, never compared
+DESCRIBED = ("trains", "searched")
+
 
 def _escaped(text: Any) -> str:
     """A cell's text: a `|` in a reason or a budget value would end the cell."""
@@ -80,7 +83,8 @@ def budget_markdown(budget: dict[str, dict], single: frozenset[str]) -> str:
         lines.append(f"| {method} | " + " | ".join(_escaped(_budget_value(given.get(k)))
                                                  for k in keys) + " |")
     trained = [given for method, given in budget.items() if method not in single]
-    differing = [k for k in keys if len({_budget_value(g.get(k)) for g in trained}) > 1]
+    differing = [k for k in keys if k not in DESCRIBED
+                 and len({_budget_value(g.get(k)) for g in trained}) > 1]
     if differing:
         lines += ["", f"The trained methods' budgets differ in: {', '.join(differing)}."]
     elif len(trained) > 1:

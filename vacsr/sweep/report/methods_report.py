@@ -24,6 +24,8 @@ def method_budget(plan: SweepPlan, unit: str) -> dict:
             "epochs": (f"{epochs.low}-{epochs.high}" if epochs is not None
                        else readable(config.train.epochs)),
             "shots": config.data.shots, "selection": plan.kind.metric,
+            # the frozen methods train on unaugmented images (their features computed once)
+            "augment": "on" if config.data.augment else "off",
             "trains": METHODS[plan.method_of(unit)].trains,
             "searched": ", ".join(space) or "nothing"}
 
