@@ -28,6 +28,7 @@ def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_loc
                                                                 capsys):
     import optuna
     import yaml
+    from mlflow import MlflowClient
 
     from vacsr.cli import main as vacsr_main
     from vacsr.sweep.cli import main
@@ -53,6 +54,12 @@ def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_loc
     assert runs["tags.vacsr.method"].notna().all()  # every run names its method
     sweep = runs[runs["tags.vacsr.kind"].notna()].iloc[0]  # the sweep's own: all of them
     assert sweep["tags.vacsr.method"] == ",".join(METHODS)
+    client = MlflowClient(uri)  # the comparison and each method's tables, as on disk
+    logged = {a.path for a in client.list_artifacts(sweep.run_id)}
+    assert {"comparison.md", "comparison.csv", "comparison_differences.csv"} <= logged, logged
+    for method in METHODS:
+        assert f"methods/{method}/results.md" in {
+            a.path for a in client.list_artifacts(sweep.run_id, f"methods/{method}")}, method
     units = runs[runs["tags.vacsr.dataset"].notna()]
     assert set(units["tags.vacsr.dataset"]) == {f"eurosat.{m}" for m in METHODS}
     storage = f"sqlite:///{tmp_path / 'base2novel' / 'optuna.db'}"

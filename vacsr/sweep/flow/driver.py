@@ -309,8 +309,10 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     else:
         rows, paths, text = write_report(plan.kind, results, failed, report_folder(plan.storage),
                                          sections=importance_section(results, plan.kind.metric))
-    for path in paths:
-        parent.log_artifact(path)
+    folder = report_folder(plan.storage)
+    for path in paths:  # each method's tables under methods/<method>/, as on disk
+        where = path.parent.relative_to(folder).as_posix()
+        parent.log_artifact(path, None if where == "." else where)
     publish_table(parent, plan, rows, {d: state.dataset(d).get("run_id") for d in plan.datasets})
     parent.finish("FAILED" if failed else "FINISHED")
     print("\n" + text, flush=True)
