@@ -53,7 +53,7 @@ def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_loc
     runs = _runs(uri)
     assert runs["tags.vacsr.method"].notna().all()  # every run names its method
     sweep = runs[runs["tags.vacsr.kind"].notna()].iloc[0]  # the sweep's own: all of them
-    assert sweep["tags.vacsr.method"] == ",".join(METHODS)
+    assert sweep["tags.vacsr.method"] == sweep["params.method"] == ",".join(METHODS)
     client = MlflowClient(uri)  # the comparison and each method's tables, as on disk
     logged = {a.path for a in client.list_artifacts(sweep.run_id)}
     assert {"comparison.md", "comparison.csv", "comparison_differences.csv"} <= logged, logged
