@@ -125,6 +125,8 @@ class RayTrainRun(RayRun):
         ray.train.report(metrics, checkpoint=checkpoint)
 
     def loss_fn(self, trainer: Trainer):
+        if trainer.optimizer is None:  # a method that trains nothing: DDP has nothing to sync
+            return None
         return ray.train.torch.prepare_model(GlobalLoss(trainer), move_to_device=False)
 
     def before_epoch(self, epoch: int) -> None:
