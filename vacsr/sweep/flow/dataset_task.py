@@ -44,7 +44,8 @@ def run_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurre
     # as a person reads them (the view's columns); best_config.yaml and the selected trial's run
     # hold the exact values
     run.log_params({key: readable(value) for key, value in selected.items()})
-    run.log_params({"method": plan.method_of(dataset)})  # beside its vacsr.method tag
+    if len(plan.methods) > 1:  # beside its vacsr.method tag; a one-method sweep's run keeps
+        run.log_params({"method": plan.method_of(dataset)})  # its searched keys alone
     importance = record_sensitivity(plan, dataset, run, selected)  # appendix E, per dataset
     log_dataset_inputs(run, best["config"])  # the runs table's Dataset column
     finals = final_runs(plan, dataset, best, dataset_run_id, report)

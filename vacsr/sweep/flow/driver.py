@@ -268,7 +268,8 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
         stop.restore()
         raise
     parent_id = parent.run_id
-    parent.log_params({"method": ",".join(plan.methods)})  # beside its vacsr.method tag
+    if len(plan.methods) > 1:  # beside its vacsr.method tag (a one-method sweep's is unchanged)
+        parent.log_params({"method": ",".join(plan.methods)})
     parent.log_json(SWEEP_INFO, {"kind": plan.kind.name, "metric": plan.kind.metric,
                                  "table": table_spec(plan.kind.table)})
     parent.log_json(SWEEP_COST, cost)
