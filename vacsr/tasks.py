@@ -9,8 +9,8 @@ features of all ranks in between.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -185,9 +185,7 @@ class ClassificationTask(_Task):
         labels. Prompts whose context the head learns go through it whole, uncached."""
         prompts = class_prompts(model, data)
         if hasattr(model.head, "encode_prompts"):
-            feats = _learned_prompt_features(model, prompts, encode.get("autocast"),
-                                             encode.get("keep_on_device", False))
-            return feats, {"labels": data.labels}
+            encode["encoder"] = partial(model.head.encode_prompts, model.backbone)
         return encode_texts(model.backbone, prompts, **encode), {"labels": data.labels}
 
     @staticmethod
@@ -243,26 +241,6 @@ class ClassificationTask(_Task):
         image_feats = images if self.image_features_given else self.model.encode_image(images)
         return PairBatch(image_feats, self.class_features(images.device), labels, class_index,
                          text_is_shared=True)
-
-
-@torch.no_grad()
-def _learned_prompt_features(model, prompts: list[str], autocast, keep_on_device: bool,
-                             batch_size: int = 1024) -> torch.Tensor:
-    """(C, d) float32 class features of a head that learns its prompts' context."""
-    backbone = model.backbone
-    device, was_training = next(backbone.parameters()).device, model.training
-    tokens = backbone.tokenize(prompts)  # (C, T)
-    model.eval()
-    chunks = []
-    try:
-        for start in range(0, len(prompts), batch_size):
-            with (autocast or nullcontext)():
-                feats = model.head.encode_prompts(
-                    backbone, tokens[start:start + batch_size].to(device)).float()
-            chunks.append(feats if keep_on_device else feats.cpu())  # (c, d)
-    finally:
-        model.train(was_training)
-    return torch.cat(chunks)
 
 
 TASKS = {task.name: task for task in (RetrievalTask, ClassificationTask)}

@@ -55,9 +55,12 @@ def test_each_method_is_a_unit_with_its_own_values_and_the_shared_budget(tmp_pat
     assert "model.trainable_image_blocks" in spaces["sigmoid_baseline"]
 
 
-def test_the_epochs_a_user_sets_hold_for_every_trained_method(tmp_path, monkeypatch):
+def test_the_epochs_a_user_sets_hold_for_every_trained_method(tmp_path, monkeypatch, capsys):
     plan = _plan(tmp_path, monkeypatch, "--methods", "vacsr,zero_shot,linear_probe", "--epochs",
                  "3")
+    # the one method it does not reach is named, not passed over in silence
+    assert ("--set train.epochs=3 does not reach zero_shot, which keeps train.epochs=1: it "
+            "trains nothing (one evaluation per dataset)") in capsys.readouterr().out
     assert plan.configs["eurosat.vacsr"].train.epochs == 3
     assert plan.configs["eurosat.linear_probe"].train.epochs == 3
     assert "train.epochs" not in plan.spaces["eurosat.linear_probe"]

@@ -366,5 +366,5 @@ def test_a_frozen_image_tower_trains_on_features_computed_once(tmp_path, weights
     assert served >= len(again.splits["train"].images)
     # augmentation would draw new views every epoch: the frozen methods fix it off, in one line
     with pytest.raises(ConfigError, match=r"linear_probe runs with data\.augment=false .*"
-                                          r"this config has data\.augment=True"):
+                                          r"this config has data\.augment=true"):
         Trainer(_config(tmp_path / "aug", weights, eurosat, "linear_probe", "data.augment=true"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from vacsr.config import shown
 from vacsr.config.domains import Domain
 from vacsr.errors import ConfigError
 
@@ -95,12 +96,10 @@ class Method:
         CLIP for the compared methods): the method would silently be another one."""
         wrong = {key: value for key, value in self.protocol.items() if values.get(key) != value}
         if wrong:
-            fixes = " ".join(f"{key}={str(value).lower() if isinstance(value, bool) else value}"
-                             for key, value in wrong.items())
+            fixes = " ".join(f"{key}={shown(value)}" for key, value in wrong.items())
+            has = ", ".join(f"{key}={shown(values.get(key))}" for key in wrong)
             raise ConfigError(f"adapter.kind: {self.name} runs with {fixes} ({self.trains}); "
-                              "this config has " + ", ".join(
-                                  f"{key}={values.get(key)}" for key in wrong)
-                              + "; set those values")
+                              f"this config has {has}; set those values")
 
     def searched(self, kind_space: Mapping[str, Domain]) -> dict[str, Domain]:
         """What this method's trials search in a kind whose space is `kind_space`: the kind's keys

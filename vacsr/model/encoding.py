@@ -90,13 +90,17 @@ def _tokens_digest(tokens: torch.Tensor) -> str:
 @torch.no_grad()
 def encode_texts(backbone, texts: Sequence[str], *, batch_size: int = 1024,
                  autocast=nullcontext, keep_on_device: bool = False,
-                 cache: PrefixCache | None = None) -> torch.Tensor:
-    """(N, d) float32 features of `texts` (tokenized by the backbone), placed as encode_images."""
+                 cache: PrefixCache | None = None,
+                 encoder: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """(N, d) float32 features of `texts` (tokenized by the backbone), placed as encode_images.
+    `encoder`: token ids (b, T) -> features (b, d) where not the backbone's own (a head's learned
+    prompt context, vacsr/model/clip_heads.py); such a pass goes without the cache."""
     device, was_training = _device(backbone), backbone.training
     backbone.eval()
     tokens = backbone.tokenize(list(texts))  # (N, T)
     starts = range(0, len(texts), batch_size)
-    cacheable = backbone.frozen_depth("text") if cache is not None else 0
+    cacheable = backbone.frozen_depth("text") if cache is not None and encoder is None else 0
+    encoder = encoder or backbone.encode_text
 
     def prefix_batches():
         for start in starts:
@@ -116,7 +120,7 @@ def encode_texts(backbone, texts: Sequence[str], *, batch_size: int = 1024,
                     feats = tower_prefix.text_suffix(
                         backbone, hidden[start:start + batch_size].to(device), part, depth)
                 else:
-                    feats = backbone.encode_text(part)
+                    feats = encoder(part)
             chunks.append(feats.float() if keep_on_device else feats.float().cpu())  # (b, d)
     finally:
         backbone.train(was_training)

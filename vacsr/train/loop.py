@@ -68,6 +68,8 @@ class Trainer:
         seed_everything(config.train.seed)
         self.model: VACSRModel = build_model(config).to(self.device)
         self.task = kind.for_run(self.model, config.loss, self.splits)
+        # its batches then hold image features (feature_dataset), not images
+        self.task.image_features_given = self.trains_on_features()
         # a method that trains nothing (zero-shot CLIP) has no optimizer: its epochs evaluate
         self.optimizer = build_optimizer(self.model, config.optim) if self.method.trained else None
         self.output_dir = Path(config.train.output_dir).expanduser().resolve()
@@ -113,7 +115,6 @@ class Trainer:
 
     def train_dataset(self):
         if self.trains_on_features():
-            self.task.image_features_given = True
             return self.feature_dataset()
         backbone = self.model.backbone
         transform = (backbone.train_transform if self.config.data.augment

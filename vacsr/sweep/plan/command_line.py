@@ -20,7 +20,6 @@ from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
 from vacsr.sweep.plan.folders import (
     embedded_data,
     embedded_weights,
-    prefix_cache_folder,
     sweep_folder,
 )
 from vacsr.sweep.plan.inputs import (
@@ -35,24 +34,16 @@ from vacsr.sweep.plan.inputs import (
 )
 from vacsr.sweep.plan.methods import (
     check_method_keys,
-    check_prompt_room,
-    method_layers,
-    method_ranges,
-    method_space,
+    ignored_settings,
     parse_methods,
-    searches_batch_size,
-    unit_name,
+    unit_configs,
 )
-from vacsr.sweep.plan.plan import SweepPlan, build_config
+from vacsr.sweep.plan.plan import SweepPlan
 from vacsr.sweep.plan.studies import check_optuna_storage
 from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.spec.space import (
     Domain,
-    check_blocks,
     check_free_ranges,
-    check_space_values,
-    clamp_blocks,
-    dataset_space,
     fixed_by,
     parse_range,
     tower_depths,
@@ -307,35 +298,6 @@ def _user_values(args) -> dict[str, Any]:
     return user
 
 
-def _unit_configs(kind: SweepKind, datasets: list[str], methods: tuple[str, ...],
-                  layers: list[dict[str, Any]], user_keys: set[str], storage: Path,
-                  ranges: dict[str, Domain], fixed: dict[str, str], depths
-                  ) -> tuple[dict[str, cfg.Config], dict[str, dict[str, Domain]]]:
-    """Each unit's (dataset x method) base config and searched space, checked: the sweep's
-    layers, then the method's values (vacsr/sweep/plan/methods.py); a method's fixed values are
-    never searched. A dataset's units share its prefix cache: the frozen features of the
-    methods whose towers are frozen are computed once per dataset."""
-    configs, spaces = {}, {}
-    for method_name in methods:
-        method = METHODS[method_name]
-        for d in datasets:
-            unit = unit_name(d, method_name, methods)
-            own = {"data.dataset": d,
-                   "data.prefix_cache_dir": str(prefix_cache_folder(storage, d))}
-            config = build_config([layers[0], own, *layers[1:], method_layers(method)],
-                                  user_keys)
-            sizes = kind.batch_sizes.get(d, ()) if searches_batch_size(method) else ()
-            space = dataset_space(method_space(method, kind), sizes,
-                                  method_ranges(method, ranges), config.train.workers, d,
-                                  {**fixed, **dict.fromkeys(method.protocol, "")})
-            spaces[unit] = clamp_blocks(space, depths)
-            check_blocks(config, depths, unit)  # a value the runs refuse fails before Ray
-            check_space_values(spaces[unit], config, unit)
-            check_prompt_room(method, cfg.flatten(config), spaces[unit], config.model.name, unit)
-            configs[unit] = config
-    return configs, spaces
-
-
 def _writes_to_check(uri: str) -> bool:
     """A store checked by creating it (SQLite, a file store): --plan leaves it unchecked."""
     return uri.startswith(("sqlite", "file")) or "://" not in uri
@@ -378,9 +340,9 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
     tiny = embedded and profile.get("pretrain_tiny") and model == profile["model"]
     pretrained = args.pretrained or (str(embedded_weights(storage)) if tiny else None)
     shared = _base_values(kind, args, profile, root, model, pretrained)
-    configs, spaces = _unit_configs(kind, datasets, methods, [shared, dict(kind.protocol),
-                                                              profile.get("set", {}), user],
-                                    set(user), storage, ranges, fixed, tower_depths(model))
+    configs, spaces = unit_configs(kind, datasets, methods, [shared, dict(kind.protocol),
+                                                             profile.get("set", {}), user],
+                                   set(user), storage, ranges, fixed, tower_depths(model))
     note_fewer_shots(train_counts, configs)
     # a local instance of the sweep's own (the GPUs torch sees); one the caller started has its own
     ray = sys.modules.get("ray")  # not imported: not started either
@@ -405,6 +367,8 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
     if user_fixed:  # once per sweep, not per dataset
         print(f"--set fixes searched keys: {', '.join(user_fixed)}; every trial and final run "
               "of every dataset has their values", flush=True)
+    for line in ignored_settings(methods, user):
+        print(line, flush=True)
     if args.plan:  # the sweep folder is neither locked nor written
         return plan
     if on_folder is not None:

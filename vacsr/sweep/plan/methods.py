@@ -3,14 +3,24 @@
 selection on the val split. Every check here runs before Ray starts."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping
 
-from vacsr.config import shown
+from vacsr.config import Config, flatten, shown
 from vacsr.errors import ConfigError
 from vacsr.methods.method import Method
 from vacsr.methods.registry import METHODS
+from vacsr.sweep.plan.folders import prefix_cache_folder
+from vacsr.sweep.plan.plan import build_config
 from vacsr.sweep.spec.kind import SweepKind
-from vacsr.sweep.spec.space import Domain, bounding_values
+from vacsr.sweep.spec.space import (
+    Domain,
+    bounding_values,
+    check_blocks,
+    check_space_values,
+    clamp_blocks,
+    dataset_space,
+)
 
 DEFAULT_METHODS = ("vacsr",)
 ALL = "all"
@@ -105,6 +115,16 @@ def check_prompt_room(method: Method, values: Mapping[str, Any], space: Mapping[
                           f"positions; expected at most {positions - 3}")
 
 
+def ignored_settings(methods: tuple[str, ...], user: Mapping[str, Any]) -> list[str]:
+    """A line per --set a chosen method leaves out (`Method.ignores`: zero-shot CLIP has one
+    epoch, its evaluation, whatever --epochs gives the trained methods), so that no value the
+    user gave is dropped without a word."""
+    return [f"--set {key}={shown(value)} does not reach {name}, which keeps {key}="
+            f"{shown(METHODS[name].protocol[key])}: it trains {METHODS[name].trains}"
+            for name in methods for key, value in user.items()
+            if key in METHODS[name].ignores and METHODS[name].protocol[key] != value]
+
+
 def method_layers(method: Method) -> dict[str, Any]:
     """The config values a method's units take beside the sweep's: its name and what it fixes."""
     return {"adapter.kind": method.name, **method.protocol}
@@ -124,3 +144,32 @@ def method_space(method: Method, kind: SweepKind) -> dict[str, Domain]:
 
 def searches_batch_size(method: Method) -> bool:
     return bool(kept_keys(method, ["train.batch_size"]))
+
+
+def unit_configs(kind: SweepKind, datasets: list[str], methods: tuple[str, ...],
+                 layers: list[dict[str, Any]], user_keys: set[str], storage: Path,
+                 ranges: dict[str, Domain], fixed: dict[str, str], depths
+                 ) -> tuple[dict[str, Config], dict[str, dict[str, Domain]]]:
+    """Each unit's (dataset x method) base config and searched space, checked: the sweep's
+    layers, then the method's values; a method's fixed values are
+    never searched. A dataset's units share its prefix cache: the frozen features of the
+    methods whose towers are frozen are computed once per dataset."""
+    configs, spaces = {}, {}
+    for method_name in methods:
+        method = METHODS[method_name]
+        for d in datasets:
+            unit = unit_name(d, method_name, methods)
+            own = {"data.dataset": d,
+                   "data.prefix_cache_dir": str(prefix_cache_folder(storage, d))}
+            config = build_config([layers[0], own, *layers[1:], method_layers(method)],
+                                  user_keys)
+            sizes = kind.batch_sizes.get(d, ()) if searches_batch_size(method) else ()
+            space = dataset_space(method_space(method, kind), sizes,
+                                  method_ranges(method, ranges), config.train.workers, d,
+                                  {**fixed, **dict.fromkeys(method.protocol, "")})
+            spaces[unit] = clamp_blocks(space, depths)
+            check_blocks(config, depths, unit)  # a value the runs refuse fails before Ray
+            check_space_values(spaces[unit], config, unit)
+            check_prompt_room(method, flatten(config), spaces[unit], config.model.name, unit)
+            configs[unit] = config
+    return configs, spaces
