@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vacsr.config import Config, from_dict, set_value, validate
+from vacsr.methods.registry import method_of
 from vacsr.sweep.plan.folders import join_storage, optuna_url
 from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.spec.space import Domain
@@ -74,8 +75,6 @@ class SweepPlan:
     def seeds_of(self, unit: str) -> tuple[int, ...]:
         """A unit's final seeds: the sweep's, or the first alone for a method that trains
         nothing (its one evaluation: no seed changes it)."""
-        from vacsr.methods.registry import method_of
-
         return self.seeds if method_of(self.method_of(unit)).trained else self.seeds[:1]
 
     @property
