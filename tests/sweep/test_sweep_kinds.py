@@ -30,7 +30,7 @@ def _sweep(kind, tmp_path, weights, extra: list[str]) -> tuple[int, str]:
     return main(kind, argv), uri
 
 
-def test_retrieval_and_domain_generalization_sweeps(tmp_path, ray_local, weights, capsys):
+def test_retrieval_sweep(tmp_path, ray_local, weights, capsys):
     # two trials, one at a time (a trial holds both CPUs): the second trains in the first's actor
     code, uri = _sweep(RETRIEVAL, tmp_path / "ret", weights,
                        ["--range", "model.trainable_image_blocks=int:0:0",
@@ -55,6 +55,8 @@ def test_retrieval_and_domain_generalization_sweeps(tmp_path, ray_local, weights
     pids = {read_workers(f.parent)[0]["pid"] for f in folders}
     assert len(folders) == 2 and len(pids) == 1, pids  # one actor process, reused
 
+
+def test_domain_generalization_sweep(tmp_path, ray_local, weights, capsys):
     code, uri = _sweep(DG, tmp_path / "dg", weights, [])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
