@@ -13,7 +13,7 @@ try:  # a job whose `python` lacks vacsr fails here, in one line (README: Ray cl
 except ImportError as exc:
     sys.exit(print(f"vacsr: error: {sys.executable} cannot import vacsr or its dependencies "
                    f"({exc}); run the job with vacsr's interpreter", file=sys.stderr) or 2)
-from vacsr.sweep.spec.kind import Evaluation, SweepKind, Table
+from vacsr.sweep.spec.kind import Compared, Evaluation, SweepKind, Table
 from vacsr.sweep.spec.paper import (
     ADAPTER_SPACE,
     BACKBONE_SPACE,
@@ -33,7 +33,10 @@ SWEEP = SweepKind(
     train_classes="base",
     evaluations=(Evaluation("novel_acc", classes="novel"),),  # zero-shot on the unseen half
     table=Table(columns=(("base", "acc"), ("novel", "novel_acc")), harmonic=("base", "novel"),
-                published=PUBLISHED_BASE_TO_NOVEL),
+                published=PUBLISHED_BASE_TO_NOVEL,
+                # the methods compared by H per dataset, over (dataset, seed) pairs
+                comparison=Compared(score="H", columns=(("base", "acc"), ("novel", "novel_acc")),
+                                    harmonic=("base", "novel"))),
 )
 
 if __name__ == "__main__":

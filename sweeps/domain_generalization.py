@@ -13,7 +13,7 @@ except ImportError as exc:
     sys.exit(print(f"vacsr: error: {sys.executable} cannot import vacsr or its dependencies "
                    f"({exc}); run the job with vacsr's interpreter", file=sys.stderr) or 2)
 from vacsr.sweep.spec import paper
-from vacsr.sweep.spec.kind import Evaluation, SweepKind
+from vacsr.sweep.spec.kind import Compared, Evaluation, SweepKind, Table
 from vacsr.sweep.spec.space import LogFloat
 
 SHIFTS = paper.DOMAIN_SHIFTS  # ImageNet-V2, -Sketch, -A, -R
@@ -31,6 +31,11 @@ SWEEP = SweepKind(
               "train.epochs": 5, "optim.schedule": "cosine"},
     evaluations=tuple(Evaluation(f"{shift}_acc", dataset=shift) for shift in SHIFTS),
     averages={"ood_avg_acc": tuple(f"{shift}_acc" for shift in SHIFTS)},
+    # the methods compared per target (ImageNet, then each shift) and on the shifts' average
+    # (ood_avg_acc), which ranks them
+    table=Table(comparison=Compared(
+        score="accuracy", targets=(("imagenet", "acc"), *((s, f"{s}_acc") for s in SHIFTS)),
+        average="shifted average", average_over=SHIFTS, per_row=True)),
 )
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ try:  # a job whose `python` lacks vacsr fails here, in one line (README: Ray cl
 except ImportError as exc:
     sys.exit(print(f"vacsr: error: {sys.executable} cannot import vacsr or its dependencies "
                    f"({exc}); run the job with vacsr's interpreter", file=sys.stderr) or 2)
-from vacsr.sweep.spec.kind import SweepKind
+from vacsr.sweep.spec.kind import Compared, SweepKind, Table
 from vacsr.sweep.spec.paper import ADAPTER_SPACE
 from vacsr.sweep.spec.space import LogFloat
 
@@ -27,6 +27,14 @@ SWEEP = SweepKind(
     # is not searched)
     protocol={"optim.schedule": "step", "optim.lr": 5e-4, "optim.decay_factor": 0.1,
               "train.epochs": 25},
+    # the methods compared by RSUM (vacsr/eval/metrics.py), R@1 both ways and ECCV Caption's
+    # mAP@R where the test set is COCO 5K; one noise ratio per sweep, named in the header
+    table=Table(comparison=Compared(
+        score="RSUM", columns=(("RSUM", "rsum"), ("R@1 i2t", "i2t_r1"), ("R@1 t2i", "t2i_r1"),
+                               ("ECCV mAP@R i2t", "eccv_map_at_r_i2t"),
+                               ("ECCV mAP@R t2i", "eccv_map_at_r_t2i")),
+        optional=("ECCV mAP@R i2t", "ECCV mAP@R t2i"),
+        setting=(("noise ratio of the training captions (0 = clean)", "data.noise_ratio"),))),
 )
 
 if __name__ == "__main__":

@@ -30,7 +30,15 @@ def harmonic_mean(base: float, novel: float) -> float:
 
 def table_spec(table) -> dict:
     """A sweep kind's Table as plain data (logged on the sweep's run: vacsr/records/artifacts.py
-    SWEEP_INFO)."""
+    SWEEP_INFO), its methods' comparison included (None where the kind declares none)."""
+    compared = table.comparison
     return {"columns": [list(c) for c in table.columns],
             "harmonic": list(table.harmonic) if table.harmonic else None,
-            "published": {k: list(v) for k, v in table.published.items()}}
+            "published": {k: list(v) for k, v in table.published.items()},
+            "comparison": None if compared is None else {
+                "score": compared.score, "columns": [list(c) for c in compared.columns],
+                "harmonic": list(compared.harmonic) if compared.harmonic else None,
+                "optional": list(compared.optional),
+                "targets": [list(t) for t in compared.targets],
+                "average": compared.average, "average_over": list(compared.average_over),
+                "per_row": compared.per_row, "setting": [list(s) for s in compared.setting]}}

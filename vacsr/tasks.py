@@ -155,7 +155,7 @@ class ClassificationTask(_Task):
     def for_run(cls, model: VACSRModel, loss_config, splits: dict) -> "ClassificationTask":
         train = splits["train"]
         if hasattr(model.head, "fit_classes"):  # a weight per training class (linear probe)
-            model.head.fit_classes(len(train.classnames))
+            model.head.fit_classes(train.classnames)
         return cls(model, loss_config, model.backbone.tokenize(class_prompts(model, train)))
 
     @staticmethod

@@ -83,3 +83,26 @@ def test_the_cost_plan_adds_each_methods_device_time():
     assert "per method: vacsr 2 min 00 s + 10 s final; coop 30 s + 5 s final" in text
     one = {**cost, "datasets": cost["datasets"][:2]}
     assert "per method" not in format_sweep_cost(one)
+    # the first column fits the longest unit name: every row's numbers line up with the header
+    long = {**cost, "datasets": [*cost["datasets"], {**row, "dataset": "imagenet.sigmoid_baseline",
+                                                     "method": "sigmoid_baseline",
+                                                     "search_s": 1.0}]}
+    lines = format_sweep_cost(long).splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("dataset "))
+    table = lines[header:header + 5]
+    assert table[-1].startswith("imagenet.sigmoid_baseline  ")
+    assert {len(line) for line in table} == {len(table[0])}  # no name pushes its row out
+
+
+def test_the_comparison_budget_carries_the_setting_the_kind_names(tmp_path, monkeypatch):
+    """The retrieval comparison's header names the noise ratio: each method's budget carries
+    its config's; a kind that names none (base-to-novel) gets no such entry."""
+    from sweeps.retrieval import SWEEP as RETRIEVAL
+    from vacsr.sweep.report.methods_report import method_budget
+
+    plan = sweep_plan(RETRIEVAL, tmp_path / "ret", ["--methods", "vacsr,sigmoid_baseline",
+                                                    "--set", "data.noise_ratio=0.2"],
+                      monkeypatch=monkeypatch)
+    assert [method_budget(plan, u)["data.noise_ratio"] for u in plan.datasets] == [0.2, 0.2]
+    b2n = _plan(tmp_path, monkeypatch, "--methods", "vacsr,coop")
+    assert "data.noise_ratio" not in method_budget(b2n, "eurosat.vacsr")

@@ -57,19 +57,50 @@ def test_retrieval_sweep(tmp_path, ray_local, weights, capsys):
 
 
 def test_domain_generalization_sweep(tmp_path, ray_local, weights, capsys):
-    code, uri = _sweep(DG, tmp_path / "dg", weights, [])
+    """Every method on ImageNet and its four shifts under one budget (1 shot keeps the
+    synthetic ImageNet's 1000 classes small): each method's table, and the comparison a row per
+    target and method with the shifted average and the differences per target."""
+    import csv
+
+    from vacsr.methods.registry import METHODS
+    from vacsr.sweep.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = main(DG, ["--storage", str(tmp_path / "dg"), "--tracking-uri", uri, "--pretrained",
+                     str(weights), "--methods", "all", "--seeds", "1,2", "--trials", "1",
+                     "--epochs", "1", "--shots", "1"])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
-    table = (tmp_path / "dg" / "domain_generalization" / "report" / "results.md").read_text()
+    report = tmp_path / "dg" / "domain_generalization" / "report"
+    table = (report / "methods" / "vacsr" / "results.md").read_text()
     for shift in ("imagenetv2_acc", "imagenet_sketch_acc", "imagenet_a_acc", "imagenet_r_acc",
                   "ood_avg_acc"):
         assert shift in table, shift
+    targets = ["imagenet", "imagenetv2", "imagenet_sketch", "imagenet_a", "imagenet_r"]
+    rows = list(csv.DictReader((report / "comparison.csv").open()))
+    assert [(r["target"], r["method"]) for r in rows] == [
+        (t, m) for t in [*targets, "shifted average"] for m in METHODS]
+    assert all(r["accuracy"] and not r.get("failed") for r in rows)
+    differences = list(csv.DictReader((report / "comparison_differences.csv").open()))
+    assert [(d["target"], d["comparison"]) for d in differences] == [
+        (t, c) for t in [*targets, "shifted average"] for c in (
+            "the best other method on the shifted average", "the zero-shot baseline")]
+    assert all(d["available"] == "True" for d in differences), differences
+    assert {d["pairs"] for d in differences} == {"2", "8"}  # 2 seeds; 4 shifts x 2 seeds
+    assert "| shifted average (4 target(s)) | vacsr |" in (report / "comparison.md").read_text()
+
     runs = _runs(uri, "vacsr-domain_generalization")
-    dataset = runs[runs["tags.vacsr.dataset"] == "imagenet"].iloc[0]
-    shifts = [dataset[f"metrics.test_seed/{s}_acc"] for s in  # the one seed's, exact
-              ("imagenetv2", "imagenet_sketch", "imagenet_a", "imagenet_r")]
-    assert all(0 <= a <= 100 for a in shifts)
-    assert dataset["metrics.test_seed/ood_avg_acc"] == pytest.approx(sum(shifts) / 4)
+    assert runs["tags.vacsr.method"].notna().all()  # every run names its method
+    cells = {(r["target"], r["method"]): r for r in rows}
+    for method in METHODS:
+        unit = runs[runs["tags.vacsr.dataset"] == f"imagenet.{method}"].iloc[0]
+        assert unit["tags.vacsr.method"] == method
+        shifts = [unit[f"metrics.test_seed/{s}_acc"] for s in targets[1:]]  # seed 2's, exact
+        assert all(0 <= a <= 100 for a in shifts)
+        assert unit["metrics.test_seed/ood_avg_acc"] == pytest.approx(sum(shifts) / 4)
+        # the comparison's shifted average is the unit's table row: ood_avg_acc over seeds
+        assert unit["metrics.table/ood_avg_acc"] == pytest.approx(
+            float(cells[("shifted average", method)]["accuracy"]), abs=0.01)
     assert not [c for c in runs.columns if c.startswith("metrics.best_test")]  # one name each
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import pkgutil
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +26,7 @@ from vacsr.data.base import load_image
 from vacsr.errors import ConfigError
 from vacsr.methods.registry import METHODS
 from vacsr.model.backbone import create_clip
+from vacsr.model.clip_heads import CosineHead, PrototypeHead, prototypes_for, trained_rows
 from vacsr.sweep.spec.space import bounding_values, validate_space
 from vacsr.train.checkpoint import load_checkpoint
 from vacsr.train.eval_pass import encode_checkpoint, encode_split, evaluate_checkpoint
@@ -233,6 +235,72 @@ def test_the_linear_probe_scores_novel_classes_with_their_zero_shot_prototypes(
     torch.testing.assert_close(_encoded_logits(base), expected, rtol=1e-5, atol=1e-4)
     zero_base = encode_checkpoint(zero_config, zero.checkpoint, device="cpu")
     assert not torch.allclose(_encoded_logits(base), _encoded_logits(zero_base), atol=1e-2)
+
+    # every class at once (another class set than the trained one): the base classes by name
+    # keep their trained prototypes, the novel ones are zero-shot
+    both = _encoded_logits(encode_checkpoint(config, result.checkpoint, subsample="all",
+                                             device="cpu"))  # (20 + 20 images, 10)
+    base_images, novel_images = base.image_feats.shape[0], probe_novel.image_feats.shape[0]
+    assert both.shape == (base_images + novel_images, 10)
+    torch.testing.assert_close(both[:base_images, :5], _encoded_logits(base), rtol=0, atol=1e-5)
+    torch.testing.assert_close(both[base_images:, 5:], _encoded_logits(zero_novel), rtol=0,
+                               atol=1e-5)
+
+
+def _probe(names: list[str], dim: int = 8) -> PrototypeHead:
+    head = PrototypeHead(logit_scale=math.log(100.0), embed_dim=dim)
+    head.fit_classes(names)
+    with torch.no_grad():
+        head.delta.copy_(torch.randn(len(names), dim, generator=torch.Generator().manual_seed(3)))
+    return head
+
+
+def test_the_linear_probe_scores_a_class_set_by_name():
+    """ImageNet's classes on a shifted test set (ImageNet-A/R: a subset, in another order): each
+    class it trained on keeps its own prototype, by name; a name it never trained on is scored
+    zero-shot; a checkpoint without the names scores them all zero-shot, as before."""
+    names = [f"class {i}" for i in range(10)]
+    head = _probe(names)
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(6, 8, generator=generator)  # (N, d)
+    prompts = torch.randn(10, 8, generator=generator)  # (C, d): t_c of each trained class
+    own = head.score_block(images, prompts)[0]  # (6, 10)
+
+    # a checkpoint's state carries the names (as a tensor): a fresh head loads them
+    loaded = PrototypeHead(logit_scale=math.log(100.0), embed_dim=8)
+    loaded.load_state_dict(head.state_dict())
+    assert loaded.trained_names() == names
+
+    order = [7, 2, 9, 4]  # a permuted subset
+    subset = prototypes_for(loaded, [names[i] for i in order])
+    torch.testing.assert_close(subset.score_block(images, prompts[order])[0], own[:, order],
+                               rtol=1e-6, atol=1e-5)
+    # the same classes with two it never trained on between them
+    unknown = torch.randn(2, 8, generator=generator)
+    mixed = prototypes_for(loaded, [names[7], "unseen a", names[2], "unseen b"])
+    scores = mixed.score_block(images, torch.cat([prompts[7:8], unknown[:1], prompts[2:3],
+                                                  unknown[1:]]))[0]  # (6, 4)
+    zero_shot = CosineHead(logit_scale=math.log(100.0))
+    torch.testing.assert_close(scores[:, [0, 2]], own[:, [7, 2]], rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(scores[:, [1, 3]], zero_shot.score_block(images, unknown)[0],
+                               rtol=1e-6, atol=1e-5)
+    # no name in common (base-to-novel's novel classes): the zero-shot head itself
+    assert type(prototypes_for(loaded, ["unseen a", "unseen b"])) is CosineHead
+
+    # a checkpoint from before the names were kept: it loads, and knows no class
+    old = {k: v for k, v in head.state_dict().items() if k != "class_names"}
+    before = PrototypeHead(logit_scale=math.log(100.0), embed_dim=8)
+    before.load_state_dict(old)
+    assert before.trained_names() is None and torch.equal(before.delta, head.delta)
+    assert type(prototypes_for(before, [names[i] for i in order])) is CosineHead
+
+
+def test_a_name_several_trained_classes_share_matches_only_when_unambiguous():
+    trained = ["crane", "kite", "crane", "maillot"]
+    assert trained_rows(trained, ["crane", "maillot", "crane"]) == [0, 3, 2]
+    # one "crane" of the two: which one is unknown, so it is scored zero-shot
+    assert trained_rows(trained, ["kite", "crane"]) == [1, -1]
+    assert trained_rows(trained, ["new"]) == [-1]
 
 
 # ---------------------------------------------------------------- bad input

@@ -5,8 +5,12 @@ zero-shot CLIP exactly.
 
 The weight of class c is w_c = t_c + delta_c (vacsr/model/clip_heads.py PrototypeHead), with t_c
 the frozen prompt feature and delta_c trained from 0: the same linear classifier as training w_c
-from t_c. Classes it never trained on (novel classes, another dataset) have no weight: they are
-scored by their zero-shot prototypes. Weight decay pulls w toward the prototypes (searched).
+from t_c. The head keeps the class names of its rows, and another class set is scored by name
+(vacsr/model/clip_heads.py prototypes_for): a class it trained on keeps t_c + delta_c (ImageNet's
+classes on ImageNet-V2, -Sketch, -A and -R, in their order and subsets), any other (novel
+classes, another dataset) has no weight and is scored by its zero-shot prototype t_c. A
+checkpoint without the names scores every such class zero-shot. Weight decay pulls w toward the
+prototypes (searched).
 """
 from __future__ import annotations
 
@@ -20,10 +24,10 @@ def build_head(adapter, backbone):
     return PrototypeHead(logit_scale=clip_logit_scale(backbone), embed_dim=backbone.embed_dim)
 
 
-def unseen_head(head):
-    from vacsr.model.clip_heads import zero_shot_prototypes
+def unseen_head(head, data):
+    from vacsr.model.clip_heads import prototypes_for
 
-    return zero_shot_prototypes(head)
+    return prototypes_for(head, data.classnames)
 
 
 METHOD = Method(
@@ -38,6 +42,7 @@ METHOD = Method(
     protocol=FROZEN_CLIP,
     tasks=("classification",),
     unseen_head=unseen_head,
-    unseen_rule="their zero-shot prototypes (no trained weight exists for them)",
+    unseen_rule="by name: a class it trained on keeps its prototype, any other its zero-shot "
+                "prototype (no trained weight exists for it)",
     frozen_image_tower=True,
 )

@@ -35,7 +35,7 @@ FROZEN_CLIP = {"model.trainable_image_blocks": 0, "model.trainable_text_blocks":
 LossFn = Callable[[Any, Any, Any, Any, Any], tuple[Any, dict]]
 
 
-def keep(head):
+def keep(head, data=None):
     """Classes a method never trained on are scored by the trained head itself."""
     return head
 
@@ -68,9 +68,10 @@ class Method:
     ignores: tuple[str, ...] = ()
     own_keys: tuple[str, ...] = ()  # config keys only this method reads
     tasks: tuple[str, ...] = ("classification", "retrieval")
-    # how classes outside its training set (novel classes, another dataset) are scored: a head
-    # for them from the trained one, and the rule in words
-    unseen_head: Callable[[Any], Any] = keep
+    # how a class set other than its training set (novel classes, another dataset) is scored:
+    # (the trained head, the evaluated data: its classnames) -> a head for that set, and the rule
+    # in words
+    unseen_head: Callable[[Any, Any], Any] = keep
     unseen_rule: str = "the trained head, as on the trained classes"
     # the class prompts: (classification data, the head) -> strings; None: the dataset's own
     # template (`data.prompts()`)

@@ -12,6 +12,9 @@ template's own words), which tests/unit/test_methods.py holds them to.
 """
 from __future__ import annotations
 
+from collections import Counter
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -61,17 +64,37 @@ def cross_entropy_loss(head: nn.Module, image_feats: torch.Tensor, text_feats: t
     return loss, {"ce": loss.detach()}
 
 
+NAME_SEPARATOR = "\n"  # between the class names a PrototypeHead keeps (a name is one line)
+
+
 class PrototypeHead(CosineHead):
     """exp(t) cos(v, t_c + delta_c); delta (C, d) is sized to the training classes (`fit_classes`)
-    and, when a checkpoint is loaded, to the classes it holds."""
+    and, when a checkpoint is loaded, to the classes it holds. The head keeps its rows' class
+    names (a uint8 buffer of their UTF-8 text, so the checkpoint carries them as a tensor), by
+    which `prototypes_for` scores another class set; empty where a checkpoint predates them."""
 
     def __init__(self, *, logit_scale: float, embed_dim: int) -> None:
         super().__init__(logit_scale=logit_scale)
         self.delta = nn.Parameter(torch.zeros(0, embed_dim))  # (C, d) once fitted
+        self.register_buffer("class_names", torch.zeros(0, dtype=torch.uint8))  # (bytes,)
 
-    def fit_classes(self, count: int) -> None:
-        """One zero residual per training class (before the optimizer is built)."""
-        self.delta = nn.Parameter(self.delta.new_zeros(count, self.delta.shape[1]))
+    def fit_classes(self, classnames: Sequence[str]) -> None:
+        """One zero residual per training class (before the optimizer is built), and the
+        classes' names."""
+        if any(NAME_SEPARATOR in name for name in classnames):
+            raise ValueError("linear probe: a class name holds a line break; expected one line "
+                             "per name")
+        self.delta = nn.Parameter(self.delta.new_zeros(len(classnames), self.delta.shape[1]))
+        text = NAME_SEPARATOR.join(classnames).encode()
+        self.class_names = torch.tensor(list(text), dtype=torch.uint8,
+                                        device=self.delta.device)
+
+    def trained_names(self) -> list[str] | None:
+        """The class names of delta's rows; None where the checkpoint did not record them."""
+        if self.delta.shape[0] == 0 or self.class_names.numel() == 0:
+            return None
+        names = bytes(self.class_names.tolist()).decode().split(NAME_SEPARATOR)
+        return names if len(names) == self.delta.shape[0] else None
 
     def text_side(self, text_feats: torch.Tensor) -> torch.Tensor:
         if text_feats.shape[0] != self.delta.shape[0]:
@@ -80,16 +103,60 @@ class PrototypeHead(CosineHead):
                              "train on are scored by unseen_head")
         return text_feats + self.delta  # (C, d)
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
         stored = state_dict.get(prefix + "delta")
         if stored is not None and stored.shape != self.delta.shape:  # the checkpoint's classes
-            self.fit_classes(stored.shape[0])
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+            self.delta = nn.Parameter(self.delta.new_zeros(stored.shape))
+        names = state_dict.get(prefix + "class_names")
+        if names is not None and names.shape != self.class_names.shape:
+            self.class_names = self.class_names.new_zeros(names.shape)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        if names is None:  # written before the names were kept: no name is known
+            self.class_names = self.class_names.new_zeros(0)
+            if prefix + "class_names" in missing_keys:
+                missing_keys.remove(prefix + "class_names")
 
 
 def zero_shot_prototypes(head: PrototypeHead) -> CosineHead:
     """The head for classes it never trained on: their prompt features alone."""
     return CosineHead(logit_scale=float(head.logit_scale)).to(head.logit_scale.device)
+
+
+def trained_rows(trained: Sequence[str], evaluated: Sequence[str]) -> list[int]:
+    """Each evaluated class's row among the trained classes, by name; -1 for a class not trained
+    on. A name several classes share matches in order only where it names as many evaluated
+    classes as trained ones; otherwise which is which is unknown, and those are -1."""
+    rows_of: dict[str, list[int]] = {}
+    for row, name in enumerate(trained):
+        rows_of.setdefault(name, []).append(row)
+    count = Counter(evaluated)
+    seen: Counter = Counter()
+    found = []
+    for name in evaluated:
+        rows = rows_of.get(name, [])
+        found.append(rows[seen[name]] if rows and len(rows) == count[name] else -1)
+        seen[name] += 1
+    return found
+
+
+def prototypes_for(head: PrototypeHead, classnames: Sequence[str]) -> CosineHead:
+    """The head scoring `classnames`, a class set other than the trained one (novel classes,
+    ImageNet's classes on a shifted test set in another order or a subset): a class the head
+    trained on, by name, keeps its prototype t_c + delta_c, any other its zero-shot prototype
+    t_c. A head without recorded names scores them all zero-shot."""
+    trained = head.trained_names()
+    rows = torch.tensor(trained_rows(trained, classnames) if trained else [-1] * len(classnames),
+                        dtype=torch.long)  # (C,)
+    if not bool((rows >= 0).any()):
+        return zero_shot_prototypes(head)
+    scoring = PrototypeHead(logit_scale=float(head.logit_scale), embed_dim=head.delta.shape[1])
+    scoring.fit_classes(classnames)
+    known = rows >= 0
+    with torch.no_grad():
+        scoring.delta[known] = head.delta.detach().cpu()[rows[known]]  # (C_known, d)
+    return scoring.to(head.logit_scale.device)
 
 
 class ResidualAdapterHead(CosineHead):

@@ -108,10 +108,10 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
         raise DataError(f"{data.dataset}: no {split!r} split (has: {', '.join(splits)})")
     model = build_model(config).to(device).eval()
     load_model_state(model, state, checkpoint_path, config)
-    if (data.dataset, data.subsample_classes) != trained_classes(state, config):
-        # classes the run never trained on: scored as its method says (vacsr/methods/)
-        model.head = model.method.unseen_head(model.head)
     part = splits[split]
+    if (data.dataset, data.subsample_classes) != trained_classes(state, config):
+        # a class set other than the run's: scored as its method says (vacsr/methods/)
+        model.head = model.method.unseen_head(model.head, part)
     encoded = encode_split(model, part, task=data.task,
                            batch_size=max(config.train.batch_size, 64), autocast=precision,
                            num_folds=kind.num_folds(split, len(part.images)),

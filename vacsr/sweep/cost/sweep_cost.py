@@ -133,16 +133,18 @@ def format_sweep_cost(cost: dict) -> str:
     """The estimate as the console shows it: one row per dataset, then the totals."""
     m = cost["measured_on"]
     resources = ", ".join(f"{v:g} {k}" for k, v in cost["resources"].items())
+    # the first column fits the longest unit name (`imagenet.sigmoid_baseline` with --methods)
+    width = max([16, *(len(r["dataset"]) + 2 for r in cost["datasets"])])
     lines = [f"plan of sweep {cost['sweep']} ({cost['kind']}, {cost['model']}), costs measured "
              f"on {m['device']}",
              f"{cost['parallel_datasets']} dataset(s) at a time, {cost['concurrent_trials']} "
              f"trial(s) each, on {resources}",
-             f"{'dataset':<16}{'train':>7}{'val':>6}{'test':>7}{_other(cost):>7}{'steps/ep':>10}"
+             f"{'dataset':<{width}}{'train':>7}{'val':>6}{'test':>7}{_other(cost):>7}{'steps/ep':>10}"
              f"{'trials':>7}{'epochs':>8}{'trial s':>9}{'final s':>9}{'peak GiB':>9}"]
     for r in cost["datasets"]:
         novel = sum(r["evaluations"].values())
         steps = "%d-%d" % (min(r["steps_per_epoch"]), max(r["steps_per_epoch"]))
-        lines.append(f"{r['dataset']:<16}{r['train']:>7}{r['val']:>6}{r['test']:>7}{novel:>7}"
+        lines.append(f"{r['dataset']:<{width}}{r['train']:>7}{r['val']:>6}{r['test']:>7}{novel:>7}"
                      f"{steps:>10}{r['trials']:>7}{'%d-%d' % tuple(r['epochs']):>8}"
                      f"{r['trial_s']:>9.1f}{r['final_s']:>9.1f}{r['peak_gib']:>9.2f}")
     lines += _per_method(cost["datasets"])

@@ -1,8 +1,9 @@
-"""How far apart two methods' H is, with a 95% interval: a paired bootstrap over (dataset, seed)
-pairs. Each pair holds one method's per-seed H beside the other's on the same dataset and seed
-(per-seed H: the harmonic mean of that seed's base and novel, paper sec. 4.2); the difference of
-the two means is the mean of the pairs' differences, and resampling the pairs (not datasets and
-seeds apart) keeps what a dataset or a seed does to both methods together.
+"""How far apart two methods' score is, with a 95% interval: a paired bootstrap over (dataset,
+seed) pairs. Each pair holds one method's per-seed score beside the other's on the same dataset
+(or evaluated target) and seed: a metric of that seed (RSUM, an accuracy), or the harmonic mean
+of two (per-seed H of base and novel, paper sec. 4.2); the difference of the two means is the
+mean of the pairs' differences, and resampling the pairs (not datasets and seeds apart) keeps
+what a dataset or a seed does to both methods together.
 
 Plain data in, plain data out (vacsr/sweep/report/comparison.py lays it out), seeded, so one
 sweep's results always give one interval.
@@ -10,7 +11,7 @@ sweep's results always give one interval.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Sequence, Union
 
 import numpy as np
 
@@ -19,12 +20,14 @@ from vacsr.results import harmonic_mean
 RESAMPLES = 10_000  # B, the resamples of the pairs
 BOOTSTRAP_SEED = 0  # the numpy Generator's seed: a report is reproducible
 LEVEL = 95  # percent: the interval runs from the 2.5th to the 97.5th percentile of the means
+# a per-seed score: one metric's name, or two whose harmonic mean it is (base and novel: H)
+Score = Union[str, tuple[str, str]]
 
 
 @dataclass(frozen=True)
 class PairedInterval:
     """The observed mean difference and its bootstrap interval."""
-    observed: float  # mean over the pairs of (reference H - other H)
+    observed: float  # mean over the pairs of (reference score - other score)
     low: float  # the (100 - LEVEL) / 2 percentile of the resampled means
     high: float  # the 100 - that percentile
     pairs: int
@@ -34,8 +37,9 @@ class PairedInterval:
 
 @dataclass(frozen=True)
 class Pairing:
-    """Two methods' per-seed H matched by (dataset, seed), and what could not be matched."""
-    differences: tuple[float, ...]  # reference H - other H, one per pair
+    """Two methods' per-seed scores matched by (dataset, seed), and what could not be
+    matched."""
+    differences: tuple[float, ...]  # reference score - other score, one per pair
     keys: tuple[tuple[str, object], ...]  # (dataset, seed) of each pair, in order
     left_out: int  # (dataset, seed) results of either method without a partner
     left_out_why: tuple[str, ...] = field(default=())  # one phrase per dataset that lost pairs
@@ -43,13 +47,15 @@ class Pairing:
 
 @dataclass(frozen=True)
 class Difference:
-    """The reference's H minus another method's: an interval, or the reason there is none."""
+    """The reference's score minus another method's: an interval, or the reason there is
+    none."""
     label: str  # what the other method is to the reader: "the best other method", "zero-shot"
     reference: str
     other: str | None
     interval: PairedInterval | None = None
     pairing: Pairing | None = None
     reason: str = ""  # why not available, when interval is None
+    target: str | None = None  # the row (or summary) it is over; None: every dataset
 
     @property
     def available(self) -> bool:
@@ -75,17 +81,20 @@ def paired_bootstrap(differences: Sequence[float], resamples: int = RESAMPLES,
                           pairs=int(values.size), resamples=resamples, seed=seed)
 
 
-def per_seed_h(entry: dict, metrics: tuple[str, str]) -> float:
-    """One seed's H from its base and novel (not from averages: that is the table's H)."""
-    return harmonic_mean(entry[metrics[0]], entry[metrics[1]])
+def per_seed_score(entry: dict, score: Score) -> float:
+    """One seed's score: its metric, or the harmonic mean of its two (one seed's H from its base
+    and novel, not from averages: that is the table's H)."""
+    if isinstance(score, str):
+        return float(entry[score])
+    return harmonic_mean(entry[score[0]], entry[score[1]])
 
 
-def _by_seed(result: dict | None, metrics: tuple[str, str]) -> dict[object, float]:
-    return {} if result is None else {s["seed"]: per_seed_h(s, metrics)
+def _by_seed(result: dict | None, score: Score) -> dict[object, float]:
+    return {} if result is None else {s["seed"]: per_seed_score(s, score)
                                       for s in result["per_seed"]}
 
 
-def pair_seeds(reference: dict[str, dict], other: dict[str, dict], metrics: tuple[str, str],
+def pair_seeds(reference: dict[str, dict], other: dict[str, dict], score: Score,
                other_is_single: bool = False, names: tuple[str, str] = ("reference", "other"),
                failed: tuple[dict[str, str], dict[str, str]] = ({}, {})) -> Pairing:
     """Pair reference[dataset] and other[dataset] (results as the table takes them) by seed.
@@ -98,8 +107,8 @@ def pair_seeds(reference: dict[str, dict], other: dict[str, dict], metrics: tupl
     keys: list[tuple[str, object]] = []
     left_out, why = 0, []
     for dataset in dict.fromkeys([*reference, *other, *failed[0], *failed[1]]):
-        mine = _by_seed(reference.get(dataset), metrics)
-        theirs = _by_seed(other.get(dataset), metrics)
+        mine = _by_seed(reference.get(dataset), score)
+        theirs = _by_seed(other.get(dataset), score)
         if other_is_single and theirs:
             theirs = dict.fromkeys(mine or theirs, next(iter(theirs.values())))
         matched = [seed for seed in mine if seed in theirs]
@@ -126,28 +135,30 @@ def _why_lost(dataset: str, mine: dict, theirs: dict, names: tuple[str, str],
 
 
 def compare(label: str, reference: str, other: str | None, results: dict[str, dict],
-            failed: dict[str, dict], metrics: tuple[str, str], single: set[str],
+            failed: dict[str, dict], score: Score, single: set[str],
             resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
-            missing: str = "") -> Difference:
-    """The reference's H minus `other`'s over their (dataset, seed) pairs; not available, with
-    the reason, when a method is absent (the reference's reason first) or no pair exists.
-    `single`: methods evaluated once per dataset. `missing`: the reason when `other` is None."""
+            missing: str = "", target: str | None = None, unit: str = "dataset") -> Difference:
+    """The reference's score minus `other`'s over their (dataset, seed) pairs; not available,
+    with the reason, when a method is absent (the reference's reason first) or no pair exists.
+    `single`: methods evaluated once per dataset. `missing`: the reason when `other` is None.
+    `target`: what the results (restricted to it) are, for the reader; `unit`: what a key of
+    the results is ("dataset", "target")."""
     for name in (reference, other):
         if name is None:
-            return Difference(label, reference, None, reason=missing)
+            return Difference(label, reference, None, reason=missing, target=target)
         if not results.get(name):
             reasons = failed.get(name, {})
-            return Difference(label, reference, other, reason=(
+            return Difference(label, reference, other, target=target, reason=(
                 f"{name} has no results" if not reasons else
-                f"{name} failed on every dataset ({_first_reasons(reasons)})"))
-    pairing = pair_seeds(results[reference], results[other], metrics,
+                f"{name} failed on every {unit} ({_first_reasons(reasons)})"))
+    pairing = pair_seeds(results[reference], results[other], score,
                          other_is_single=other in single, names=(reference, other),
                          failed=(failed.get(reference, {}), failed.get(other, {})))
     if not pairing.differences:
-        return Difference(label, reference, other, pairing=pairing,
-                          reason=f"{reference} and {other} share no (dataset, seed) pair")
+        return Difference(label, reference, other, pairing=pairing, target=target,
+                          reason=f"{reference} and {other} share no ({unit}, seed) pair")
     return Difference(label, reference, other, paired_bootstrap(pairing.differences, resamples,
-                                                                seed), pairing)
+                                                                seed), pairing, target=target)
 
 
 def _first_reasons(reasons: dict[str, str], shown: int = 2) -> str:

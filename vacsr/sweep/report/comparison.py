@@ -1,10 +1,12 @@
 """Several few-shot CLIP methods side by side on one sweep's datasets and budget
-(`sweeps/base2novel.py --methods`): comparison.md, comparison.csv and comparison_differences.csv
-in the report folder. Per dataset and method each column as mean ± std over the seeds and H from
-the seed-averaged base and novel (the rows vacsr/sweep/report/table.py computes, so the two
-reports never disagree), an average row per method, the best method per dataset and on average,
-and the reference's H minus the best other method's and minus zero-shot's, each with a 95%
-paired bootstrap interval over (dataset, seed) pairs (vacsr/sweep/report/bootstrap.py).
+(`sweeps/*.py --methods`): comparison.md, comparison.csv and comparison_differences.csv in the
+report folder, in the form the sweep kind declares (its Table's `Compared`: base-to-novel's H
+per dataset, domain generalisation's accuracy per target and on the shifted average,
+retrieval's RSUM). Per row and method each column as mean ± std over the seeds (the numbers
+vacsr/sweep/report/table.py computes, so the two reports never disagree), a summary row per
+method, the best method per row and on the summary, and the reference's score minus the best
+other method's and minus zero-shot's, each with a 95% paired bootstrap interval over (row, seed)
+pairs (vacsr/sweep/report/bootstrap.py).
 
 Plain data in (a table spec, per-seed metrics per method and dataset, failures, budgets), so the
 same report can be rebuilt from the MLflow store alone.
@@ -31,14 +33,15 @@ def write_comparison(spec: dict, results: dict[str, dict], failed: dict[str, dic
                      budget: dict[str, dict], folder: Path, reference: str = REFERENCE,
                      zero_shot: str = ZERO_SHOT, *, resamples: int = RESAMPLES,
                      seed: int = BOOTSTRAP_SEED) -> tuple[list[dict], list[Path], str]:
-    """comparison.md, comparison.csv (dataset x method rows and each method's average) and
-    comparison_differences.csv (the two differences) in `folder`, each written whole; returns
-    the rows, the paths and a short console summary."""
+    """comparison.md, comparison.csv (row x method rows and each method's summary) and
+    comparison_differences.csv (the differences) in `folder`, each written whole; returns the
+    rows, the paths and a short console summary."""
     found = build_comparison(spec, results, failed, budget, reference, zero_shot,
                              resamples=resamples, seed=seed)
     folder = Path(folder)
     paths = [atomic_write_text(folder / COMPARISON_MD, comparison_markdown(spec, found)),
-             atomic_write_text(folder / COMPARISON_CSV, comparison_csv(found.rows)),
+             atomic_write_text(folder / COMPARISON_CSV,
+                               comparison_csv(found.rows, found.shape.unit)),
              atomic_write_text(folder / COMPARISON_DIFFERENCES_CSV,
                                differences_csv(found.differences))]
     return found.rows, paths, console_summary(spec, found)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vacsr.config import flatten
 from vacsr.methods.registry import METHODS
 from vacsr.results import table_spec
 from vacsr.sweep.plan.plan import SweepPlan
@@ -17,8 +18,12 @@ METHODS_FOLDER = "methods"
 
 def method_budget(plan: SweepPlan, unit: str) -> dict:
     """What one unit's method got: the same for every trained method of a sweep (the trials,
-    seeds, epochs, shots and selection), and what it searched."""
+    seeds, epochs, shots and selection), what it searched, and the config values the kind's
+    comparison names in its header (`Compared.setting`: the retrieval sweep's noise ratio)."""
     config, space = plan.configs[unit], plan.spaces[unit]
+    compared = plan.kind.table.comparison
+    setting = [key for _, key in compared.setting] if compared else []
+    values = flatten(config) if setting else {}
     epochs = space.get("train.epochs")
     return {"trials": plan.trials_of(unit), "seeds": list(plan.seeds_of(unit)),
             "epochs": (f"{epochs.low}-{epochs.high}" if epochs is not None
@@ -27,7 +32,8 @@ def method_budget(plan: SweepPlan, unit: str) -> dict:
             # the frozen methods train on unaugmented images (their features computed once)
             "augment": "on" if config.data.augment else "off",
             "trains": METHODS[plan.method_of(unit)].trains,
-            "searched": ", ".join(space) or "nothing"}
+            "searched": ", ".join(space) or "nothing",
+            **{key: values.get(key) for key in setting}}
 
 
 def write_method_reports(plan: SweepPlan, results: dict[str, dict], failed: dict[str, str],

@@ -67,6 +67,21 @@ def _row(name: str, seeds: list[dict], columns, harmonic) -> dict:
     return row
 
 
+def average_row(spec: dict, results: dict[str, dict], name: str = "average") -> dict | None:
+    """The row `name` over the datasets of `results`: per seed, the mean over them, then mean ±
+    std over the seeds (H from the averaged columns); None without results or when their seed
+    lists differ."""
+    columns, harmonic = _columns(spec, results), spec.get("harmonic")
+    seed_lists = [[s["seed"] for s in r["per_seed"]] for r in results.values()]
+    if not results or any(s != seed_lists[0] for s in seed_lists):
+        return None
+    # per seed, the mean over datasets: the average row's spread is over seeds too
+    per_seed = [{"seed": seed, **{m: mean(r["per_seed"][i][m] for r in results.values())
+                                  for _, m in columns}}
+                for i, seed in enumerate(seed_lists[0])]
+    return {**_row(name, per_seed, columns, harmonic), VAL: math.nan}
+
+
 def table_rows(spec: dict, results: dict[str, dict], failed: dict[str, str] | None = None
                ) -> list[dict]:
     """results[dataset] = {"per_seed": [{"seed": s, metric: value}], "val": best val}."""
@@ -75,14 +90,10 @@ def table_rows(spec: dict, results: dict[str, dict], failed: dict[str, str] | No
     for dataset, result in results.items():
         rows.append({**_row(dataset, result["per_seed"], columns, harmonic),
                      VAL: result.get("val", math.nan)})
-    seed_lists = [[s["seed"] for s in r["per_seed"]] for r in results.values()]
     if len(results) > 1 or harmonic:
-        if results and all(s == seed_lists[0] for s in seed_lists):
-            # per seed, the mean over datasets: the average row's spread is over seeds too
-            per_seed = [{"seed": seed, **{m: mean(r["per_seed"][i][m] for r in results.values())
-                                          for _, m in columns}}
-                        for i, seed in enumerate(seed_lists[0])]
-            rows.append({**_row("average", per_seed, columns, harmonic), VAL: math.nan})
+        average = average_row(spec, results)
+        if average is not None:
+            rows.append(average)
     for dataset, why in (failed or {}).items():
         rows.append({"dataset": dataset, "failed": why})
     return rows

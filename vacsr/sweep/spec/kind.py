@@ -26,14 +26,54 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
+class Compared:
+    """What the comparison of several methods (`--methods`, report/comparison.md) shows and
+    differences. A row per dataset with `columns` ((title, per-seed metric); the `optional`
+    titles only where the per-seed results hold them), or, with `targets`, a row per evaluated
+    target ((row name, per-seed metric), the trained dataset's own test first) whose one column
+    is `score`. `score`: the column title that ranks the methods and whose per-seed values the
+    paired bootstrap differences; with `harmonic` (two column titles) it is their harmonic mean.
+    `average`: the summary row's name, the mean over `average_over` targets (empty: every row);
+    the best other method is the best on it. `per_row`: a difference per row as well as the
+    summary's. `setting`: (label, budget key) pairs the header names (a value of the sweep's
+    config every method's budget carries)."""
+
+    score: str
+    columns: tuple[tuple[str, str], ...] = ()
+    harmonic: tuple[str, str] | None = None
+    optional: tuple[str, ...] = ()
+    targets: tuple[tuple[str, str], ...] = ()
+    average: str = "average"
+    average_over: tuple[str, ...] = ()
+    per_row: bool = False
+    setting: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.targets and self.columns:
+            raise ValueError("comparison: both columns and targets; expected one (a target's "
+                             "row has the score alone)")
+        titles = [title for title, _ in self.columns]
+        names = [name for name, _ in self.targets]
+        wrong = ([t for t in (*self.optional, *(self.harmonic or ())) if t not in titles]
+                 + [t for t in self.average_over if t not in names])
+        if not self.targets and not self.harmonic and self.score not in titles:
+            wrong.append(self.score)
+        if wrong:
+            raise ValueError(f"comparison: {', '.join(wrong)} not among its columns or "
+                             "targets; expected their titles")
+
+
+@dataclass(frozen=True)
 class Table:
     """The final table. `columns`: (title, per-seed metric) pairs, empty for every test metric;
     `harmonic`: two column titles whose harmonic mean becomes column H (base-to-novel, sec. 4.1);
-    `published`: reference rows (name -> values of the columns, H included)."""
+    `published`: reference rows (name -> values of the columns, H included); `comparison`: the
+    comparison of a sweep of several methods."""
 
     columns: tuple[tuple[str, str], ...] = ()
     harmonic: tuple[str, str] | None = None
     published: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    comparison: Compared | None = None
 
 
 @dataclass(frozen=True)
@@ -76,4 +116,4 @@ class SweepKind:
         return list(dict.fromkeys([*datasets, *extra]))
 
 
-__all__ = ["Evaluation", "SweepKind", "Table"]
+__all__ = ["Compared", "Evaluation", "SweepKind", "Table"]
