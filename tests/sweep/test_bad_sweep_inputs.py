@@ -15,16 +15,17 @@ import pytest
 
 from conftest import REPO, make_dataset_folders, one_line, refused
 from sweeps.base2novel import SWEEP as BASE2NOVEL
+from sweeps.retrieval import SWEEP as RETRIEVAL
 from tests.support.servers import answering, http_serving
 from vacsr.sweep import cli
 
 
-def _refused(argv: list[str], storage: Path, capsys) -> str:
+def _refused(argv: list[str], storage: Path, capsys, kind=BASE2NOVEL) -> str:
     """Run the sweep's entry point; the one stderr line it ends with (exit 2, no Ray)."""
     import ray
 
     line = one_line([*argv, "--storage", storage], capsys,
-                    entry=lambda args: cli.main(BASE2NOVEL, args))
+                    entry=lambda args: cli.main(kind, args))
     assert not ray.is_initialized()
     return line
 
@@ -328,8 +329,10 @@ def test_a_dead_drivers_instance_is_ended_and_nothing_else(tmp_path, monkeypatch
 @pytest.mark.parametrize("argv,fragment", [
     (["--methods", "vacsr,tip_adapter"], "--methods: unknown method 'tip_adapter'; the methods "
                                          "are vacsr, sigmoid_baseline, zero_shot, linear_probe, "
-                                         "clip_adapter, coop (or all)"),
+                                         "clip_adapter, coop, clip_contrastive (or all)"),
     (["--methods", "coop,vacsr,coop"], "--methods: coop named twice; name each once"),
+    (["--methods", "vacsr,clip_contrastive"], "--methods: clip_contrastive runs on retrieval "
+                                              "only, not the base2novel sweep's classification"),
     (["--methods", "vacsr", "--set", "adapter.residual_ratio=0.5"],
      "--set adapter.residual_ratio: only clip_adapter read it, and --methods runs vacsr"),
     (["--methods", "vacsr,linear_probe", "--set", "model.trainable_image_blocks=1"],
@@ -348,5 +351,21 @@ def test_a_bad_method_choice_is_one_line_before_ray(tmp_path, capsys, data_root,
                                                      fragment):
     line = _refused(["--datasets", "eurosat", "--data-root", str(data_root), *argv],
                     tmp_path / "store", capsys)
+    assert fragment in line, line
+    _nothing_written(tmp_path, data_root)
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--methods", "clip_contrastive", "--set", "adapter.num_components=3"],
+     "--set adapter.num_components: only vacsr read it, and --methods runs clip_contrastive"),
+    (["--methods", "clip_contrastive", "--range", "loss.gamma=log:0.5:2"],
+     "--range loss.gamma: none of clip_contrastive searches it (searched by vacsr)"),
+    (["--methods", "clip_contrastive,coop"], "--methods: coop runs on classification only, not "
+                                             "the retrieval sweep's retrieval"),
+])
+def test_a_bad_retrieval_method_choice_is_one_line_before_ray(tmp_path, capsys, data_root, argv,
+                                                               fragment):
+    line = _refused(["--data-root", str(data_root), *argv], tmp_path / "store", capsys,
+                    kind=RETRIEVAL)
     assert fragment in line, line
     _nothing_written(tmp_path, data_root)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from conftest import sweep_plan
 from sweeps.base2novel import SWEEP as BASE2NOVEL
+from sweeps.retrieval import SWEEP as RETRIEVAL
 from vacsr.config import flatten
 from vacsr.methods.method import FROZEN_CLIP, SHARED_KEYS
 from vacsr.sweep.cost.sweep_cost import format_sweep_cost
@@ -53,6 +54,35 @@ def test_each_method_is_a_unit_with_its_own_values_and_the_shared_budget(tmp_pat
     assert "loss.beta" in spaces["vacsr"] and "adapter.num_components" in spaces["vacsr"]
     assert not {k for k in spaces["sigmoid_baseline"] if k.startswith(("loss.", "adapter."))}
     assert "model.trainable_image_blocks" in spaces["sigmoid_baseline"]
+
+
+def test_all_on_retrieval_runs_the_four_retrieval_methods(tmp_path, monkeypatch):
+    plan = sweep_plan(RETRIEVAL, tmp_path / "store", ["--methods", "all", "--seeds", "1,2",
+                                                      "--set", "data.noise_ratio=0.4"],
+                      monkeypatch=monkeypatch)
+    names = ("vacsr", "sigmoid_baseline", "zero_shot", "clip_contrastive")
+    assert plan.methods == names and plan.datasets == [f"coco.{m}" for m in names]
+    configs = {m: flatten(plan.configs[f"coco.{m}"]) for m in names}
+    spaces = {m: plan.spaces[f"coco.{m}"] for m in names}
+    assert all(c["data.noise_ratio"] == 0.4 and c["adapter.kind"] == m
+               for m, c in configs.items())
+    # zero-shot: one evaluation of the frozen CLIP, whatever the retrieval protocol's epochs
+    assert spaces["zero_shot"] == {} and plan.trials_of("coco.zero_shot") == 1
+    assert plan.seeds_of("coco.zero_shot") == (1,) and configs["zero_shot"]["train.epochs"] == 1
+    assert all(configs["zero_shot"][k] == v for k, v in FROZEN_CLIP.items())
+    # CLIP's contrastive fine-tuning: the sigmoid baseline's blocks, lr multiplier and protocol,
+    # none of VACSR's adapter and loss keys
+    assert spaces["clip_contrastive"] == spaces["sigmoid_baseline"]
+    assert "optim.backbone_lr_mult" in spaces["clip_contrastive"]
+    assert not {k for k in spaces["clip_contrastive"] if k.startswith(("loss.", "adapter."))}
+    assert "loss.beta" in spaces["vacsr"]
+    assert plan.seeds_of("coco.clip_contrastive") == (1, 2)
+    for key in RETRIEVAL.protocol:  # the kind's (train.epochs as the embedded profile sets it)
+        assert configs["clip_contrastive"][key] == configs["vacsr"][key], key
+    assert configs["clip_contrastive"]["optim.lr"] == RETRIEVAL.protocol["optim.lr"]
+    assert {k: v for k, v in configs["clip_contrastive"].items() if not k.startswith("adapter.")
+            } == {k: v for k, v in configs["sigmoid_baseline"].items()
+                  if not k.startswith("adapter.")}
 
 
 def test_the_epochs_a_user_sets_hold_for_every_trained_method(tmp_path, monkeypatch, capsys):

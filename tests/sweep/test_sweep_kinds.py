@@ -31,29 +31,54 @@ def _sweep(kind, tmp_path, weights, extra: list[str]) -> tuple[int, str]:
 
 
 def test_retrieval_sweep(tmp_path, ray_local, weights, capsys):
-    # two trials, one at a time (a trial holds both CPUs): the second trains in the first's actor
+    """--methods all: VACSR, the sigmoid baseline, zero-shot CLIP (one evaluation) and CLIP's
+    contrastive fine-tuning, two seeds, a comparison row each. A unit's two trials run one after
+    the other, the second in the first's actor (a trial takes one CPU: two units at a time)."""
+    import csv
+
+    import optuna
+
+    methods = ("vacsr", "sigmoid_baseline", "zero_shot", "clip_contrastive")
     code, uri = _sweep(RETRIEVAL, tmp_path / "ret", weights,
                        ["--range", "model.trainable_image_blocks=int:0:0",
-                        "--range", "model.trainable_text_blocks=int:0:0",
-                        "--trials", "2", "--cpus-per-worker", "2"])
+                        "--range", "model.trainable_text_blocks=int:0:0", "--methods", "all",
+                        "--trials", "2", "--seeds", "1,2", "--cpus-per-worker", "1"])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
-    table = (tmp_path / "ret" / "retrieval" / "report" / "results.md").read_text()
-    assert "| coco |" in table and "rsum" in table
+    folder = tmp_path / "ret" / "retrieval"
+    for method in methods:
+        table = (folder / "report" / "methods" / method / "results.md").read_text()
+        assert f"| coco.{method} |" in table and "rsum" in table, method
+    rows = list(csv.DictReader((folder / "report" / "comparison.csv").open()))
+    coco = {r["method"]: r for r in rows if r["dataset"] == "coco"}
+    assert set(coco) == set(methods) and not [m for m, r in coco.items() if r.get("failed")], coco
     runs = _runs(uri, "vacsr-retrieval")
-    dataset = runs[runs["tags.vacsr.dataset"] == "coco"].iloc[0]
-    assert dataset["metrics.best_val/rsum"] > 0 and dataset["metrics.test_seed/rsum"] > 0
-    assert dataset["metrics.table/rsum"] == round(dataset["metrics.test_seed/rsum"], 2)  # 1 seed
-    trials = runs[runs["tags.mlflow.parentRunId"] == dataset.run_id]
-    trials = trials[~trials["tags.mlflow.runName"].str.contains("final")]
-    assert len(trials) == 2
-    # a trial ASHA stopped is KILLED (Tune ended it inside tune.report), never FAILED
-    assert set(trials.status) <= {"FINISHED", "KILLED"}, list(trials.status)
-    assert (runs[~runs.run_id.isin(trials.run_id)].status == "FINISHED").all()
-    trial_root = tmp_path / "ret" / "retrieval" / "trials" / "coco"
-    folders = sorted(trial_root.glob(f"*/{WORKERS_FILE}"))
-    pids = {read_workers(f.parent)[0]["pid"] for f in folders}
-    assert len(folders) == 2 and len(pids) == 1, pids  # one actor process, reused
+    assert runs["tags.vacsr.method"].notna().all()  # every run names its method
+    studies = f"sqlite:///{folder / 'optuna.db'}"
+    for method in methods:
+        unit = runs[runs["tags.vacsr.dataset"] == f"coco.{method}"].iloc[0]
+        assert unit["tags.vacsr.method"] == method and unit.status == "FINISHED"
+        assert unit["metrics.best_val/rsum"] > 0 and unit["metrics.table/rsum"] > 0
+        children = runs[runs["tags.mlflow.parentRunId"] == unit.run_id]
+        assert (children["tags.vacsr.method"] == method).all()
+        finals = children[children["tags.mlflow.runName"].str.contains("final")]
+        trials = children[~children.run_id.isin(finals.run_id)]
+        study = optuna.load_study(study_name=f"retrieval-coco.{method}", storage=studies)
+        if method == "zero_shot":  # nothing searched or trained: one evaluation
+            assert len(study.trials) == len(trials) == len(finals) == 1
+            assert coco[method]["note"].startswith("1 evaluation"), coco[method]
+            assert unit["metrics.table/rsum"] == round(unit["metrics.test_seed/rsum"], 2)
+            continue
+        assert len(study.trials) == len(trials) == 2 and len(finals) == 2
+        # a trial ASHA stopped is KILLED (Tune ended it inside tune.report), never FAILED
+        assert set(trials.status) <= {"FINISHED", "KILLED"}, list(trials.status)
+        assert (finals.status == "FINISHED").all()
+        folders = sorted((folder / "trials" / f"coco.{method}").glob(f"*/{WORKERS_FILE}"))
+        pids = {read_workers(f.parent)[0]["pid"] for f in folders}
+        assert len(folders) == 2 and len(pids) == 1, pids  # one actor process, reused
+    # CLIP's learned temperature trained and reached the trial's record
+    contrastive = runs[runs["tags.vacsr.method"] == "clip_contrastive"]
+    assert contrastive["metrics.train/logit_scale"].notna().any()
 
 
 def test_domain_generalization_sweep(tmp_path, ray_local, weights, capsys):

@@ -318,7 +318,7 @@ def test_an_unknown_method_is_one_line_naming_the_methods(tmp_path, weights, eur
     argv = ["train", *_overrides(out, weights, eurosat, "zero_shot"), "adapter.kind=nope"]
     assert _refused(argv, capsys) == (
         "vacsr: error: adapter.kind: unknown method 'nope'; the methods are vacsr, "
-        "sigmoid_baseline, zero_shot, linear_probe, clip_adapter, coop")
+        "sigmoid_baseline, zero_shot, linear_probe, clip_adapter, coop, clip_contrastive")
     assert not out.exists()
 
 
@@ -373,7 +373,7 @@ def test_every_method_module_is_registered():
     assert sorted(method.name for method in declared) == sorted(METHODS)
     assert all(METHODS[method.name] is method for method in declared)
     assert set(METHODS) == {"vacsr", "sigmoid_baseline", "zero_shot", "linear_probe",
-                            "clip_adapter", "coop"}
+                            "clip_adapter", "coop", "clip_contrastive"}
 
 
 @pytest.mark.parametrize("name", list(METHODS))

@@ -51,7 +51,7 @@ class AdapterConfig:
     baseline, or a compared method's (vacsr/methods/)."""
 
     # the method (vacsr/methods/registry.py): "vacsr" | "sigmoid_baseline" ("w/o all components"
-    # of Table 6) | "zero_shot" | "linear_probe" | "clip_adapter" | "coop"
+    # of Table 6) | "zero_shot" | "linear_probe" | "clip_adapter" | "coop" | "clip_contrastive"
     kind: str = "vacsr"
     hidden_dim: int = 512  # encoder hidden width H
     latent_dim: int = 32  # latent dimension L per component

@@ -5,6 +5,7 @@ from __future__ import annotations
 from vacsr.errors import ConfigError
 from vacsr.methods import (
     clip_adapter,
+    clip_contrastive,
     coop,
     linear_probe,
     sigmoid_baseline,
@@ -20,6 +21,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     linear_probe.METHOD,
     clip_adapter.METHOD,
     coop.METHOD,
+    clip_contrastive.METHOD,
 )}
 
 

@@ -8,10 +8,12 @@ image features v and class features w that each method changes its own way:
 - PromptContextHead: CoOp's learned context before the class name, through the frozen text tower.
 
 Each is zero-shot CLIP exactly at its identity point (delta = 0, ratio 0, a context started at a
-template's own words), which tests/unit/test_methods.py holds them to.
+template's own words), which tests/unit/test_methods.py holds them to. ContrastiveHead is CLIP's
+scoring with t trained, as in CLIP's own training (sec. 2.3), for its contrastive fine-tuning.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Sequence
 
@@ -46,13 +48,21 @@ class CosineHead(nn.Module):
 
     def forward(self, image_feats: torch.Tensor, text_feats: torch.Tensor,
                 sample: bool | None = None) -> AdapterOutput:
-        image = F.normalize(self.image_side(image_feats), dim=-1)  # (B, d)
-        text = F.normalize(self.text_side(text_feats), dim=-1)  # (B', d)
-        return AdapterOutput(logits=self.logit_scale.exp() * image @ text.T, sigma_hat=None)
+        logits = cosine_logits(self.logit_scale, self.image_side(image_feats),
+                               self.text_side(text_feats))
+        return AdapterOutput(logits=logits, sigma_hat=None)
 
     @torch.no_grad()
     def score_block(self, queries: torch.Tensor, items: torch.Tensor):
         return self.forward(queries, items).logits, None
+
+
+def cosine_logits(logit_scale: torch.Tensor, image_feats: torch.Tensor,
+                  text_feats: torch.Tensor) -> torch.Tensor:
+    """exp(t) cos(v, w) of every pair: (B, d) x (B', d) -> (B, B')."""
+    image = F.normalize(image_feats, dim=-1)  # (B, d)
+    text = F.normalize(text_feats, dim=-1)  # (B', d)
+    return logit_scale.exp() * image @ text.T
 
 
 def cross_entropy_loss(head: nn.Module, image_feats: torch.Tensor, text_feats: torch.Tensor,
@@ -62,6 +72,59 @@ def cross_entropy_loss(head: nn.Module, image_feats: torch.Tensor, text_feats: t
     logits = head(image_feats, text_feats).logits  # (B, C)
     loss = F.cross_entropy(logits, labels.argmax(dim=1))
     return loss, {"ce": loss.detach()}
+
+
+# CLIP clips its temperature so that it scales the logits by at most 100 (sec. 2.5)
+MAX_LOGIT_SCALE = math.log(100.0)
+
+
+class ContrastiveHead(nn.Module):
+    """exp(t) cos(v, w) with CLIP's temperature t trained (Radford et al., 2021, sec. 2.3, Fig. 3):
+    a log-scale parameter started at the backbone's logit_scale and clipped at log 100 (sec. 2.5).
+    No sigma_hat."""
+
+    def __init__(self, *, logit_scale: float) -> None:
+        super().__init__()
+        self.logit_scale = nn.Parameter(torch.tensor(min(float(logit_scale), MAX_LOGIT_SCALE)))
+
+    def forward(self, image_feats: torch.Tensor, text_feats: torch.Tensor,
+                sample: bool | None = None) -> AdapterOutput:
+        # CLIP clips t after each optimizer step (open_clip: clamp_ after the step); clipping the
+        # parameter before each use gives every step the same value with no hook in the
+        # trainer, and, unlike clipping only the value scored with, t at the bound still trains
+        with torch.no_grad():
+            self.logit_scale.clamp_(max=MAX_LOGIT_SCALE)
+        return AdapterOutput(logits=cosine_logits(self.logit_scale, image_feats, text_feats),
+                             sigma_hat=None)
+
+    @torch.no_grad()
+    def score_block(self, queries: torch.Tensor, items: torch.Tensor):
+        return self.forward(queries, items).logits, None
+
+
+def contrastive_loss(head: ContrastiveHead, image_feats: torch.Tensor, text_feats: torch.Tensor,
+                     labels: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """CLIP's symmetric cross-entropy over the batch's similarity matrix (InfoNCE; Radford et al.,
+    2021, sec. 2.3 and Fig. 3's pseudocode), on the logits l_ij = exp(t) cos(v_i, w_j):
+
+        L = (L_i2t + L_t2i) / 2
+        L_i2t = -1/B  sum_i sum_j q_ij log softmax_j(l_i.),  q_ij = y_ij / sum_j' y_ij'
+        L_t2i = -1/B' sum_j sum_i p_ij log softmax_i(l_.j),  p_ij = y_ij / sum_i' y_i'j
+
+    CLIP's batches hold one positive per row and column (labels = arange(n)); the (B, B') 0/1
+    labels y of a retrieval batch may hold several (two pairs of one image drawn together: two
+    of its captions, or a noisy pair's caption given to it), so the normalised positives are
+    soft targets: CLIP's loss exactly where each row and column has one. Every row and column
+    holds its own pair in a retrieval batch; one without a positive would add nothing."""
+    logits = head(image_feats, text_feats).logits  # (B, B')
+    labels = labels.to(logits.dtype)
+    rows = labels / labels.sum(dim=1, keepdim=True).clamp_min(1.0)  # (B, B') q, rows sum to 1
+    cols = labels / labels.sum(dim=0, keepdim=True).clamp_min(1.0)  # (B, B') p, columns sum to 1
+    i2t = F.cross_entropy(logits, rows)  # over each row's captions
+    t2i = F.cross_entropy(logits.T, cols.T)  # over each column's images
+    loss = (i2t + t2i) / 2
+    return loss, {"loss": loss.detach(), "infonce_i2t": i2t.detach(),
+                  "infonce_t2i": t2i.detach(), "logit_scale": head.logit_scale.detach().clone()}
 
 
 NAME_SEPARATOR = "\n"  # between the class names a PrototypeHead keeps (a name is one line)
