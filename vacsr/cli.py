@@ -179,6 +179,15 @@ def cmd_best(args) -> int:
     if args.table:
         print(sweep_table(args.tracking_uri, args.experiment, args.sweep), end="")
         return 0
+    if args.compare:
+        from vacsr.sweep.report.stored_comparison import sweep_comparison
+
+        export = Path(args.export) if args.export is not None else None
+        print(sweep_comparison(args.tracking_uri, args.experiment, args.sweep, export), end="")
+        if export is not None:
+            print(f"each method's configs written to {export.resolve()} as "
+                  "<dataset>.<method>.yaml (each runs with `vacsr train --config FILE`)")
+        return 0
     rows = best_configs(args.tracking_uri, args.experiment, args.sweep,
                         Path(args.export) if args.export is not None else None)
     print(format_rows(rows))
@@ -251,11 +260,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the sweep's MLflow store (default: $MLFLOW_TRACKING_URI, else "
                            "./mlflow.db); read only, never created")
     best.add_argument("--export", type=nonempty,
-                      help="folder to write <dataset>.yaml best configs into")
-    best.add_argument("--table", action="store_true",
-                      help="print the sweep's table (mean ± std over seeds) from MLflow alone")
-    best.add_argument("--importance", action="store_true",
-                      help="print each dataset's importance of the searched keys (MLflow alone)")
+                      help="folder to write <dataset>.yaml best configs into (a sweep of "
+                           "several methods: <dataset>.<method>.yaml)")
+    shown = best.add_mutually_exclusive_group()
+    shown.add_argument("--table", action="store_true",
+                       help="print the sweep's table (mean ± std over seeds) from MLflow alone")
+    shown.add_argument("--importance", action="store_true",
+                       help="print each dataset's importance of the searched keys (MLflow alone)")
+    shown.add_argument("--compare", action="store_true",
+                       help="print the method comparison of a sweep run with --methods "
+                            "(report/comparison.md) from MLflow alone")
     best.set_defaults(func=cmd_best)
 
     demo = sub.add_parser("demo", help="end-to-end run on synthetic data with the tiny model")

@@ -31,52 +31,60 @@ if CHROMIUM is None:
                 "it)", allow_module_level=True)
 
 
-def _sweep_records(tmp_path: Path, monkeypatch) -> tuple[object, str, dict[str, str]]:
-    """A finished two-dataset sweep in SQLite: (plan, parent run id, dataset -> run id)."""
+def _sweep_records(tmp_path: Path, monkeypatch, *argv: str) -> tuple[object, str, dict[str, str]]:
+    """A finished two-dataset sweep (its command line `argv` beside the datasets) in SQLite:
+    (plan, parent run id, unit -> run id). Its end is run_sweep's own (`publish_sweep`)."""
     import optuna
     import torch
 
     from sweeps.base2novel import SWEEP
     from vacsr.config import set_value
     from vacsr.data.generate import generate_all
-    from vacsr.records import MlflowTracker, TrackingCallback
+    from vacsr.records import TrackingCallback
+    from vacsr.records.sweep_records import SweepRecords
     from vacsr.records.sweep_state import SweepState
     from vacsr.sweep.flow import driver
-    from vacsr.sweep.report.table import write_report
+    from vacsr.sweep.plan.studies import study_name
+    from vacsr.sweep.report.publish import publish_sweep
     from vacsr.sweep.spec.space import start_point, suggest
 
     weights = tmp_path / "weights.pt"  # a weights file the stubbed search never loads
-    torch.save({}, weights)
-    generate_all(tmp_path / "data", datasets=list(DATASETS))  # the plan checks the folders
+    if not weights.is_file():
+        torch.save({}, weights)
+        generate_all(tmp_path / "data", datasets=list(DATASETS))  # the plan checks the folders
     plan = sweep_plan(SWEEP, tmp_path / "sweeps", [
         "--datasets", ",".join(DATASETS), "--data-root", str(tmp_path / "data"),
-        "--pretrained", str(weights), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+        "--pretrained", str(weights), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+        *argv])
     plan.storage.mkdir(parents=True)
 
-    def search(plan, dataset, dataset_run_id, max_concurrent, report):
-        """One trial run under the dataset's run, as run_trial makes it, and in the dataset's
-        Optuna study; its config is the best."""
-        config = copy.deepcopy(plan.configs[dataset])
-        for key, value in DATASETS[dataset].items():
-            set_value(config, key, value)
-        space = plan.spaces[dataset]
+    def search(plan, unit, dataset_run_id, max_concurrent, report):
+        """One trial run under the unit's run, as run_trial makes it, and in the unit's Optuna
+        study; its config is the best."""
+        config = copy.deepcopy(plan.configs[unit])
+        space = plan.spaces[unit]
+        for key, value in DATASETS[plan.dataset_of(unit)].items():
+            if key in space:
+                set_value(config, key, value)
         study = optuna.create_study(storage=plan.optuna_storage_url, direction="maximize",
-                                    study_name=f"{plan.name}-{dataset}")
+                                    study_name=study_name(plan.name, unit))
         study.enqueue_trial(start_point(space, config))
-        study.optimize(lambda trial: suggest(trial, space) and 0.5, n_trials=1)
-        config.train.output_dir = str(tmp_path / "trials" / dataset / "trial_00000")
+        study.optimize(lambda trial: (suggest(trial, space), 0.5)[1], n_trials=1)
+        config.train.output_dir = str(tmp_path / "trials" / unit / "trial_00000")
         trial = TrackingCallback.start(config, experiment=plan.kind.experiment,
-                                       run_name=f"{dataset}-trial_00000",
+                                       run_name=f"{unit}-trial_00000",
                                        tracking_uri=plan.tracking_uri,
                                        parent_run_id=dataset_run_id, resume=False).tracker()
         trial.log_epoch(1, {"val/acc": 0.5, "train/loss": 1.2})
         trial.finish()
         return {"config": config, "val": 0.5, "num_trials": 1, "failed_trials": 0}
 
-    def finals(plan, dataset, best, dataset_run_id, report):
-        shift = list(DATASETS).index(dataset) / 10  # each dataset's values its own
-        return {"per_seed": [{"seed": s, "acc": 0.6 + s / 100 + shift, "novel_acc": 0.4}
-                             for s in (1, 2)],
+    def finals(plan, unit, best, dataset_run_id, report):
+        # each unit's values its own
+        shift = (list(DATASETS).index(plan.dataset_of(unit)) / 10
+                 + plan.methods.index(plan.method_of(unit)) / 20)
+        return {"per_seed": [{"seed": s, "acc": 0.6 + s / 100 + shift, "novel_acc": 0.4 + shift}
+                             for s in plan.seeds_of(unit)],
                 "reused_trial": None}
 
     # where run_dataset imports them from as it runs
@@ -86,27 +94,27 @@ def _sweep_records(tmp_path: Path, monkeypatch) -> tuple[object, str, dict[str, 
     monkeypatch.setattr("vacsr.sweep.flow.dataset_task.quiet_logging", lambda verbose: None)
 
     state = SweepState(plan.storage / "sweep_state.json", fresh=True)
-    parent = MlflowTracker(plan.tracking_uri)
-    parent_id = parent.start(plan.kind.experiment, plan.name,
-                             tags={"vacsr.sweep": plan.name, "vacsr.kind": plan.kind.name})
-    runs, results = {}, {}
-    for dataset in DATASETS:
-        runs[dataset] = driver._dataset_run(plan, state, dataset, parent_id)
-        results[dataset] = driver.run_dataset(plan, dataset, runs[dataset], 1, queue.Queue())
-    rows, _, _ = write_report(plan.kind, results, {}, plan.storage / "report")
-    driver.publish_table(parent, plan, rows, runs)  # as run_sweep ends
+    parent = SweepRecords(plan.tracking_uri, plan.kind.experiment).start_sweep_run(
+        state, plan.name, plan.kind.name, plan.methods)
+    runs = {}
+    for unit in plan.datasets:
+        runs[unit] = driver._dataset_run(plan, state, unit, parent.run_id)
+        result = driver.run_dataset(plan, unit, runs[unit], 1, queue.Queue())
+        state.update(unit, done=True, result=result)  # as _finish_dataset records it
+    publish_sweep(plan, state, parent, {})  # as run_sweep ends
+    parent_id = parent.run_id
     parent.finish()
     return plan, parent_id, runs
 
 
-def _render(url: str, profile: Path) -> str:
+def _render(url: str, profile: Path, width: int = 3000) -> str:
     """The DOM after the page's scripts ran. A fresh profile: no workflow type remembered in
     localStorage, as for someone opening the UI for the first time."""
     out = subprocess.run(
         [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
          f"--user-data-dir={profile}", "--virtual-time-budget=20000",
          # the grid renders only the columns inside the window: a wide screen shows them all
-         "--window-size=3000,1000", "--dump-dom", url],
+         f"--window-size={width},1000", "--dump-dom", url],
         capture_output=True, text=True, timeout=180)
     assert out.returncode == 0 and out.stdout, f"chromium failed on {url}: {out.stderr[-2000:]}"
     return out.stdout
@@ -135,6 +143,8 @@ def _title(dom: str) -> str:
 
 
 def test_ui_opens_on_runs_and_shows_selected_params(tmp_path, monkeypatch, servers):
+    """A sweep's results view, a dataset run's page, and a sweep of several methods' comparison
+    view, on one server."""
     from vacsr.records import MlflowTracker
     from vacsr.sweep.flow.driver import mlflow_ui_hint
 
@@ -191,3 +201,52 @@ def test_ui_opens_on_runs_and_shows_selected_params(tmp_path, monkeypatch, serve
         assert re.search(rf"(?:^| ){re.escape(key)} {re.escape(str(value))}(?: |$)",
                          params.group(2)), params.group(2)
     assert "test_seed/acc" in text and "best_test_acc" not in text, text[:3000]
+
+    _check_comparison_view(tmp_path, monkeypatch, base)
+
+
+def _check_comparison_view(tmp_path: Path, monkeypatch, base: str) -> None:
+    """(c) A sweep of several methods in the same store: its second link opens the method
+    comparison, a row per dataset x method and one per method's average, with the comparison's
+    numbers, each unit's chosen values, and no other run."""
+    import csv
+    import json
+
+    from vacsr.records import MlflowTracker
+    from vacsr.sweep.flow.driver import comparison_hint
+
+    methods = ("vacsr", "coop")
+    plan, parent_id, runs = _sweep_records(tmp_path, monkeypatch, "--methods", ",".join(methods),
+                                           "--name", "cmp", "--seeds", "1,2")
+    experiment_id = MlflowTracker(plan.tracking_uri).experiment_id(plan.kind.experiment)
+    hint = comparison_hint(plan.tracking_uri, experiment_id, plan.name)
+    link = re.search(r"http://127\.0\.0\.1:5000(/\S*)", hint or "")
+    assert link, hint
+    # wider: every method's searched keys are columns
+    dom = _render(base + link.group(1), tmp_path / "chrome-comparison", width=5000)
+    text = _text(dom)
+    assert _title(dom).startswith(f"Runs - Experiment {experiment_id}"), (_title(dom), text[:1500])
+    assert "cmp: method comparison" in text, text[:1500]  # the comparison's view is open
+    client = MlflowTracker(plan.tracking_uri).client
+    rows = {(r["dataset"], r["method"]): r for r in csv.DictReader(
+        (plan.storage / "report" / "comparison.csv").open())}
+    averages = json.loads((plan.storage / "sweep_state.json").read_text())["averages"]
+    shown = {**{(plan.dataset_of(u), plan.method_of(u)): run_id for u, run_id in runs.items()},
+             **{("average", m): averages[m]["run_id"] for m in methods}}
+    assert len(shown) == 2 * len(methods) + len(methods)
+    # its rows alone: not the sweep's own run, its trials, nor the other sweep's runs
+    assert set(re.findall(r'row-id="([0-9a-f]{32})"', dom)) == set(shown.values()), text[:1500]
+    assert parent_id not in shown.values()
+    for (dataset, method), run_id in shown.items():
+        row, expected = _row(dom, run_id), rows[(dataset, method)]
+        label = dataset if dataset != "average" else f"average ({expected['datasets']} datasets)"
+        assert _cell(row, "tags", "vacsr.comparison_row", label), (dataset, method, _text(row))
+        assert _cell(row, "tags", "vacsr.method", method), (dataset, method, _text(row))
+        for title in ("base", "novel", "H"):  # the comparison's numbers, as the report rounds
+            value = round(float(expected[title]), 2)
+            assert _cell(row, "metrics", f"table/{title}", repr(value)), \
+                (dataset, method, title, value, _text(row))
+        if dataset != "average":  # each unit's chosen values, among the searched keys
+            params = client.get_run(run_id).data.params
+            for key in plan.spaces[f"{dataset}.{method}"]:
+                assert _cell(row, "params", key, params[key]), (key, _text(row))

@@ -170,3 +170,34 @@ def test_reading_a_run_artifact_leaves_no_temporary_copy(tmp_path, monkeypatch):
     assert records.artifact(run_id, "best_config.yaml") == b"train:\n  epochs: 3\n"
     assert records.artifact_json(run_id, "final_runs.json") == {"reused_trial": None}
     assert list(temporary.iterdir()) == []
+
+
+def test_a_resume_continues_the_average_runs_and_clears_a_failure(tmp_path):
+    """The comparison's average rows are runs sweep_state.json records (`averages`): a resumed
+    sweep continues them, never opens a second one. A dataset run's failure reason stays on it
+    until the resume starts it again."""
+    from vacsr.records.sweep_records import FAILED_TAG, SweepRecords
+    from vacsr.records.sweep_state import SweepState
+
+    uri, path = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweep_state.json"
+    records = SweepRecords(uri, BASE2NOVEL.experiment)
+    state = SweepState(path, fresh=True)
+    parent = records.start_sweep_run(state, "s1", "base2novel", ("vacsr", "coop"))
+    run_id = records.start_dataset_run(state, "eurosat.coop", "s1", parent.run_id, "coop")
+    records.note_failure(run_id, "coop diverged")
+    state.update("eurosat.coop", failed="coop diverged")
+    records.close_dataset_run(run_id, "FAILED")
+    average = records.start_average_run(state, "vacsr", "s1", parent.run_id)
+    first = average.run_id
+    average.finish()
+    assert records.store.client.get_run(run_id).data.tags[FAILED_TAG] == "coop diverged"
+
+    resumed = SweepState(path, fresh=False)  # what --resume reads
+    assert records.start_dataset_run(resumed, "eurosat.coop", "s1", parent.run_id,
+                                     "coop") == run_id
+    assert FAILED_TAG not in records.store.client.get_run(run_id).data.tags
+    again = records.start_average_run(resumed, "vacsr", "s1", parent.run_id)
+    assert again.run_id == first
+    assert [r.info.run_id for r in records.child_runs(parent.run_id)
+            if r.info.run_name == "average.vacsr"] == [first]
+    assert resumed.entry("vacsr", "averages")["run_id"] == first

@@ -57,6 +57,10 @@ def test_a_dataset_whose_trials_all_fail_is_reported_and_the_sweep_goes_on(tmp_p
     assert not runs["tags.mlflow.runName"].str.contains("final").any()
     dataset = runs[runs["tags.vacsr.dataset"] == "eurosat"]
     assert list(dataset.status) == ["FAILED"]
+    # the reason the report gives, on the run (`vacsr best --compare` reads it)
+    [why] = dataset["tags.vacsr.failed"]
+    assert why.startswith("none of 1 trial(s) reported val/acc") and f"| eurosat | FAILED: " \
+        f"{why} |" in table, (why, table)
 
 
 @pytest.mark.timeout(180)

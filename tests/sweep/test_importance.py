@@ -167,6 +167,11 @@ def test_the_dataset_run_holds_the_table_and_figure_and_best_prints_them(tmp_pat
     assert "metrics: base=70.00, novel=60.00, H=64.62, val/acc=71.23" in out, out
     assert "test_acc" not in out
 
+    line = one_line(["best", "--compare", "--tracking-uri", plan.tracking_uri], capsys)
+    assert line == (f"vacsr: error: sweep {plan.name!r} ran one method (vacsr): there is "
+                    "nothing to compare (a sweep run with --methods a,b has a comparison)"), line
+    line = one_line(["best", "--compare", "--table", "--tracking-uri", plan.tracking_uri], capsys)
+    assert "--table: not allowed with argument --compare" in line, line
     line = one_line(["best", "--experiment", "vacsr-retrieval", "--tracking-uri",
                      plan.tracking_uri], capsys)
     assert line.startswith("vacsr: error: MLflow experiment 'vacsr-retrieval' not found in ") \

@@ -1,7 +1,8 @@
 """A base-to-novel sweep of several methods (`--methods`) end to end on a local Ray: each method a
 unit per dataset with its own study, trials and final runs under one budget, zero-shot CLIP one
-evaluation, every run naming its method, each method's table and the comparison report, and a
-selection `vacsr best --export` hands to `vacsr train --config` that trains to the same test
+evaluation, every run naming its method, each method's table and the comparison report, the
+comparison's MLflow view and `vacsr best --compare` (the report again, from the store alone), and
+a selection `vacsr best --export` hands to `vacsr train --config` that trains to the same test
 accuracy."""
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_loc
     from mlflow import MlflowClient
 
     from vacsr.cli import main as vacsr_main
+    from vacsr.config import load_config
     from vacsr.sweep.cli import main
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -40,6 +42,8 @@ def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_loc
                              "--epochs", "2", "--cpus-per-worker", "1"])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
+    assert "the method comparison: http://127.0.0.1:5000/#/experiments/" in out  # beside the
+    assert "viewStateShareKey=vacsr_comparison-base2novel\n" in out  # results view's link
     report = tmp_path / "base2novel" / "report"
     text = (report / "comparison.md").read_text()
     assert "1 evaluation (no training; seeds cannot change it)" in text
@@ -92,7 +96,21 @@ def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_loc
                              "--epochs", "2", "--cpus-per-worker", "1", "--resume"])
     assert code == 0, capsys.readouterr().out[-3000:]
     assert {p.name: p.read_bytes() for p in report.glob("comparison*")} == before
-    assert len(_runs(uri)) == len(runs)
+    assert len(_runs(uri)) == len(runs)  # the average rows' runs too: continued, not doubled
+    _check_comparison_view(client, sweep.run_id, rows)
+
+    # the comparison rebuilt from the store alone, by the code that wrote comparison.md
+    report.rename(tmp_path / "report-away")
+    compared = tmp_path / "compared"
+    capsys.readouterr()  # what the resume printed
+    assert vacsr_main(["best", "--tracking-uri", uri, "--experiment", "vacsr-base2novel",
+                       "--compare", "--export", str(compared)]) == 0
+    assert capsys.readouterr().out == (
+        (tmp_path / "report-away" / "comparison.md").read_text()
+        + f"each method's configs written to {compared.resolve()} as <dataset>.<method>.yaml "
+          "(each runs with `vacsr train --config FILE`)\n")
+    for method in METHODS:  # each method's chosen config, as `vacsr train --config` reads it
+        assert load_config(compared / f"eurosat.{method}.yaml").adapter.kind == method
 
     # a selection exported from the store trains again to the seed's test accuracy
     export = tmp_path / "export"
@@ -111,3 +129,27 @@ def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_loc
         per_seed = runs[(runs["tags.mlflow.parentRunId"] == unit.run_id)
                         & (runs["tags.mlflow.runName"] == f"eurosat.{method}-final-seed{seed}")]
         assert again == pytest.approx(float(per_seed.iloc[0]["metrics.test/acc"]), abs=1e-6)
+
+
+def _check_comparison_view(client, sweep_id: str, rows: list[dict]) -> None:
+    """The comparison's saved view on the experiment, and its rows' runs holding comparison.csv's
+    numbers as the report rounds them: each unit's, and each method's average (a run of its
+    own)."""
+    sweep = client.get_run(sweep_id)
+    view = client.get_experiment(sweep.info.experiment_id).tags[
+        "mlflow.sharedViewState.vacsr_comparison-base2novel"]
+    state = json.loads(json.loads(view)["state"])
+    assert state["selectedColumns"][:6] == [
+        "tags.`vacsr.comparison_row`", "tags.`vacsr.method`", "metrics.`table/base`",
+        "metrics.`table/novel`", "metrics.`table/H`", "metrics.`table/val`"], state
+    assert "params.`adapter.context_tokens`" in state["selectedColumns"]  # CoOp's own key
+    shown = {(r.data.tags["vacsr.comparison_row"], r.data.tags["vacsr.method"]): r
+             for r in client.search_runs([sweep.info.experiment_id], state["searchFilter"])}
+    assert set(shown) == {(r["dataset"] if r["dataset"] != "average" else
+                           f"average ({r['datasets']} datasets)", r["method"]) for r in rows}
+    for row in rows:
+        label = "average (1 datasets)" if row["dataset"] == "average" else row["dataset"]
+        run = shown[(label, row["method"])]
+        assert (run.info.run_name == f"average.{row['method']}") == (row["dataset"] == "average")
+        for title in ("base", "novel", "H"):
+            assert run.data.metrics[f"table/{title}"] == round(float(row[title]), 2), title

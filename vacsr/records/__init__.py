@@ -16,7 +16,8 @@ mlflow is installed, without importing it).
 - `sweep_records`: `SweepRecords`, what vacsr/sweep does in MLflow (its runs, their children,
   closing what a stop left, reading a sweep back); `place_child_run` for trials and seed runs.
 - `sweep_state`: sweep_state.json, which records the sweep's runs and results (format 2).
-- `artifacts`: the names of a sweep's artifacts; `view`: the sweep's saved view in the MLflow UI;
+- `artifacts`: the names of a sweep's artifacts; `view`: the sweep's saved view in the MLflow UI
+  (`comparison_view`: a sweep of several methods' comparison);
   `inputs`: a run's datasets as MLflow dataset inputs.
 
 Layout in MLflow: one experiment per sweep kind, tagged as a model-training experiment so the UI

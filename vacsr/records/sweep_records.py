@@ -2,11 +2,12 @@
 saved view, dataset inputs and store checks are view.py, inputs.py and uri.py of this package).
 
 In the kind's experiment: the sweep's run, a run per dataset under it, and under each dataset
-run its trials' and final seeds' runs (tag `mlflow.parentRunId`). The driver starts the sweep's
-and the datasets' runs crash-safely (sweep_state.json records them: sweep_state.py), a dataset's
-Ray task continues its run by id, trials and seed runs open their own (`place_child_run`), what
-a stop or a failure left RUNNING is closed here, and `vacsr best` reads the sweep back by the
-artifact names of artifacts.py.
+run its trials' and final seeds' runs (tag `mlflow.parentRunId`); with --methods also a run per
+method under the sweep's holding that method's average row of the comparison. The driver starts
+the sweep's, the datasets' and the average rows' runs crash-safely (sweep_state.json records
+them: sweep_state.py), a dataset's Ray task continues its run by id, trials and seed runs open
+their own (`place_child_run`), what a stop or a failure left RUNNING is closed here, and `vacsr
+best` reads the sweep back by the artifact names of artifacts.py.
 """
 from __future__ import annotations
 
@@ -20,14 +21,15 @@ from typing import Any
 from mlflow.entities import Metric, RunTag
 
 from vacsr.errors import ConfigError
-from vacsr.records.names import METHOD_TAG, PARENT_TAG
-from vacsr.records.sweep_state import SweepState, start_recorded_run
+from vacsr.records.names import MAX_PARAM_VALUE_LENGTH, METHOD_TAG, PARENT_TAG
+from vacsr.records.sweep_state import AVERAGES, SweepState, start_recorded_run
 from vacsr.records.tracker import MlflowTracker, open_tracker
 from vacsr.records.uri import redact_uri, resolve_tracking_uri
 
 SWEEP_TAG = "vacsr.sweep"  # every run of the sweep but its trials' and seeds'
 KIND_TAG = "vacsr.kind"  # the sweep's own run
 DATASET_TAG = "vacsr.dataset"  # a dataset's run
+FAILED_TAG = "vacsr.failed"  # a dataset's run that failed: the one-line reason the report gives
 # the sweep's own run: where its plan's step costs came from at its latest start (measured now,
 # the sweep folder, the machine cache: vacsr/sweep/cost/cost_store.py) and when they were measured
 COSTS_FROM_TAG = "vacsr.costs_from"
@@ -85,11 +87,33 @@ class SweepRecords:
     def start_dataset_run(self, state: SweepState, dataset: str, sweep: str,
                           parent_run_id: str, method: str = "vacsr") -> str:
         """A dataset's run under the sweep's, started or continued as sweep_state.json records
-        it; its id (its Ray task continues it: `continue_run`)."""
-        return start_recorded_run(open_tracker(self.tracking_uri), state, dataset,
-                                  self.experiment, dataset, parent_run_id=parent_run_id,
-                                  tags={DATASET_TAG: dataset, SWEEP_TAG: sweep,
-                                        METHOD_TAG: method})
+        it; its id (its Ray task continues it: `continue_run`). A run that failed before loses
+        its reason (`note_failure`) as it starts again."""
+        tracker = open_tracker(self.tracking_uri)
+        run_id = start_recorded_run(tracker, state, dataset, self.experiment, dataset,
+                                    parent_run_id=parent_run_id,
+                                    tags={DATASET_TAG: dataset, SWEEP_TAG: sweep,
+                                          METHOD_TAG: method})
+        if (state.dataset(dataset).get("failed")
+                and FAILED_TAG in tracker.client.get_run(run_id).data.tags):
+            tracker.client.delete_tag(run_id, FAILED_TAG)
+        return run_id
+
+    def note_failure(self, run_id: str, why: str) -> None:
+        """On a dataset's run: why it failed, as the sweep's report says (`vacsr best
+        --compare` shows it)."""
+        self.store.client.set_tag(run_id, FAILED_TAG, why[:MAX_PARAM_VALUE_LENGTH])
+
+    def start_average_run(self, state: SweepState, method: str, sweep: str,
+                          parent_run_id: str) -> MlflowTracker:
+        """The run of a method's average row of the comparison (`average.<method>`, under the
+        sweep's run), started or continued as sweep_state.json records it (a resume continues
+        it, never opens a second one); the tracker that holds it."""
+        tracker = open_tracker(self.tracking_uri)
+        start_recorded_run(tracker, state, method, self.experiment, f"average.{method}",
+                           AVERAGES, parent_run_id=parent_run_id,
+                           tags={SWEEP_TAG: sweep, METHOD_TAG: method})
+        return tracker
 
     def continue_run(self, run_id: str) -> MlflowTracker:
         """A tracker holding the existing run `run_id` (status back to RUNNING)."""

@@ -16,6 +16,8 @@ key: the UI ignores a saved view when the URL also sets a search facet.
 That tag is the UI's own format, not an API: the view is saved only on the MLflow releases whose
 UI was checked to read it (VIEW_FORMAT_MLFLOW; tests/e2e/test_mlflow_ui.py renders it). On another
 release the sweep says so in one line, and its link opens the sweep's runs filtered and sorted.
+A sweep of several methods saves a second view, its method comparison (comparison_view.py), in
+the same form.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import sys
 import time
 from urllib.parse import quote, urlencode
 
+from vacsr.records.sweep_records import SWEEP_TAG
 from vacsr.records.tracker import open_tracker
 from vacsr.results import DIGITS, VAL, table_spec
 
@@ -49,8 +52,19 @@ def view_format_known() -> bool:
     return mlflow_release() in VIEW_FORMAT_MLFLOW
 
 
-def view_key(sweep: str) -> str:
-    return "vacsr-" + re.sub(r"[^\w\-]", "-", sweep)
+def view_key(sweep: str, prefix: str = "vacsr-") -> str:
+    """The saved view's key: `prefix` and the sweep's name in the characters a key takes."""
+    return prefix + re.sub(r"[^\w\-]", "-", sweep)
+
+
+def sweep_filter(sweep: str) -> str:
+    """The runs search that finds the sweep's runs (not its trials' and seeds')."""
+    return f"tags.`{SWEEP_TAG}` = '{sweep}'"
+
+
+def average_label(datasets: int) -> str:
+    """The table row (ROW_TAG) of an average over `datasets` datasets."""
+    return f"average ({datasets} datasets)"
 
 
 def table_metrics(row: dict, titles: list[str]) -> dict[str, float]:
@@ -78,30 +92,37 @@ def table_titles(kind, rows: list[dict]) -> list[str]:
     return [k for k in first if k not in ("dataset", "seeds", VAL) and not k.endswith("_std")]
 
 
-def view_state(sweep: str, columns: list[str], params: list[str] = ()) -> dict:
-    """The saved view's state: the UI merges it over its defaults, so only what differs. Column
-    ids are the UI's (`metrics.`<key>``, `params.`<key>``, `tags.`<key>``); the order puts the
-    table row and metrics right of the run names, where they show without scrolling, then the
-    chosen configs' searched keys, then the Dataset column."""
-    shown = [f"tags.`{ROW_TAG}`", *(f"metrics.`{c}`" for c in columns),
-             *(f"params.`{p}`" for p in params), "attributes.`Dataset`"]  # the widest last
-    return {"searchFilter": f"tags.`vacsr.sweep` = '{sweep}'",
+def columns(tags: list[str] = (), metrics: list[str] = (), params: list[str] = (),
+            dataset: bool = False) -> list[str]:
+    """Column ids as the UI names them (`tags.`<key>``, `metrics.`<key>``, `params.`<key>``),
+    in this order, the Dataset column (the widest) last."""
+    return [*(f"tags.`{t}`" for t in tags), *(f"metrics.`{m}`" for m in metrics),
+            *(f"params.`{p}`" for p in params), *(["attributes.`Dataset`"] if dataset else [])]
+
+
+def view_state(search_filter: str, shown: list[str]) -> dict:
+    """A saved view's state: the UI merges it over its defaults, so only what differs. The runs
+    `search_filter` finds, sorted by name, with the `shown` columns right of the run names, where
+    the first of them show without scrolling."""
+    return {"searchFilter": search_filter,
             "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
             "selectedColumns": shown, "columnOrder": ["attributes.`Run Name`", *shown],
-            # the chart view: every dataset's bars (its default shows the first 10 runs), and
-            # the table's metrics only
+            # the chart view: every row's bars (its default shows the first 10 runs), and the
+            # table's metrics only
             "runsHiddenMode": "SHOW_ALL", "chartsSearchFilter": TABLE_PREFIX}
 
 
-def save_view(client, experiment_id: str, sweep: str, columns: list[str],
-              params: list[str] = ()) -> str:
-    """Write (or replace) the sweep's saved view; returns its key."""
-    key = view_key(sweep)
+def save_view(client, experiment_id: str, key: str, name: str, state: dict) -> str:
+    """Write (or replace) the saved view `key` named `name`; returns its key."""
     now = int(time.time() * 1000)
-    envelope = {"name": f"{sweep}: results", "createdAt": now, "updatedAt": now,
-                "state": json.dumps(view_state(sweep, columns, params))}
+    envelope = {"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
     client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + key, json.dumps(envelope))
     return key
+
+
+def searched_keys(plan) -> list[str]:
+    """Every searched key of the sweep's units, once, in order: the chosen configs' columns."""
+    return list(dict.fromkeys(k for d in plan.datasets for k in plan.spaces.get(d, {})))
 
 
 def publish_table(tracker, plan, rows: list[dict], run_ids: dict[str, str]) -> str | None:
@@ -115,8 +136,8 @@ def publish_table(tracker, plan, rows: list[dict], run_ids: dict[str, str]) -> s
         average = row["dataset"] == "average"
         run_id = tracker.run_id if average else run_ids.get(row["dataset"])
         if run_id:
-            _log_once(tracker.client, run_id, table_metrics(row, titles))
-            tracker.client.set_tag(run_id, ROW_TAG, f"average ({len(finished)} datasets)"
+            log_once(tracker.client, run_id, table_metrics(row, titles))
+            tracker.client.set_tag(run_id, ROW_TAG, average_label(len(finished))
                                    if average else row["dataset"])
     if "'" in plan.name:  # it would end the view's filter string early
         return None
@@ -125,13 +146,14 @@ def publish_table(tracker, plan, rows: list[dict], run_ids: dict[str, str]) -> s
               f"vacsr knows ({', '.join(VIEW_FORMAT_MLFLOW)}): the sweep's view is not saved, "
               "its link opens the sweep's runs filtered", file=sys.stderr, flush=True)
         return None
-    columns = [f"{TABLE_PREFIX}{t}" for t in [*titles, VAL]]
-    params = list(dict.fromkeys(k for d in plan.datasets for k in plan.spaces.get(d, {})))
-    return save_view(tracker.client, tracker.experiment_id(plan.kind.experiment), plan.name,
-                     columns, params)
+    shown = columns([ROW_TAG], [f"{TABLE_PREFIX}{t}" for t in [*titles, VAL]],
+                    searched_keys(plan), dataset=True)
+    return save_view(tracker.client, tracker.experiment_id(plan.kind.experiment),
+                     view_key(plan.name), f"{plan.name}: results",
+                     view_state(sweep_filter(plan.name), shown))
 
 
-def _log_once(client, run_id: str, values: dict[str, float]) -> None:
+def log_once(client, run_id: str, values: dict[str, float]) -> None:
     """Log the values the run does not hold yet (a resumed sweep writes what one run writes)."""
     from mlflow.entities import Metric
 
@@ -141,28 +163,34 @@ def _log_once(client, run_id: str, values: dict[str, float]) -> None:
         client.log_batch(run_id, metrics=new)
 
 
-def view_query(client, experiment_id: str, sweep: str) -> dict[str, str] | None:
-    """The link's query for the sweep's saved view; None when the sweep saved none, or the
+def view_query(client, experiment_id: str, key: str) -> dict[str, str] | None:
+    """The link's query for the saved view `key`; None when the experiment holds none, or the
     installed MLflow's UI may not read it."""
     if not view_format_known():
         return None
-    key = view_key(sweep)
     tags = client.get_experiment(experiment_id).tags
     return {VIEW_PARAM: key} if VIEW_TAG_PREFIX + key in tags else None
+
+
+def view_link(experiment_id: str, query: dict[str, str]) -> str:
+    """The UI route (after the server's address) of the experiment's runs table with `query`.
+    MLflow 3.17's UI opens every experiment on its GenAI overview (traces) whatever the
+    experiment's kind tag says, so the link asks for the runs table (`workflowType`); the /runs
+    route: `#/experiments/<id>` redirects there and drops the query on the way."""
+    query = {"workflowType": "machine_learning", **query}
+    return f"/#/experiments/{experiment_id}/runs?{urlencode(query, quote_via=quote)}"
 
 
 def runs_link(uri: str, experiment_id: str, sweep: str | None) -> str:
     """The UI route (after the server's address) of the experiment's runs table: the sweep's
     saved view when it has one, else its runs filtered and sorted by name (sorted by start time
-    the table would fold the dataset runs under the sweep's run). MLflow 3.17's UI opens every
-    experiment on its GenAI overview (traces) whatever the experiment's kind tag says, so the
-    link asks for the runs table (`workflowType`)."""
-    query = {"workflowType": "machine_learning"}
-    view = view_query(open_tracker(uri).client, experiment_id, sweep) if sweep else None
+    the table would fold the dataset runs under the sweep's run)."""
+    view = (view_query(open_tracker(uri).client, experiment_id, view_key(sweep)) if sweep
+            else None)
+    query = {}
     if view:
-        query.update(view)  # alone: a search facet in the URL would override the view
+        query = view  # alone: a search facet in the URL would override the view
     elif sweep and "'" not in sweep:  # a quote would end the filter's string early
-        query.update(searchFilter=f"tags.`vacsr.sweep` = '{sweep}'",
-                     orderByKey="tags.`mlflow.runName`", orderByAsc="true")
-    # the /runs route: `#/experiments/<id>` redirects there and drops the filter on the way
-    return f"/#/experiments/{experiment_id}/runs?{urlencode(query, quote_via=quote)}"
+        query = {"searchFilter": sweep_filter(sweep), "orderByKey": "tags.`mlflow.runName`",
+                 "orderByAsc": "true"}
+    return view_link(experiment_id, query)

@@ -91,7 +91,7 @@ def main(kind: SweepKind, argv: list[str] | None = None) -> int:
     try:  # one driver per sweep folder from before its data is written (plan/ownership.py)
         plan = plan_from_args(kind, args, check_memory=refuse_unfit,
                               on_folder=lambda folder: locks.append(DriverLock(folder)))
-        from vacsr.sweep.flow.driver import mlflow_ui_hint, run_sweep
+        from vacsr.sweep.flow.driver import comparison_hint, mlflow_ui_hint, run_sweep
 
         outcome = run_sweep(plan)
     except VacsrError as exc:
@@ -118,6 +118,9 @@ def main(kind: SweepKind, argv: list[str] | None = None) -> int:
 
     experiment_id = SweepRecords(plan.tracking_uri, plan.kind.experiment).experiment_id()
     print(f"open the MLflow UI: {mlflow_ui_hint(plan.tracking_uri, experiment_id, plan.name)}")
+    compared = comparison_hint(plan.tracking_uri, experiment_id, plan.name)
+    if compared:  # a sweep of several methods
+        print(f"the method comparison: {compared}")
     if outcome.failed:
         print(f"vacsr: {len(outcome.failed)} dataset(s) failed: " + "; ".join(
             f"{d}: {why}" for d, why in outcome.failed.items()), file=sys.stderr)

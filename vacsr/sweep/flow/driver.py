@@ -9,7 +9,8 @@ SIGTERM / Ctrl-C / SIGHUP cancels them and closes everything it opened.
 MLflow layout: experiment `vacsr-<kind>`; a parent run per sweep (the table's average row); a
 child per dataset (searched keys as params, per-seed test metrics `test_seed/*`, its table row
 `table/*`, the selection's `best_*`, best config YAML); under it a child per trial and per final
-seed run.
+seed run. With --methods a dataset is a unit `<dataset>.<method>`, and a run per method holds
+its average row of the comparison (vacsr/records/comparison_view.py).
 """
 from __future__ import annotations
 
@@ -26,24 +27,29 @@ from vacsr.distributed.cluster import ensure_ray, quiet_logging
 from vacsr.errors import StorageError, VacsrError
 from vacsr.model.pretrained_cache import weights_record
 from vacsr.records import MlflowTracker, redact_uri
-from vacsr.records.artifacts import SWEEP_COST, SWEEP_INFO
+from vacsr.records.artifacts import COMPARISON_INFO, SWEEP_COST, SWEEP_INFO
+from vacsr.records.comparison_view import comparison_link
 from vacsr.records.sweep_records import SweepRecords
 from vacsr.records.sweep_state import SweepState
-from vacsr.records.view import publish_table, runs_link
+from vacsr.records.view import runs_link
 from vacsr.results import table_spec
 from vacsr.stop import SignalNote, Stopped
 from vacsr.sweep.cost.measure import measure_sweep_cost
 from vacsr.sweep.cost.sweep_cost import trial_pace
 from vacsr.sweep.flow.dataset_task import run_dataset
 from vacsr.sweep.flow.events import EventSink, start_event_log
-from vacsr.sweep.plan.folders import error_file, report_folder, run_folders, state_file
+from vacsr.sweep.plan.folders import error_file, run_folders, state_file
 from vacsr.sweep.plan.ownership import claim_state
 from vacsr.sweep.plan.plan import SweepPlan, short_of, sweep_parallelism, trial_needs
-from vacsr.sweep.plan.studies import check_optuna_storage, fail_running_trials, open_optuna_storage
-from vacsr.sweep.report.importance import importance_section
-from vacsr.sweep.report.methods_report import write_method_reports
+from vacsr.sweep.plan.studies import (
+    check_optuna_storage,
+    fail_running_trials,
+    open_optuna_storage,
+    study_name,
+)
+from vacsr.sweep.report.methods_report import comparison_info
 from vacsr.sweep.report.progress import SweepProgress
-from vacsr.sweep.report.table import write_report
+from vacsr.sweep.report.publish import publish_sweep
 from vacsr.sweep.search.recovery import SpaceReserve, storage_failure, tracking_failure
 from vacsr.sweep.search.resume_files import check_resume_files
 from vacsr.train.scratch import clear_scratch
@@ -175,6 +181,8 @@ def _finish_dataset(plan: SweepPlan, state: SweepState, dataset: str, ref) -> st
             path = atomic_write_text(error_file(plan.storage, dataset), str(exc))
             why = f"{type(cause).__name__}: {why} (traceback: {path})"
         state.update(dataset, failed=why)
+        records = SweepRecords(plan.tracking_uri, plan.kind.experiment)
+        records.note_failure(state.dataset(dataset)["run_id"], why)  # as the report says it
         close_left_open(plan, state, [dataset], "FAILED")  # nothing RUNNING for a resume
         return why
     state.update(dataset, done=True, result=result, failed=None)
@@ -193,7 +201,7 @@ def close_left_open(plan: SweepPlan, state: SweepState, datasets: list[str],
             entry = state.dataset(dataset)
             if entry.get("run_id") and not entry.get("done"):
                 records.close_dataset_run(entry["run_id"], status)
-            fail_running_trials(storage, f"{plan.name}-{dataset}")
+            fail_running_trials(storage, study_name(plan.name, dataset))
     finally:
         storage.engine.dispose()
 
@@ -270,6 +278,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     parent_id = parent.run_id
     if len(plan.methods) > 1:  # beside its vacsr.method tag (a one-method sweep's is unchanged)
         parent.log_params({"method": ",".join(plan.methods)})
+        parent.log_json(COMPARISON_INFO, comparison_info(plan))  # for `vacsr best --compare`
     parent.log_json(SWEEP_INFO, {"kind": plan.kind.name, "metric": plan.kind.metric,
                                  "table": table_spec(plan.kind.table)})
     parent.log_json(SWEEP_COST, cost)
@@ -304,21 +313,13 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
         stop.restore()
     reserve.release()
     progress.close()
-    results = state.finished(plan.datasets)
-    if len(plan.methods) > 1:  # each method's table and their comparison
-        rows, paths, text = write_method_reports(plan, results, failed,
-                                                 report_folder(plan.storage))
-    else:
-        rows, paths, text = write_report(plan.kind, results, failed, report_folder(plan.storage),
-                                         sections=importance_section(results, plan.kind.metric))
-    folder = report_folder(plan.storage)
-    for path in paths:  # each method's tables under methods/<method>/, as on disk
-        where = path.parent.relative_to(folder).as_posix()
-        parent.log_artifact(path, None if where == "." else where)
-    publish_table(parent, plan, rows, {d: state.dataset(d).get("run_id") for d in plan.datasets})
+    rows, text = publish_sweep(plan, state, parent, failed)
     parent.finish("FAILED" if failed else "FINISHED")
     print("\n" + text, flush=True)
     return SweepOutcome(rows=rows, failed=failed)
+
+
+UI_ADDRESS = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
 
 
 def mlflow_ui_hint(uri: str, experiment_id: str | None = None, sweep: str | None = None) -> str:
@@ -328,5 +329,12 @@ def mlflow_ui_hint(uri: str, experiment_id: str | None = None, sweep: str | None
     # to the redacted form)
     # this interpreter's MLflow: `mlflow` itself is on PATH only inside an activated venv
     command = f"{shlex.quote(sys.executable)} -m mlflow ui --backend-store-uri"
-    hint = f"{command} {shlex.quote(redact_uri(uri))}   # then open http://127.0.0.1:5000"
+    hint = f"{command} {shlex.quote(redact_uri(uri))}   # then open {UI_ADDRESS}"
     return hint if experiment_id is None else hint + runs_link(uri, experiment_id, sweep)
+
+
+def comparison_hint(uri: str, experiment_id: str, sweep: str) -> str | None:
+    """The link to the sweep's method comparison view on the server mlflow_ui_hint starts; None
+    when the sweep saved none (vacsr/records/comparison_view.py)."""
+    link = comparison_link(uri, experiment_id, sweep)
+    return None if link is None else UI_ADDRESS + link

@@ -70,14 +70,14 @@ def _differences(recorded: dict, current: dict) -> list[str]:
 
 
 def _studies_of(plan: SweepPlan) -> list[str]:
-    from vacsr.sweep.plan.studies import open_optuna_storage
+    from vacsr.sweep.plan.studies import open_optuna_storage, study_name
 
     storage = open_optuna_storage(plan)
     try:
         names = {s.study_name for s in storage.get_all_studies()}
     finally:
         storage.engine.dispose()
-    own = {f"{plan.name}-{d}" for d in plan.kind.datasets}  # a unit: <dataset>[.<method>]
+    own = {study_name(plan.name, d) for d in plan.kind.datasets}  # a unit: <dataset>[.<method>]
     return sorted(n for n in names if n in own or n.rpartition(".")[0] in own)
 
 

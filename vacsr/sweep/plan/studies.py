@@ -1,6 +1,7 @@
 """The sweep's Optuna study database (`--optuna-storage`, default SQLite in the sweep folder):
 opened by the plan's check, the folder's owner, the driver, the search and the sensitivity
-analysis. optuna is imported only when one is opened, so the flags and their refusals stay light.
+analysis; and the name of each unit's study in it (`study_name`). optuna is imported only when
+one is opened, so the flags and their refusals stay light.
 """
 from __future__ import annotations
 
@@ -11,6 +12,14 @@ from vacsr.redact import redact_uri
 
 if TYPE_CHECKING:
     from vacsr.sweep.plan.plan import SweepPlan
+
+
+def study_name(sweep: str, unit: str) -> str:
+    """A unit's study: `<sweep>-<unit>`. The sweep's name is its kind's unless --name gives
+    another, and a unit is its dataset in a sweep of one method (`base2novel-eurosat`, the name
+    a resume looks for) or `<dataset>.<method>` in a comparison (`base2novel-eurosat.coop`), so
+    optuna-dashboard lists a comparison's studies as kind, dataset and method."""
+    return f"{sweep}-{unit}"
 
 
 def open_optuna_storage(plan: SweepPlan):

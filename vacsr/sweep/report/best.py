@@ -32,7 +32,8 @@ EXISTING_STORE = ("the MLflow store a sweep recorded into (--tracking-uri, else 
                   "$MLFLOW_TRACKING_URI, else ./mlflow.db)")
 
 
-def _records(tracking_uri: str | None, experiment: str) -> SweepRecords:
+def read_records(tracking_uri: str | None, experiment: str) -> SweepRecords:
+    """The experiment's records in an existing store (checked first, in one line)."""
     uri = check_store_exists(tracking_uri, EXISTING_STORE)
     check_tracking_uri(uri)
     return SweepRecords(uri, experiment)
@@ -44,7 +45,7 @@ def best_configs(tracking_uri: str | None, experiment: str, sweep: str | None,
     and the best config (optionally exported as YAML files `vacsr train --config` accepts)."""
     if export is not None:  # a read-only folder fails before any file is written
         require_writable_folder(export, "the exported best configs")
-    records = _records(tracking_uri, experiment)
+    records = read_records(tracking_uri, experiment)
     rows = []
     for run in records.dataset_runs(records.sweep_run(sweep)):
         dataset = run.data.tags[DATASET_TAG]
@@ -89,7 +90,7 @@ def format_rows(rows: list[dict]) -> str:
 
 def sweep_table(tracking_uri: str | None, experiment: str, sweep: str | None) -> str:
     """The sweep's final table (mean ± std over seeds), rebuilt from MLflow."""
-    records = _records(tracking_uri, experiment)
+    records = read_records(tracking_uri, experiment)
     parent = records.sweep_run(sweep)
     info = records.artifact_json(parent.info.run_id, SWEEP_INFO)
     if info is None:
@@ -110,7 +111,7 @@ def sweep_table(tracking_uri: str | None, experiment: str, sweep: str | None) ->
 def sweep_importance(tracking_uri: str | None, experiment: str, sweep: str | None) -> str:
     """The per-dataset importance table (searched keys x datasets), from the importance.json each
     dataset run holds in MLflow."""
-    records = _records(tracking_uri, experiment)
+    records = read_records(tracking_uri, experiment)
     analyses = []
     for run in records.dataset_runs(records.sweep_run(sweep)):
         payload = records.artifact_json(run.info.run_id, f"{IMPORTANCE_DIR}/{IMPORTANCE_FILE}")

@@ -200,11 +200,11 @@ def record_sensitivity(plan, dataset: str, tracker, selected: dict[str, Any]) ->
     MLflow run held by `tracker`; returns the summary results.md shows."""
     import optuna
 
-    from vacsr.sweep.plan.studies import open_optuna_storage
+    from vacsr.sweep.plan.studies import open_optuna_storage, study_name
 
     storage = open_optuna_storage(plan)
     try:
-        study = optuna.load_study(study_name=f"{plan.name}-{dataset}", storage=storage)
+        study = optuna.load_study(study_name=study_name(plan.name, dataset), storage=storage)
         sensitivity = analyse_study(study, dataset, plan.spaces[dataset], metric=plan.kind.metric,
                                     mode=plan.kind.mode,
                                     planned_epochs=plan.configs[dataset].train.epochs,

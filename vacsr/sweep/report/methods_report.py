@@ -36,24 +36,44 @@ def method_budget(plan: SweepPlan, unit: str) -> dict:
             **{key: values.get(key) for key in setting}}
 
 
+def comparison_info(plan: SweepPlan) -> dict:
+    """What the comparison is built from besides the units' results, as plain data (logged on
+    the sweep's run, COMPARISON_INFO, so `vacsr best --compare` rebuilds the report from the
+    store alone): the table spec, each method's budget, the methods, and each unit's method and
+    dataset, in the sweep's order."""
+    budget = {}
+    for method in plan.methods:
+        first = next(u for u in plan.datasets if plan.method_of(u) == method)
+        budget[method] = method_budget(plan, first)
+    return {"spec": table_spec(plan.kind.table), "budget": budget, "methods": list(plan.methods),
+            "units": {u: {"method": plan.method_of(u), "dataset": plan.dataset_of(u)}
+                      for u in plan.datasets}}
+
+
+def by_method(info: dict, results: dict[str, dict], failed: dict[str, str]
+              ) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The units' results and failures (by unit) as the comparison takes them: results[method]
+    [dataset] and failed[method][dataset], every method present, in the sweep's order."""
+    grouped: dict[str, dict] = {m: {} for m in info["methods"]}
+    failed_by: dict[str, dict] = {m: {} for m in info["methods"]}
+    for unit, where in info["units"].items():
+        if unit in results:
+            grouped[where["method"]][where["dataset"]] = results[unit]
+        if unit in failed:
+            failed_by[where["method"]][where["dataset"]] = failed[unit]
+    return grouped, failed_by
+
+
 def write_method_reports(plan: SweepPlan, results: dict[str, dict], failed: dict[str, str],
-                         folder: Path) -> tuple[list[dict], list[Path], str]:
+                         folder: Path) -> tuple[list[dict], list[Path], str, list[dict]]:
     """Each method's tables, then the comparison; returns the units' rows (named by unit, for
-    their runs' table/* metrics; no average over methods), every path and the console text."""
+    their runs' table/* metrics; no average over methods), every path, the console text and the
+    comparison's rows (for its MLflow view)."""
     rows, paths = [], []
-    by_method: dict[str, dict] = {m: {} for m in plan.methods}
-    failed_by: dict[str, dict] = {m: {} for m in plan.methods}
-    budget: dict[str, dict] = {}
     for method in plan.methods:
         units = [u for u in plan.datasets if plan.method_of(u) == method]
         own = {u: results[u] for u in units if u in results}
         own_failed = {u: failed[u] for u in units if u in failed}
-        budget[method] = method_budget(plan, units[0])
-        for unit in units:
-            if unit in own:
-                by_method[method][plan.dataset_of(unit)] = own[unit]
-            if unit in own_failed:
-                failed_by[method][plan.dataset_of(unit)] = own_failed[unit]
         if not own and not own_failed:
             continue
         method_rows, method_paths, _ = write_report(
@@ -61,6 +81,8 @@ def write_method_reports(plan: SweepPlan, results: dict[str, dict], failed: dict
             sections=importance_section(own, plan.kind.metric))
         rows += [r for r in method_rows if r["dataset"] != "average"]
         paths += method_paths
-    _, comparison_paths, text = write_comparison(table_spec(plan.kind.table), by_method,
-                                                 failed_by, budget, folder)
-    return rows, paths + comparison_paths, text
+    info = comparison_info(plan)
+    grouped, failed_by = by_method(info, results, failed)
+    compared, comparison_paths, text = write_comparison(info["spec"], grouped, failed_by,
+                                                        info["budget"], folder)
+    return rows, paths + comparison_paths, text, compared

@@ -18,7 +18,7 @@ from vacsr.records.sweep_records import SweepRecords
 from vacsr.results import PREFIX_CACHE_REBUILT
 from vacsr.sweep.plan.folders import TRIALS, TUNE, asha_stops_file, join_storage, trial_folder
 from vacsr.sweep.plan.plan import SweepPlan, trains_in_trial, trial_resources
-from vacsr.sweep.plan.studies import fail_running_trials, open_optuna_storage
+from vacsr.sweep.plan.studies import fail_running_trials, open_optuna_storage, study_name
 from vacsr.sweep.search.asha import AshaStops, RecordingASHA
 from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
 from vacsr.sweep.search.recovery import TRACKING_DOWN_NOTE, repair_experiment, tracking_failure
@@ -75,7 +75,7 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
                                   storage_filesystem=filesystem)
     base, space = plan.configs[dataset], plan.spaces[dataset]
     search = OptunaStudySearch(DefineByRun(space), metric=plan.kind.metric, mode=plan.kind.mode,
-                               storage=storage, study_name=f"{plan.name}-{dataset}",
+                               storage=storage, study_name=study_name(plan.name, dataset),
                                seed=sampler_seed(plan.sampler_seed, plan.dataset_of(dataset)),
                                points_to_evaluate=[start_point(space, base)])
     max_epochs = longest_epochs(space, base.train.epochs)
@@ -161,7 +161,7 @@ def _search(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: 
             report: Callable[[dict], None]) -> dict:
     """The search itself, its trials' MLflow runs closed and marked; the selection record."""
     storage = open_optuna_storage(plan)
-    study = f"{plan.name}-{dataset}"
+    study = study_name(plan.name, dataset)
     stops = AshaStops(asha_stops_file(plan.storage, dataset))
     tuner = _tuner(plan, dataset, _trainable(plan, dataset, dataset_run_id), storage,
                    max_concurrent, [TrialEvents(dataset, plan.kind.metric, report)], stops)

@@ -1,0 +1,42 @@
+"""The sweep's end: its report on disk and on the sweep's MLflow run, the table's metrics on the
+datasets' runs and the saved views (vacsr/records/view.py; a sweep of several methods also its
+comparison's, vacsr/records/comparison_view.py)."""
+from __future__ import annotations
+
+from vacsr.records import MlflowTracker
+from vacsr.records.comparison_view import publish_comparison
+from vacsr.records.sweep_records import SweepRecords
+from vacsr.records.sweep_state import SweepState
+from vacsr.records.view import publish_table, table_titles
+from vacsr.sweep.plan.folders import report_folder
+from vacsr.sweep.plan.plan import SweepPlan
+from vacsr.sweep.report.comparison_rows import AVERAGE
+from vacsr.sweep.report.importance import importance_section
+from vacsr.sweep.report.methods_report import write_method_reports
+from vacsr.sweep.report.table import write_report
+
+
+def publish_sweep(plan: SweepPlan, state: SweepState, parent: MlflowTracker,
+                  failed: dict[str, str]) -> tuple[list[dict], str]:
+    """The sweep's end: its report on disk and on its run (parent), the table's metrics and the
+    saved views in MLflow (a sweep of several methods: the comparison too); returns the table's
+    rows and the console text."""
+    results, folder = state.finished(plan.datasets), report_folder(plan.storage)
+    compared = None
+    if len(plan.methods) > 1:  # each method's table and their comparison
+        rows, paths, text, compared = write_method_reports(plan, results, failed, folder)
+    else:
+        rows, paths, text = write_report(plan.kind, results, failed, folder,
+                                         sections=importance_section(results, plan.kind.metric))
+    for path in paths:  # each method's tables under methods/<method>/, as on disk
+        where = path.parent.relative_to(folder).as_posix()
+        parent.log_artifact(path, None if where == "." else where)
+    run_ids = {d: state.dataset(d).get("run_id") for d in plan.datasets}
+    publish_table(parent, plan, rows, run_ids)
+    if compared is not None:
+        publish_comparison(
+            SweepRecords(plan.tracking_uri, plan.kind.experiment), state, parent.run_id, plan,
+            table_titles(plan.kind, rows), [r for r in compared if r["dataset"] != AVERAGE],
+            [r for r in compared if r["dataset"] == AVERAGE],
+            {(plan.method_of(u), plan.dataset_of(u)): i for u, i in run_ids.items() if i})
+    return rows, text
