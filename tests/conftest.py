@@ -42,11 +42,10 @@ REPO = Path(__file__).resolve().parent.parent
 # about 9 minutes each when both run at once beside the other tests on 2 cores. A Ray test in a
 # module not listed joins "ray-a".
 RAY_LANES = {
-    "ray-a": ("test_sweep_e2e.py", "test_sweep_disk_full.py", "test_sweep_kinds.py",
-              "test_sweep_tracking_down.py"),
+    "ray-a": ("test_sweep_kinds.py", "test_sweep_tracking_down.py"),
     "ray-b": ("test_sweep_signals.py", "test_ray_train.py", "test_gpu_check.py",
               "test_eval_actor.py", "test_plan_signals.py", "test_sweep_failures.py",
-              "test_sweep_methods.py"),
+              "test_sweep_methods.py", "test_sweep_e2e.py", "test_sweep_disk_full.py"),
 }
 LANE_OF_MODULE = {module: lane for lane, modules in RAY_LANES.items() for module in modules}
 # The tests that need the pretrained tiny CLIP run on one worker: it pretrains it (about 40 s of

@@ -79,6 +79,7 @@ def test_retrieval_sweep(tmp_path, ray_local, weights, capsys):
     # CLIP's learned temperature trained and reached the trial's record
     contrastive = runs[runs["tags.vacsr.method"] == "clip_contrastive"]
     assert contrastive["metrics.train/logit_scale"].notna().any()
+    _compared_from_store(uri, "vacsr-retrieval", folder / "report", capsys)
 
 
 def test_domain_generalization_sweep(tmp_path, ray_local, weights, capsys):
@@ -89,6 +90,8 @@ def test_domain_generalization_sweep(tmp_path, ray_local, weights, capsys):
 
     from vacsr.methods.registry import METHODS
     from vacsr.sweep.cli import main
+
+    methods = [name for name, m in METHODS.items() if "classification" in m.tasks]
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     code = main(DG, ["--storage", str(tmp_path / "dg"), "--tracking-uri", uri, "--pretrained",
@@ -104,7 +107,7 @@ def test_domain_generalization_sweep(tmp_path, ray_local, weights, capsys):
     targets = ["imagenet", "imagenetv2", "imagenet_sketch", "imagenet_a", "imagenet_r"]
     rows = list(csv.DictReader((report / "comparison.csv").open()))
     assert [(r["target"], r["method"]) for r in rows] == [
-        (t, m) for t in [*targets, "shifted average"] for m in METHODS]
+        (t, m) for t in [*targets, "shifted average"] for m in methods]
     assert all(r["accuracy"] and not r.get("failed") for r in rows)
     differences = list(csv.DictReader((report / "comparison_differences.csv").open()))
     assert [(d["target"], d["comparison"]) for d in differences] == [
@@ -117,7 +120,7 @@ def test_domain_generalization_sweep(tmp_path, ray_local, weights, capsys):
     runs = _runs(uri, "vacsr-domain_generalization")
     assert runs["tags.vacsr.method"].notna().all()  # every run names its method
     cells = {(r["target"], r["method"]): r for r in rows}
-    for method in METHODS:
+    for method in methods:
         unit = runs[runs["tags.vacsr.dataset"] == f"imagenet.{method}"].iloc[0]
         assert unit["tags.vacsr.method"] == method
         shifts = [unit[f"metrics.test_seed/{s}_acc"] for s in targets[1:]]  # seed 2's, exact
@@ -127,6 +130,34 @@ def test_domain_generalization_sweep(tmp_path, ray_local, weights, capsys):
         assert unit["metrics.table/ood_avg_acc"] == pytest.approx(
             float(cells[("shifted average", method)]["accuracy"]), abs=0.01)
     assert not [c for c in runs.columns if c.startswith("metrics.best_test")]  # one name each
+    view = _compared_from_store(uri, "vacsr-domain_generalization", report, capsys)
+    # a row per method's run, its targets and their shifted average as columns
+    assert {"metrics.`table/imagenet_r_acc`", "metrics.`table/ood_avg_acc`"} <= set(view)
+
+
+def _compared_from_store(uri: str, experiment: str, report, capsys) -> list[str]:
+    """`vacsr best --compare` prints comparison.md again from the store alone; the sweep saved
+    the comparison's MLflow view, a row per unit's run: returns its columns."""
+    import csv
+    import json
+
+    from mlflow import MlflowClient
+
+    from vacsr.cli import main as vacsr_main
+
+    capsys.readouterr()  # the sweep's output
+    assert vacsr_main(["best", "--tracking-uri", uri, "--experiment", experiment,
+                       "--compare"]) == 0
+    assert capsys.readouterr().out == (report / "comparison.md").read_text()
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    sweep = experiment.removeprefix("vacsr-")
+    state = json.loads(json.loads(found.tags[
+        f"mlflow.sharedViewState.vacsr_comparison-{sweep}"])["state"])
+    shown = client.search_runs([found.experiment_id], state["searchFilter"])
+    methods = {row["method"] for row in csv.DictReader((report / "comparison.csv").open())}
+    assert {r.data.tags["vacsr.method"] for r in shown} == methods  # every method has its rows
+    return state["selectedColumns"]
 
 
 def test_set_fixes_searched_keys_for_every_trial_and_final_run(tmp_path, ray_local, weights,

@@ -8,9 +8,10 @@ from vacsr.records.comparison_view import publish_comparison
 from vacsr.records.sweep_records import SweepRecords
 from vacsr.records.sweep_state import SweepState
 from vacsr.records.view import publish_table, table_titles
+from vacsr.results import table_spec
 from vacsr.sweep.plan.folders import report_folder
 from vacsr.sweep.plan.plan import SweepPlan
-from vacsr.sweep.report.comparison_rows import AVERAGE
+from vacsr.sweep.report.comparison_shape import read_shape
 from vacsr.sweep.report.importance import importance_section
 from vacsr.sweep.report.methods_report import write_method_reports
 from vacsr.sweep.report.table import write_report
@@ -34,9 +35,22 @@ def publish_sweep(plan: SweepPlan, state: SweepState, parent: MlflowTracker,
     run_ids = {d: state.dataset(d).get("run_id") for d in plan.datasets}
     publish_table(parent, plan, rows, run_ids)
     if compared is not None:
+        unit_rows, averages = view_rows(plan, compared)
         publish_comparison(
             SweepRecords(plan.tracking_uri, plan.kind.experiment), state, parent.run_id, plan,
-            table_titles(plan.kind, rows), [r for r in compared if r["dataset"] != AVERAGE],
-            [r for r in compared if r["dataset"] == AVERAGE],
+            table_titles(plan.kind, rows), unit_rows, averages,
             {(plan.method_of(u), plan.dataset_of(u)): i for u, i in run_ids.items() if i})
     return rows, text
+
+
+def view_rows(plan: SweepPlan, compared: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The comparison's rows as its MLflow view shows them, a run each: (per dataset x method,
+    each method's average). A comparison by target (domain generalisation: one trained dataset
+    evaluated on several test sets) is a row per unit's run with the targets as its columns, the
+    shifted average among them (the table's ood_avg_acc), so no run holds an average."""
+    shape = read_shape(table_spec(plan.kind.table))
+    if shape.unit == "dataset":
+        return ([r for r in compared if r["dataset"] != shape.average],
+                [r for r in compared if r["dataset"] == shape.average])
+    return [{"dataset": plan.dataset_of(u), "method": plan.method_of(u)}
+            for u in plan.datasets], []
