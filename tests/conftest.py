@@ -38,14 +38,16 @@ torch.set_num_threads(1)
 # cluster/ and benchmarks/ from here
 REPO = Path(__file__).resolve().parent.parent
 
-# The two lanes of Ray tests, by module basename, balanced by their measured time (`--durations`):
-# about 9 minutes each when both run at once beside the other tests on 2 cores. A Ray test in a
-# module not listed joins "ray-a".
+# The two lanes of Ray tests, by module basename, balanced by their measured time (`--durations`,
+# docs/performance.md): the sweep kinds' comparisons, the dead tracking server, the full disk
+# and `ray job submit` in one, the rest in the other. A Ray test in a module not listed joins
+# "ray-a".
 RAY_LANES = {
-    "ray-a": ("test_sweep_kinds.py", "test_sweep_tracking_down.py"),
+    "ray-a": ("test_sweep_kinds.py", "test_sweep_tracking_down.py", "test_sweep_disk_full.py",
+              "test_sweep_e2e.py"),
     "ray-b": ("test_sweep_signals.py", "test_ray_train.py", "test_gpu_check.py",
               "test_eval_actor.py", "test_plan_signals.py", "test_sweep_failures.py",
-              "test_sweep_methods.py", "test_sweep_e2e.py", "test_sweep_disk_full.py"),
+              "test_sweep_methods.py"),
 }
 LANE_OF_MODULE = {module: lane for lane, modules in RAY_LANES.items() for module in modules}
 # The tests that need the pretrained tiny CLIP run on one worker: it pretrains it (about 40 s of
