@@ -183,3 +183,13 @@ def test_the_comparison_a_kind_declares_survives_the_stored_spec():
     assert stored.rows == dg.rows and stored.differences == dg.differences
     with pytest.raises(ValueError, match="comparison: nope not among its columns"):
         Compared(score="H", columns=(("base", "acc"),), harmonic=("base", "nope"))
+
+
+def test_a_retrieval_comparison_without_eccv_results_has_no_eccv_columns(tmp_path):
+    """ECCV Caption's columns are optional: none where no method was evaluated on COCO's 5K
+    test set (a table of empty columns said nothing)."""
+    results = {"vacsr": {"coco": _retrieval([420, 432, 411], eccv=False)},
+               "zero_shot": {"coco": _retrieval([300], eccv=False, seeds=(0,))}}
+    text = write_comparison(RETRIEVAL_SPEC, results, {}, {}, tmp_path)[1][0].read_text()
+    assert "| dataset | method | RSUM | R@1 i2t | R@1 t2i | best val |" in text
+    assert "ECCV" not in text

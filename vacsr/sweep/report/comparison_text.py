@@ -21,8 +21,10 @@ BOOKKEEPING = ("method", "seeds", VAL, "num_trials", "note", "best", "failed")
 
 
 def _titles(shape: Shape, rows: list[dict]) -> list[str]:
-    titles = [title for title, _ in shape.columns]
-    if not titles:  # a table of every test metric: those of its first finished row
+    # an optional column (ECCV Caption's, on COCO's 5K test set alone) where some row holds it
+    titles = [title for title, _ in shape.columns
+              if title not in shape.optional or any(title in r for r in rows)]
+    if not shape.columns:  # a table of every test metric: those of its first finished row
         first = next((r for r in rows if "seeds" in r), {})
         titles = [k for k in first if k not in (shape.unit, f"{shape.unit}s", *BOOKKEEPING)
                   and not k.endswith("_std")]
