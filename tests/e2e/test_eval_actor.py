@@ -103,3 +103,49 @@ def test_checkpoint_evaluation_on_actors_equals_in_process(ray_local, tmp_path, 
             {k: v for k, v in expected.items() if k not in drop}
     got = got[0]
     assert ("rsum" if task == "retrieval" else "acc") in got
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_a_run_trained_in_the_first_actor_equals_a_local_run_after_losing_the_actor(
+        ray_local, tmp_path, monkeypatch):
+    """A sweep's final seed of one worker trains in the pool's first actor: killed as its second
+    epoch starts, a new actor continues from the checkpoint and ends with the weights of an
+    uninterrupted local run; the pool then scores that checkpoint on all its actors. A run's
+    own error is one RunFailed line, not retried."""
+    from vacsr.config import load_config
+    from vacsr.distributed.eval_actor import PoolScorer
+    from vacsr.errors import RunFailed
+    from vacsr.train.checkpoint import load_checkpoint
+    from vacsr.train.eval_pass import evaluate_checkpoint
+    from vacsr.train.loop import Trainer
+
+    def config(folder: str, *extra: str):
+        return load_config(overrides=[
+            f"train.output_dir={tmp_path / folder}", "train.epochs=3", "train.progress=false",
+            "adapter.hidden_dim=16", "model.trainable_image_blocks=1", "data.num_train=32",
+            "data.num_test=20", "train.batch_size=16", "train.cpus_per_worker=0.5",
+            "train.max_failures=1", *extra])
+
+    local = Trainer(config("local")).fit()
+    marker = tmp_path / "killed.txt"
+    monkeypatch.setenv("VACSR_FAIL_ONCE", f"1:{marker}")  # the actor dies as epoch 2 starts
+    scorer = PoolScorer(2, cpus_per_actor=0.5)
+    try:
+        checkpoint, notes = scorer.train(config("actor"))
+        assert marker.is_file() and notes == ()
+        assert len(scorer.pool.actors) == 1  # the run held one worker's resources, no more
+        trained, expected = load_checkpoint(checkpoint), load_checkpoint(local.checkpoint)
+        assert [h.get("resumed_from_epoch") for h in trained["history"]] == [None, 1, 1]
+        for name, tensor in expected["model"].items():
+            assert torch.equal(trained["model"][name], tensor), name
+        metrics = scorer(scorer.encode(config("actor"), checkpoint))
+        assert len(scorer.pool.actors) == 2
+        assert metrics["rsum"] == evaluate_checkpoint(config("local"), local.checkpoint)["rsum"]
+        monkeypatch.delenv("VACSR_FAIL_ONCE")
+        with pytest.raises(RunFailed) as failed:  # bad data: the run's own error
+            scorer.train(config("bad", "data.task=classification", "data.dataset=eurosat",
+                                f"data.root={tmp_path / 'missing'}"))
+        assert "\n" not in str(failed.value) and "eurosat" in str(failed.value)
+    finally:
+        scorer.shutdown()

@@ -2,7 +2,8 @@
 
 Each `EvalWorker` actor holds the item (gallery / class-text) features and the head weights, sent
 once, and runs a `ChunkedScorer` on the query shards it is given; the first actor of a pool can
-also encode a checkpoint's split (it holds what a run's worker holds: a GPU where there is one).
+also encode a checkpoint's split (it holds what a run's worker holds: a GPU where there is one),
+and train a run of one worker whose checkpoint it then encodes (a sweep's final seed runs).
 `EvalPool` starts one actor per GPU (or a few CPU actors), shards the queries, and merges the
 shards' top-k lists exactly (the ranking keys make the merge independent of the sharding). It has
 the scorer's `score` / `score_pairs` interface, so `vacsr.eval.evaluate.evaluate_retrieval(...,
@@ -44,6 +45,13 @@ class EvalWorker:
         from vacsr.train.eval_pass import encode_checkpoint
 
         return encode_checkpoint(config, checkpoint_path, **kwargs)
+
+    def train(self, config, fail_once: str | None = None) -> tuple[str, tuple[str, ...]]:
+        """A one-worker run trained in this actor (vacsr/distributed/actor_run.py), which holds
+        the run's worker resources: its final checkpoint is then encoded here too."""
+        from vacsr.distributed.actor_run import fit_in_actor
+
+        return fit_in_actor(config, fail_once)
 
     def set_items(self, items: torch.Tensor) -> None:
         self.items = items
@@ -93,14 +101,29 @@ class EvalPool:
         if num_actors is None:
             num_actors = max(1, gpus) if num_gpus_per_actor else 1
         self.memory_budget_bytes = memory_budget_bytes
-        self.num_gpus_per_actor = num_gpus_per_actor
+        self.num_gpus_per_actor, self.num_cpus_per_actor = num_gpus_per_actor, num_cpus_per_actor
         self.device = torch.device("cpu")  # where two_stage_score runs its cheap cosine stage
         self._items = items  # head and items may come later (a pool started to encode)
+        self.precision = precision
         items_ref = None if items is None else ray.put(items.detach().cpu())
         head_ref = None if head is None else ray.put(_cpu_copy(head))
-        actor = EvalActor.options(num_cpus=num_cpus_per_actor, num_gpus=num_gpus_per_actor)
-        self.actors = [actor.remote(head_ref, items_ref, memory_budget_bytes=memory_budget_bytes,
-                                    precision=precision) for _ in range(num_actors)]
+        self.actors = [self._actor(head_ref, items_ref) for _ in range(num_actors)]
+
+    def _actor(self, head_ref=None, items_ref=None):
+        options = {"num_cpus": self.num_cpus_per_actor, "num_gpus": self.num_gpus_per_actor}
+        return EvalActor.options(**options).remote(
+            head_ref, items_ref, memory_budget_bytes=self.memory_budget_bytes,
+            precision=self.precision)
+
+    def resize(self, num_actors: int) -> None:
+        """Keep the first `num_actors` actors (a run trains in the first alone), or start more;
+        new ones get the head and items with the next scoring (update_head, then score)."""
+        for actor in self.actors[num_actors:]:
+            ray.kill(actor)
+        added = [self._actor() for _ in range(num_actors - len(self.actors))]
+        self.actors = self.actors[:num_actors] + added
+        if added:
+            self._items = None  # sent again to every actor by the next score
 
     # ------------------------------------------------------------ state
     def update_head(self, head: nn.Module, precision: str | None = None) -> None:
@@ -188,12 +211,45 @@ class PoolScorer:
         return (self.pool or self._start()).encode(config, str(checkpoint), device=device,
                                                    **kwargs)
 
+    def train(self, config) -> tuple[str, tuple[str, ...]]:
+        """A run of one worker trained in the pool's first actor, started with the run's
+        resources (`train.cpus_per_worker`, `train.gpus_per_worker`) or kept where it has them;
+        the pool's other actors stop meanwhile, so that the run holds a worker's resources and no
+        more. A lost actor is started again and the run continues from its last checkpoint, up
+        to `train.max_failures` times; the run's own error is raised as RunFailed (one line).
+        Returns (the final checkpoint, the prefix cache's lines on damaged files it rebuilt)."""
+        from vacsr.distributed.fault_injection import fail_once_spec
+        from vacsr.train.failure import raise_if_run_failed
+
+        train = config.train
+        tries = train.max_failures + 1
+        while True:
+            pool = self.pool
+            if pool is None or (pool.num_cpus_per_actor, pool.num_gpus_per_actor) != (
+                    train.cpus_per_worker, train.gpus_per_worker):
+                self.shutdown()
+                pool = self.pool = EvalPool(None, None, num_actors=1,
+                                            num_gpus_per_actor=train.gpus_per_worker,
+                                            num_cpus_per_actor=train.cpus_per_worker)
+            pool.resize(1)
+            try:
+                return ray.get(pool.actors[0].train.remote(config, fail_once_spec()))
+            except ray.exceptions.RayActorError:
+                self.shutdown()  # the actor (its node) is gone: a new one continues the run
+                tries -= 1
+                if not tries:
+                    raise
+            except ray.exceptions.RayTaskError:
+                raise_if_run_failed(train.output_dir)  # the run's own error, in one line
+                raise
+
     def __call__(self, encoded, **engine_kwargs) -> dict[str, float]:
         from vacsr.train.eval_pass import score_encoded
 
         if self.pool is None:
             self._start(encoded.head, encoded.items, encoded.precision)
         else:
+            self.pool.resize(self.actors)  # a run trained in its first actor alone
             self.pool.update_head(encoded.head, precision=encoded.precision)
         return score_encoded(encoded, scorer=self.pool, **engine_kwargs)
 
@@ -201,12 +257,6 @@ class PoolScorer:
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None  # a later call starts the actors again
-
-    def release_gpus(self) -> None:
-        """Stop actors that hold GPUs, before the next run or encoding asks for GPUs: held across
-        them, on a cluster with no GPU to spare (one GPU) the run would wait for ever."""
-        if self.pool is not None and self.pool.num_gpus_per_actor:
-            self.shutdown()
 
 
 def _shard_bounds(num: int, shards: int) -> list[tuple[int, int]]:

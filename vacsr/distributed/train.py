@@ -7,7 +7,6 @@ the last reported checkpoint. The worker side is `vacsr.distributed.worker`.
 from __future__ import annotations
 
 import gc
-import os
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from ray.train.torch import TorchTrainer
 
 from vacsr.config import Config, from_dict, to_dict
 from vacsr.distributed.backend import torch_config
+from vacsr.distributed.fault_injection import fail_once_spec
 from vacsr.distributed.storage_fs import ray_storage
 from vacsr.results import PREFIX_CACHE_REBUILT
 from vacsr.train.failure import clear_run_failure, raise_if_run_failed, record_run_failure
@@ -76,7 +76,7 @@ def build_torch_trainer(config: Config, *, name: str | None = None,
         train_loop_per_worker,
         # the fault-injection switch of the resilience tests travels with the config
         train_loop_config={"config": to_dict(config),
-                           "fail_once": os.environ.get("VACSR_FAIL_ONCE")},
+                           "fail_once": fail_once_spec()},
         torch_config=torch_config(gpus_per_worker=config.train.gpus_per_worker,
                                   device=config.train.device),
         scaling_config=ray.train.ScalingConfig(num_workers=config.train.workers, use_gpu=use_gpu,

@@ -12,10 +12,8 @@ it loads the model stack, which the Tune trial actor and the Train controller ne
 from __future__ import annotations
 
 import os
-import time
 import warnings
 from dataclasses import replace
-from pathlib import Path
 
 import ray
 import ray.train
@@ -27,6 +25,7 @@ from torch import nn
 
 from vacsr.compute_device import ray_worker_device
 from vacsr.config import Config
+from vacsr.distributed.fault_injection import maybe_fail_once
 from vacsr.distributed.ray_hooks import RayRun
 from vacsr.distributed.worker_gpus import record_workers
 from vacsr.errors import CheckpointError
@@ -89,21 +88,6 @@ class GlobalLoss(nn.Module):
         return self._trainer[0].compute_loss(batch, gather_pairs, step_seed)
 
 
-def _maybe_inject_failure(spec: str | None, epoch: int, rank: int, world: int) -> None:
-    """Fault injection for resilience tests: VACSR_FAIL_ONCE=<epoch>:<marker file> on the driver
-    kills the last rank's worker process as it starts that (0-based) epoch, once (the marker
-    records it)."""
-    if not spec or rank != world - 1:
-        return
-    fail_epoch, marker = spec.split(":", 1)
-    if epoch == int(fail_epoch) and not Path(marker).exists():
-        Path(marker).write_text(f"killed at the start of epoch {epoch + 1}\n")
-        # the Train controller collects reports (and checkpoints) by polling the workers every
-        # RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s); wait for it, as a crash in a real epoch would
-        time.sleep(3 * float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", 2.0)))
-        os._exit(1)  # an abrupt worker death, not a Python exception
-
-
 class RayTrainRun(RayRun):
     """A Ray Train worker's share of a run: every rank reports each epoch to Ray Train (rank 0
     with the checkpoint, Ray Train V2's protocol); DDP over the gathered global batch."""
@@ -130,7 +114,10 @@ class RayTrainRun(RayRun):
         return ray.train.torch.prepare_model(GlobalLoss(trainer), move_to_device=False)
 
     def before_epoch(self, epoch: int) -> None:
-        _maybe_inject_failure(self.fail_once, epoch, self.rank, self.world_size)
+        # the Train controller collects reports (and checkpoints) by polling the workers every
+        # RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s); a crash in a real epoch comes after that
+        wait_s = 3 * float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", 2.0))
+        maybe_fail_once(self.fail_once, epoch, self.rank, self.world_size, wait_s)
 
     def after_epoch(self, trainer: Trainer, epoch: int, metrics: dict) -> None:
         self.report(trainer, epoch, metrics)

@@ -24,6 +24,12 @@ from vacsr.atomic import atomic_write_json
 WORKERS_FILE = "workers.json"
 
 
+def assigned_device() -> str:
+    """The device Ray gives an actor that trains itself, as Ray Train gives a worker its own:
+    the reserved GPU (Ray makes it cuda:0 through CUDA_VISIBLE_DEVICES), else the CPU."""
+    return "cuda:0" if ray.get_gpu_ids() else "cpu"
+
+
 def placement_tags() -> dict:
     """Where this process runs (Ray node id and host): which machine trained a run, in MLflow."""
     return {"vacsr.ray_node_id": ray.get_runtime_context().get_node_id(),

@@ -4,7 +4,9 @@ are averaged over three seeds).
 Each final checkpoint is encoded on the first of the chunked evaluation actors (`EvalPool`),
 which holds what a run's worker holds (the GPU encodes); the pairwise adapter scores (COCO 5K:
 5,000 x 25,000 pairs; classification: images x classes) are computed by those actors, sharded
-over `--eval-actors`.
+over `--eval-actors`. A seed's run of one worker trains in that first actor too
+(vacsr/distributed/actor_run.py), as a one-worker trial trains in its Tune actor; a run of
+several workers is a Ray Train TorchTrainer, the actors stopped while it holds the resources.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from vacsr.distributed.train import fit_ray
 from vacsr.records import TrackingCallback
 from vacsr.records.sweep_records import place_child_run
 from vacsr.sweep.plan.folders import FINAL, copy_from_storage, final_run_folder
-from vacsr.sweep.plan.plan import SweepPlan
+from vacsr.sweep.plan.plan import SweepPlan, trains_in_trial
 from vacsr.train.run_files import CHECKPOINT_FILE
 
 REUSED_TAG = "vacsr.reused_trial"  # the seed's checkpoint is this trial's
@@ -94,6 +96,20 @@ def _log_test(config, metrics: dict, tags: dict) -> None:
     tracker.finish()
 
 
+def _train(scorer: PoolScorer, config, name: str) -> tuple[Path, tuple[str, ...]]:
+    """The seed's run: in the scorer's first actor when one worker trains it, else on Ray Train
+    under `name` (a run started again under it resumes from its last checkpoint); (its final
+    checkpoint, the prefix cache's lines on damaged files it rebuilt)."""
+    if trains_in_trial(config.train):
+        checkpoint, notes = scorer.train(config)
+        return Path(checkpoint), notes
+    # the evaluation actors' CPUs (or GPUs) are the run's: held across it, datasets finishing
+    # at once on a full cluster each wait for the others' for ever
+    scorer.shutdown()
+    trained = fit_ray(config, name=name)
+    return trained.checkpoint, trained.notes
+
+
 def final_runs(plan: SweepPlan, dataset: str, best: dict, dataset_run_id: str,
                report: Callable[[dict], None] = lambda event: None) -> dict:
     """Every seed's test metrics (per_seed, in plan.seeds_of(dataset) order)."""
@@ -108,16 +124,11 @@ def final_runs(plan: SweepPlan, dataset: str, best: dict, dataset_run_id: str,
                                 if seed == reused_seed else (None, {}))
             reused_trial = tags.get(REUSED_TAG, reused_trial)
             if checkpoint is None:
-                # the evaluation actors' CPUs (or GPUs) are the run's: held across it, datasets
-                # finishing at once on a full cluster each wait for the others' for ever
-                scorer.shutdown()
-                trained = fit_ray(config, name=f"{dataset}-seed{seed}")
-                for line in trained.notes:
+                checkpoint, notes = _train(scorer, config, f"{dataset}-seed{seed}")
+                for line in notes:
                     report({"event": "note", "dataset": dataset,
                             "text": f"final seed {seed}: prefix cache: {line}"})
-                checkpoint = trained.checkpoint
             metrics, cache = test_metrics(plan, config, checkpoint, scorer, report)
-            scorer.release_gpus()  # the next seed's run needs them
             _log_test(config, metrics, tags)
             per_seed.append({"seed": seed, **metrics})
             report({"event": "final", "dataset": dataset, "seed": seed, "metrics": metrics,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import ray
 from ray import tune
 
 from vacsr.config import Config
@@ -58,12 +57,6 @@ class TuneTrialRun(RayRun):
         self.report(trainer, epoch, metrics)
 
 
-def assigned_device() -> str:
-    """The device Ray gives this actor, as Ray Train gives a worker its own: the reserved GPU
-    (Ray makes it cuda:0 through CUDA_VISIBLE_DEVICES), else the CPU."""
-    return "cuda:0" if ray.get_gpu_ids() else "cpu"
-
-
 def fit_in_trial(config: Config) -> None:
     """Train the trial's run in this process (the Tune trial actor), reporting to Tune."""
     output_dir = Path(config.train.output_dir)
@@ -73,7 +66,7 @@ def fit_in_trial(config: Config) -> None:
     import torch
 
     from vacsr.compute_device import ray_worker_device
-    from vacsr.distributed.worker_gpus import record_workers
+    from vacsr.distributed.worker_gpus import assigned_device, record_workers
     from vacsr.train.loop import Trainer
 
     try:  # train.device=cpu keeps the tensors on the CPU with a GPU reserved (logical GPUs)
