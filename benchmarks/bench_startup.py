@@ -7,7 +7,9 @@ Trains the embedded sweep's smallest run (vacsr-tiny, synthetic EuroSAT, 2 shots
 H 64, batch 5 as in the EuroSAT protocol, 0.5 CPU per worker, 1 worker) in a fresh process with
 `Trainer(config).fit()`, as a Tune trial the way a sweep runs one (a Tuner of one `run_trial`
 trial, MLflow on: the run trains in the trial's actor, which holds the worker's 0.5 CPU; trees
-before that drove Ray Train from a 0.1-CPU actor) and through `fit_ray`. Each vacsr tree (this
+before that drove Ray Train from a 0.1-CPU actor), through `fit_ray`, and as a sweep's final seed
+of one worker now runs (in an evaluation actor of its own, `PoolScorer.train`; older trees ran
+it through `fit_ray`). Each vacsr tree (this
 one, and with `--before` an older checkout, e.g. `git archive <commit> | tar -x -C /tmp/old`)
 runs its Ray runs in a process and a local Ray instance of its own (2 CPUs), the trees taking
 turns, so the machine's load falls on both alike. Every process of the Ray instance is sampled
@@ -224,6 +226,31 @@ def plain_fit_ray(config, folder: Path):
     return lambda: {"train_loss": fit_ray(config).final_metrics["train/loss"]}
 
 
+def final_seed_in_actor(config, folder: Path):
+    """A sweep's final seed run of one worker: trained in the first evaluation actor that then
+    scores it (`PoolScorer.train`), the actor started and stopped inside the measured `run()`
+    as a dataset's final phase does. None for a tree whose final seeds all ran on fit_ray."""
+    try:
+        from vacsr.distributed.eval_actor import PoolScorer
+    except ImportError:
+        return None
+    if not hasattr(PoolScorer, "train"):
+        return None
+    from vacsr.train.checkpoint import load_checkpoint
+
+    config.train.output_dir = str(folder)
+
+    def run() -> dict:
+        scorer = PoolScorer(1, config.train.cpus_per_worker)
+        try:
+            checkpoint, _ = scorer.train(config)
+        finally:
+            scorer.shutdown()
+        return {"train_loss": load_checkpoint(checkpoint)["history"][-1]["train/loss"]}
+
+    return run
+
+
 # ------------------------------------------------------------------ measuring
 def measure(run, sampler: ProcessSampler) -> dict:
     """Wall time of `run()` and the CPU-seconds of every process it involved, by role."""
@@ -271,6 +298,9 @@ def ray_runs(root: Path, folder: Path, repeats: int) -> dict[str, dict]:
             runs[f"Tune trial {i + 1}"] = measure(run, sampler)
         runs["fit_ray"] = measure(plain_fit_ray(make_config(root, folder / "x"), folder / "f"),
                                   sampler)
+        in_actor = final_seed_in_actor(make_config(root, folder / "x"), folder / "a")
+        if in_actor is not None:
+            runs["final seed in actor"] = measure(in_actor, sampler)
     finally:
         sampler.stop_event.set()
         ray.shutdown()
@@ -309,15 +339,17 @@ def report(local: dict, runs: dict[str, dict], trees: list[str]) -> None:
         print(f"{name:<26}{run['wall']:>7.1f}{run['cpu']:>7.1f}{run['cpu'] - fit_cpu:>9.1f}"
               f"{run['wall'] - fit_wall:>6.1f}  "
               + " ".join(f"{run['roles'].get(c, 0.0):>10.1f}" for c in COLUMNS))
-    for kind in ("Tune trial", "fit_ray"):
+    for kind in ("Tune trial", "fit_ray", "final seed in actor"):
         means = {}
         for tree in trees:
             mine = [r for n, r in runs.items() if n.startswith(f"{tree} {kind}")]
+            if not mine:  # a tree without this kind of run
+                continue
             means[tree] = (_mean(mine, lambda r: r["cpu"] - fit_cpu),
                            _mean(mine, lambda r: r["wall"] - fit_wall))
         line = ", ".join(f"{tree} {cpu:.1f} CPU-s ({wall:.1f} s wall)"
                          for tree, (cpu, wall) in means.items())
-        if len(trees) == 2:
+        if len(means) == 2:
             (b, _), (a, _) = means[trees[0]], means[trees[1]]
             line += f": after / before = {a / b:.2f} (CPU)"
         print(f"{kind} start-up, mean: {line}")
@@ -333,7 +365,8 @@ def main() -> None:
     parser.add_argument("--ray-child", nargs=3, metavar=("ROOT", "OUT", "N"),
                         help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=2,
-                        help="turns per tree (one Tune trial and one fit_ray run each)")
+                        help="turns per tree (one Tune trial, one fit_ray run and one final "
+                             "seed in an evaluation actor each)")
     parser.add_argument("--before", type=Path, help="an older vacsr checkout to compare with")
     args = parser.parse_args()
     if args.child:
@@ -358,9 +391,10 @@ def main() -> None:
         for turn in range(args.repeats):
             for name, tree in trees.items():
                 found = tree_runs(tree, roots[name], folder / f"{name}{turn}", 1)
-                runs.update({f"{name} {kind} {turn + 1}": run for kind, run in
-                             (("Tune trial", found["Tune trial 1"]),
-                              ("fit_ray", found["fit_ray"]))})
+                runs.update({f"{name} {kind} {turn + 1}": found[measured] for kind, measured in
+                             (("Tune trial", "Tune trial 1"), ("fit_ray", "fit_ray"),
+                              ("final seed in actor", "final seed in actor"))
+                             if measured in found})
     report(local, runs, list(trees))
 
 
