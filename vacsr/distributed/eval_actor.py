@@ -198,18 +198,20 @@ class PoolScorer:
         self.actors, self.cpus, self.pool = actors, cpus_per_actor, None
 
     def _start(self, head: nn.Module | None = None, items: torch.Tensor | None = None,
-               precision: str = "auto") -> EvalPool:
+               precision: str = "auto", gpus: float | None = None) -> EvalPool:
         self.pool = EvalPool(head, items, num_actors=self.actors, num_cpus_per_actor=self.cpus,
-                             precision=precision)
+                             num_gpus_per_actor=gpus, precision=precision)
         return self.pool
 
     def encode(self, config, checkpoint, **kwargs):
         """A split of `checkpoint` encoded on the pool's first actor (started here if need be),
         which then scores it. A run that trained on CPUs is encoded on the CPU, in its
         precision, even where the actor holds a GPU (the metrics its validation computed)."""
-        device = None if config.train.gpus_per_worker else "cpu"
-        return (self.pool or self._start()).encode(config, str(checkpoint), device=device,
-                                                   **kwargs)
+        gpus = config.train.gpus_per_worker
+        # a run's share of a GPU (--gpus-per-worker 0.5): the next seed's run trains in this
+        # actor (train), which then need not start again with the run's resources
+        pool = self.pool or self._start(gpus=gpus or None)
+        return pool.encode(config, str(checkpoint), device=None if gpus else "cpu", **kwargs)
 
     def train(self, config) -> tuple[str, tuple[str, ...]]:
         """A run of one worker trained in the pool's first actor, started with the run's
