@@ -149,3 +149,26 @@ def test_a_run_trained_in_the_first_actor_equals_a_local_run_after_losing_the_ac
         assert "\n" not in str(failed.value) and "eurosat" in str(failed.value)
     finally:
         scorer.shutdown()
+
+
+def test_an_actor_run_restores_its_checkpoint_and_retrains_after_a_damaged_one(tmp_path, capsys):
+    """A new attempt of a run in an actor continues from the checkpoint in its run folder; a
+    damaged one (as a full disk leaves it) is named in one line and the run starts again."""
+    from types import SimpleNamespace
+
+    from vacsr.distributed.actor_run import ActorRun
+    from vacsr.train.checkpoint import save_checkpoint
+
+    loaded = []
+    path = tmp_path / "last.ckpt"
+    trainer = SimpleNamespace(checkpoint_path=path, device="cpu",
+                              load_state=lambda state, source: loaded.append((state, source)))
+    ActorRun().restore(trainer)  # a first attempt: nothing to restore, nothing said
+    assert loaded == [] and capsys.readouterr().err == ""
+    path.write_bytes(b"")
+    ActorRun().restore(trainer)
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert loaded == [] and f"{path}:" in line and "from its first epoch" in line
+    save_checkpoint(path, {"epoch": 1})
+    ActorRun().restore(trainer)
+    assert loaded == [({"epoch": 1}, path)]

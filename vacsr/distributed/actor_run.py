@@ -12,13 +12,13 @@ data, a diverged loss) is recorded in FAILED_FILE for the caller to raise, as on
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vacsr.distributed.fault_injection import maybe_fail_once
+from vacsr.distributed.ray_hooks import read_or_restart
 from vacsr.distributed.worker_gpus import assigned_device, placement_tags, record_workers
-from vacsr.errors import CheckpointError, VacsrError
+from vacsr.errors import VacsrError
 from vacsr.train.checkpoint import load_checkpoint
 from vacsr.train.failure import clear_run_failure, record_run_failure
 from vacsr.train.run_hooks import RunHooks
@@ -43,13 +43,11 @@ class ActorRun(RunHooks):
 
     def restore(self, trainer: Trainer) -> None:
         path = trainer.checkpoint_path
-        if not path.is_file():
+        if not path.is_file():  # a first attempt
             return
-        try:
-            trainer.load_state(load_checkpoint(path, trainer.device), source=path)
-        except CheckpointError as exc:  # a full disk or a hand edit: train again, seeded
-            print(f"vacsr: {exc}; training the run again from its first epoch", file=sys.stderr,
-                  flush=True)
+        state = read_or_restart(lambda: load_checkpoint(path, trainer.device))
+        if state is not None:
+            trainer.load_state(state, source=path)
 
     def tracking_resume(self, trainer: Trainer) -> bool:
         return trainer.start_epoch > 0  # a restarted run continues its MLflow run

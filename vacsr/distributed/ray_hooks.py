@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from vacsr.distributed.worker_gpus import placement_tags
 from vacsr.errors import CheckpointError
@@ -51,20 +51,28 @@ def read_reported(checkpoint, output_dir: str | Path, device="cpu") -> dict:
 
 
 def restore_reported(trainer: Trainer, checkpoint) -> bool:
-    """Load a checkpoint Ray reported (None: nothing to do) into `trainer`; True when it loaded.
-    A damaged one (zero bytes, not a checkpoint, as a full disk or a hand edit leaves it) is
-    named in one line and the run trains again from its first epoch: runs are seeded, so that
-    repeats what the lost epochs computed."""
+    """Load a checkpoint Ray reported (None: nothing to do) into `trainer`; True when it loaded
+    (a damaged one is not: read_or_restart)."""
     if checkpoint is None:
         return False
-    try:
-        state = read_reported(checkpoint, trainer.output_dir, trainer.device)
-    except CheckpointError as exc:
-        print(f"vacsr: {exc}; training the run again from its first epoch", file=sys.stderr,
-              flush=True)
+    state = read_or_restart(lambda: read_reported(checkpoint, trainer.output_dir, trainer.device))
+    if state is None:
         return False
     trainer.load_state(state)
     return True
+
+
+def read_or_restart(read: Callable[[], dict]) -> dict | None:
+    """The checkpoint state `read()` returns; None when it is damaged (zero bytes, not a
+    checkpoint, as a full disk or a hand edit leaves it: CheckpointError), which is named in one
+    line, and the run trains again from its first epoch: runs are seeded, so that repeats what
+    the lost epochs computed."""
+    try:
+        return read()
+    except CheckpointError as exc:
+        print(f"vacsr: {exc}; training the run again from its first epoch", file=sys.stderr,
+              flush=True)
+        return None
 
 
 class RayRun(RunHooks):
