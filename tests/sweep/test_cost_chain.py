@@ -110,6 +110,9 @@ def test_wall_seconds_and_sharing_by_hand(tmp_path):
     assert wall_seconds([5.0, 3.0, 4.0], 2) == 7.0 and wall_seconds([5.0, 3.0, 4.0], 1) == 12.0
     plan = _hand_plan(tmp_path)  # a trial holds 1 CPU: 4 at once on 2 CPUs run at half speed
     assert sharing(plan, {"CPU": 2}, 4) == 2.0 and sharing(plan, {"CPU": 2}, 1) == 1.0
+    # two at half speed: the 2 beside the 10 ends at 4 s, the next 2 at 8 s (10 has 6 left),
+    # then the 6 alone at full speed: 14 s (a uniform slowdown of the longest lane says 20)
+    assert wall_seconds([10.0, 2.0, 2.0], 2, lambda active: float(active)) == pytest.approx(14.0)
 
 
 def test_the_whole_estimate_by_hand(tmp_path):

@@ -6,6 +6,7 @@ would get. The formula is in vacsr/sweep/cost/estimate.py and docs/sweeps.md.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from vacsr.config import flatten
 from vacsr.sweep.cost import estimate as est
@@ -71,12 +72,20 @@ def dataset_estimate(plan: SweepPlan, dataset: str, counts: DatasetCounts, costs
             "final_s": final}
 
 
-def wall_seconds(durations: list[float], parallel: int) -> float:
-    """Datasets started in order on `parallel` lanes, each lane taking the next when free."""
-    lanes = [0.0] * max(parallel, 1)
-    for duration in durations:
-        lanes[lanes.index(min(lanes))] += duration
-    return max(lanes)
+def wall_seconds(durations: list[float], parallel: int,
+                 slowdown: Callable[[int], float] = lambda active: 1.0) -> float:
+    """Datasets started in order on `parallel` lanes, each lane taking the next when free; while
+    `active` datasets run, each advances by 1 / slowdown(active) of its device-seconds per second
+    (CPU trials sharing the CPUs: `sharing`), so a long dataset left running alone at the end
+    runs at full speed."""
+    pending, running, clock = list(durations), [], 0.0
+    while pending or running:
+        while pending and len(running) < max(parallel, 1):
+            running.append(pending.pop(0))
+        done = min(running)  # device-seconds until the next dataset ends
+        clock += done * slowdown(len(running))
+        running = [left - done for left in running if left - done > 1e-9]
+    return clock
 
 
 def sharing(plan: SweepPlan, resources: dict, trials_at_once: int) -> float:
@@ -103,10 +112,11 @@ def build_sweep_cost(plan: SweepPlan, counts: dict[str, DatasetCounts], costs: S
             | {"peak_gib": round(peaks[d][2], 3), "peak_bounded_by": peaks[d][0]}
             for d in plan.datasets]
     parallel, per_dataset = sweep_parallelism(plan, resources)
-    slow = sharing(plan, resources, parallel * per_dataset)
+    slow = sharing(plan, resources, parallel * per_dataset)  # all lanes busy
 
     def wall(key: str) -> float:
-        return slow * wall_seconds([r[key] / per_dataset + r["final_s"] for r in rows], parallel)
+        return wall_seconds([r[key] / per_dataset + r["final_s"] for r in rows], parallel,
+                            lambda active: sharing(plan, resources, active * per_dataset))
 
     total = lambda key: sum(r[key] for r in rows)  # noqa: E731
     model = plan.configs[plan.datasets[0]].model.name
