@@ -48,7 +48,7 @@ def _shape_error(data: Any) -> str | None:
                     return f"'{name}.{key}' is a {type(entry[key]).__name__}"
             if entry.get("done") and not isinstance(entry.get("result", {}).get("per_seed"),
                                                     list):
-                return f"dataset '{name}' is done without its per-seed results"
+                return f"{section[:-1]} '{name}' is done without its per-seed results"
     return None
 
 
