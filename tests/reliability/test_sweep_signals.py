@@ -136,6 +136,17 @@ def _optuna_states(root: Path, dataset: str, tune_trials: set[str]) -> set[str]:
     return {t.state.name for t in study.trials if t.user_attrs.get(TUNE_TRIAL_ATTR) in tune_trials}
 
 
+def _told(root: Path, dataset: str) -> list[str]:
+    """The Tune trials whose value the study holds (its COMPLETE trials)."""
+    import optuna
+
+    from vacsr.sweep.search.optuna_searcher import TUNE_TRIAL_ATTR
+
+    study = optuna.load_study(study_name=f"base2novel-{dataset}",
+                              storage=f"sqlite:///{root / 'optuna.db'}")
+    return [t.user_attrs.get(TUNE_TRIAL_ATTR) for t in study.trials if t.state.name == "COMPLETE"]
+
+
 def _selected(root: Path) -> dict[str, tuple]:
     """Per dataset: the dataset run's params (the chosen config's searched values), its best
     val, and best_config.yaml with the sweep folder's path taken out."""
@@ -186,6 +197,8 @@ def _check_selection_agrees(root: Path) -> None:
         # the trials selection saw are two, created first and second
         trials = {t: r for t, r in trials.items() if t not in lost}
         assert sorted(order[t] for t in trials) == [0, 1], (sorted(trials), order)
+        # and the study has each one's value once, a trial a resume continued too
+        assert sorted(_told(root, dataset)) == sorted(trials), (_told(root, dataset), order)
         # what selection compared, on each trial's run: Tune's last result (a trial ASHA
         # stopped may log an epoch more before it stops), its run's val/acc at that epoch
         val = {t: r.data.metrics["selection_val/acc"] for t, r in trials.items()}

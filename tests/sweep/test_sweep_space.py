@@ -243,6 +243,44 @@ def test_a_trial_failed_by_a_stopped_driver_reports_to_a_fresh_optuna_trial_on_r
                                                storage=storage).trials] == [None, 7.0]
 
 
+def test_a_trial_errored_on_an_outage_reports_to_a_fresh_optuna_trial_when_resumed(tmp_path):
+    """A trial that errored on a tracking outage (or a full disk) is told FAIL; --resume continues
+    it from its checkpoint (search/recovery.py), and its value must reach the study, or the
+    resumed search samples from a study without it and its importance analysis counts none. Tune
+    wraps the searcher in a ConcurrencyLimiter (max_concurrent_trials), restored on --resume
+    without its running trials: the searcher holds the limit, so the limiter passes all on."""
+    import optuna
+    from ray.tune.search import ConcurrencyLimiter
+
+    from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
+    from vacsr.sweep.spec.space import DefineByRun
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
+    space = DefineByRun({"loss.beta": LogFloat(0.1, 10.0)})
+
+    def searcher() -> ConcurrencyLimiter:  # as Tune builds it
+        return ConcurrencyLimiter(OptunaStudySearch(space, metric="val/acc", mode="max",
+                                                    storage=storage, study_name="s", seed=0),
+                                  max_concurrent=1)
+
+    search = searcher()
+    search.suggest("t1")
+    assert search.suggest("t2") is None  # one at a time
+    search.on_trial_result("t1", {"val/acc": 4.0, "training_iteration": 1})
+    search.on_trial_complete("t1", error=True)  # the server stopped answering
+    search.save(str(tmp_path / "searcher.pkl"))
+
+    resumed_search = searcher()
+    resumed_search.restore(str(tmp_path / "searcher.pkl"))
+    resumed_search.on_trial_result("t1", {"val/acc": 5.0, "training_iteration": 2})
+    resumed_search.on_trial_complete("t1", {"val/acc": 6.0, "training_iteration": 2})
+    failed, resumed = optuna.load_study(study_name="s", storage=storage).trials
+    assert (failed.state.name, resumed.state.name, resumed.value) == ("FAIL", "COMPLETE", 6.0)
+    assert resumed.params == failed.params
+    assert resumed.user_attrs == failed.user_attrs  # the same Tune trial, the same index
+    assert resumed_search.suggest("t2") is not None  # the limit counts the ended trial out
+
+
 def test_a_trial_told_before_the_stop_is_not_told_again_on_resume(tmp_path):
     """Tune saves its state (and the searcher's) now and then, so a stop can come after the
     study was told a trial's value but before Tune saved that the trial ended; --resume then

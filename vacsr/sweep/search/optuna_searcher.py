@@ -4,8 +4,11 @@ and Optuna's ask-and-tell (`Study.ask`, `Study.tell`, `Trial.report`, `Study.enq
 The study lives in an RDB storage, so its trials outlive a stopped driver. The driver marks the
 Optuna trials it leaves RUNNING as FAIL; `--resume` then continues those Tune trials from their
 checkpoints, and their results go to a fresh Optuna trial with the same parameters (Optuna refuses
-to update a finished one). A Tune trial whose Optuna trial was told its value before the stop
-(COMPLETE or PRUNED) is not told again, whatever Tune's saved state says.
+to update a finished one); so do those of a trial that errored on a full disk or a tracking outage
+and is resumed. The searcher keeps Tune's max_concurrent_trials itself: Tune's ConcurrencyLimiter,
+restored, would drop the ends of the trials a resume continues. A Tune trial whose Optuna trial
+was told its value before the stop (COMPLETE or PRUNED) is not told again, whatever Tune's saved
+state says.
 
 Each Optuna trial carries the id of the Tune trial it configures (user attribute TUNE_TRIAL_ATTR)
 and the searcher's count of the Tune trials it configured before (CREATION_ATTR), written when the
@@ -81,12 +84,24 @@ class OptunaStudySearch(Searcher):
         self._created = 0  # Tune trials this searcher configured: the next one's creation index
         self._trials: dict[str, optuna.Trial] = {}  # Tune trial id -> its current Optuna trial
         self._told: set[str] = set()  # Tune trials whose final value the study has
+        self._max_concurrent = 0  # Tune's max_concurrent_trials (set_max_concurrency); 0: none
+        self._running: set[str] = set()  # Tune trials suggested here and not ended yet
 
     def _sampler(self, index: int) -> optuna.samplers.TPESampler:
         return optuna.samplers.TPESampler(seed=zlib.crc32(f"{self._seed}:{index}".encode()))
 
     # ------------------------------------------------------------ Tune's Searcher interface
+    def set_max_concurrency(self, max_concurrent: int) -> bool:
+        """Tune's max_concurrent_trials, held here (True) instead of in the ConcurrencyLimiter
+        Tune wraps a searcher in: restored on --resume, the limiter knows no trial as running
+        and drops the end of every trial the resume continues, so their values never reached
+        the study."""
+        self._max_concurrent = max_concurrent
+        return True
+
     def suggest(self, trial_id: str) -> dict | None:
+        if self._max_concurrent and len(self._running) >= self._max_concurrent:
+            return None  # Tune asks again once a trial ends
         index = self._created
         self._study.sampler = self._sampler(index)
         if index < len(self._points):  # taken by the ask right after (no other trial waits:
@@ -96,6 +111,7 @@ class OptunaStudySearch(Searcher):
         self._space(trial)
         self._created += 1
         self._trials[trial_id] = trial
+        self._running.add(trial_id)
         return nest(trial.params)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
@@ -105,6 +121,7 @@ class OptunaStudySearch(Searcher):
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None,
                           error: bool = False) -> None:
+        self._running.discard(trial_id)
         trial = self._live_trial(trial_id)
         if trial is None:
             return
@@ -112,7 +129,10 @@ class OptunaStudySearch(Searcher):
         if isinstance(value, (int, float)) and math.isfinite(value):
             self._study.tell(trial, float(value))
         elif isinstance(value, (int, float)) or error:  # a nan metric: the run diverged
+            # not noted as told: a trial that errored on a full disk or a tracking outage is
+            # resumed (search/recovery.py), and its results then go to a fresh Optuna trial
             self._study.tell(trial, state=TrialState.FAIL)
+            return
         else:
             self._study.tell(trial, state=TrialState.PRUNED)  # stopped before reporting it
         self._told.add(trial_id)
