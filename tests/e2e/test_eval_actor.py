@@ -75,7 +75,7 @@ def test_checkpoint_evaluation_on_actors_equals_in_process(ray_local, tmp_path, 
     from vacsr.config import load_config
     from vacsr.data.generate import generate_all
     from vacsr.distributed.eval_actor import PoolScorer
-    from vacsr.train.eval_pass import encode_checkpoint, evaluate_checkpoint
+    from vacsr.train.eval_pass import OWN_DATA, encode_checkpoint, evaluate_checkpoint
     from vacsr.train.loop import Trainer
 
     overrides = [f"train.output_dir={tmp_path / 'run'}", "train.epochs=1", "train.progress=false",
@@ -93,7 +93,7 @@ def test_checkpoint_evaluation_on_actors_equals_in_process(ray_local, tmp_path, 
     scorer = PoolScorer(2, cpus_per_actor=0.5)
     try:  # the pool starts by encoding on its first actor (the sweeps' final runs); the second
         # call, encoded here, sends the head to the running actors (the next seed's checkpoint)
-        got = [scorer(scorer.encode(config, checkpoint)),
+        got = [scorer(scorer.encode(config, checkpoint, OWN_DATA)[0]),
                scorer(encode_checkpoint(config, checkpoint))]
     finally:
         scorer.shutdown()
@@ -117,7 +117,7 @@ def test_a_run_trained_in_the_first_actor_equals_a_local_run_after_losing_the_ac
     from vacsr.distributed.eval_actor import PoolScorer
     from vacsr.errors import RunFailed
     from vacsr.train.checkpoint import load_checkpoint
-    from vacsr.train.eval_pass import evaluate_checkpoint
+    from vacsr.train.eval_pass import OWN_DATA, evaluate_checkpoint
     from vacsr.train.loop import Trainer
 
     def config(folder: str, *extra: str):
@@ -139,7 +139,7 @@ def test_a_run_trained_in_the_first_actor_equals_a_local_run_after_losing_the_ac
         assert [h.get("resumed_from_epoch") for h in trained["history"]] == [None, 1, 1]
         for name, tensor in expected["model"].items():
             assert torch.equal(trained["model"][name], tensor), name
-        metrics = scorer(scorer.encode(config("actor"), checkpoint))
+        metrics = scorer(scorer.encode(config("actor"), checkpoint, OWN_DATA)[0])
         assert len(scorer.pool.actors) == 2
         assert metrics["rsum"] == evaluate_checkpoint(config("local"), local.checkpoint)["rsum"]
         monkeypatch.delenv("VACSR_FAIL_ONCE")

@@ -29,7 +29,12 @@ from vacsr.model.backbone import create_clip
 from vacsr.model.clip_heads import CosineHead, PrototypeHead, prototypes_for, trained_rows
 from vacsr.sweep.spec.space import bounding_values, validate_space
 from vacsr.train.checkpoint import load_checkpoint
-from vacsr.train.eval_pass import encode_checkpoint, encode_split, evaluate_checkpoint
+from vacsr.train.eval_pass import (
+    encode_checkpoint,
+    encode_split,
+    encode_views,
+    evaluate_checkpoint,
+)
 from vacsr.train.loop import Trainer, train
 
 pytestmark = pytest.mark.timeout(300)
@@ -245,6 +250,11 @@ def test_the_linear_probe_scores_novel_classes_with_their_zero_shot_prototypes(
     torch.testing.assert_close(both[:base_images, :5], _encoded_logits(base), rtol=0, atol=1e-5)
     torch.testing.assert_close(both[base_images:, 5:], _encoded_logits(zero_novel), rtol=0,
                                atol=1e-5)
+    # the three in one load of the checkpoint (a sweep's final evaluation): each view its head
+    views = encode_views(config, result.checkpoint, ((None, None), (None, "novel"), (None, "all")),
+                         device="cpu")
+    for view, alone in zip(views, (_encoded_logits(base), _encoded_logits(probe_novel), both)):
+        torch.testing.assert_close(_encoded_logits(view), alone, rtol=0, atol=0)
 
 
 def _probe(names: list[str], dim: int = 8) -> PrototypeHead:

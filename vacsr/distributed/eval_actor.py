@@ -38,13 +38,13 @@ class EvalWorker:
             self.options["precision"] = precision
         self.scorer = ChunkedScorer(head, device=self.device, **self.options)
 
-    def encode(self, config, checkpoint_path: str, **kwargs):
-        """vacsr.train.eval_pass.encode_checkpoint in this actor: a sweep's final evaluation then
+    def encode(self, config, checkpoint_path: str, views, **kwargs) -> list:
+        """vacsr.train.eval_pass.encode_views in this actor: a sweep's final evaluation then
         starts no process of its own for the encoding (one start-up of torch and open_clip less
-        per dataset)."""
-        from vacsr.train.eval_pass import encode_checkpoint
+        per dataset), and builds the model once for all its views."""
+        from vacsr.train.eval_pass import encode_views
 
-        return encode_checkpoint(config, checkpoint_path, **kwargs)
+        return encode_views(config, checkpoint_path, views, **kwargs)
 
     def train(self, config, fail_once: str | None = None) -> tuple[str, tuple[str, ...]]:
         """A one-worker run trained in this actor (vacsr/distributed/actor_run.py), which holds
@@ -142,9 +142,9 @@ class EvalPool:
         if held is None or items.shape != held.shape or not torch.equal(items.cpu(), held.cpu()):
             self.update_items(items)
 
-    def encode(self, config, checkpoint_path: str, **kwargs):
-        """A checkpoint's split encoded on the first actor (EvalWorker.encode)."""
-        return ray.get(self.actors[0].encode.remote(config, checkpoint_path, **kwargs))
+    def encode(self, config, checkpoint_path: str, views, **kwargs) -> list:
+        """A checkpoint's split in each view encoded on the first actor (EvalWorker.encode)."""
+        return ray.get(self.actors[0].encode.remote(config, checkpoint_path, views, **kwargs))
 
     def describe(self) -> list[dict]:
         return ray.get([a.describe.remote() for a in self.actors])
@@ -203,15 +203,17 @@ class PoolScorer:
                              num_gpus_per_actor=gpus, precision=precision)
         return self.pool
 
-    def encode(self, config, checkpoint, **kwargs):
-        """A split of `checkpoint` encoded on the pool's first actor (started here if need be),
-        which then scores it. A run that trained on CPUs is encoded on the CPU, in its
-        precision, even where the actor holds a GPU (the metrics its validation computed)."""
+    def encode(self, config, checkpoint, views, **kwargs) -> list:
+        """The test split of `checkpoint` in each view (dataset, subsample; eval_pass.View)
+        encoded on the pool's first actor (started here if need be), which then scores them. A
+        run that trained on CPUs is encoded on the CPU, in its precision, even where the actor
+        holds a GPU (the metrics its validation computed)."""
         gpus = config.train.gpus_per_worker
         # a run's share of a GPU (--gpus-per-worker 0.5): the next seed's run trains in this
         # actor (train), which then need not start again with the run's resources
         pool = self.pool or self._start(gpus=gpus or None)
-        return pool.encode(config, str(checkpoint), device=None if gpus else "cpu", **kwargs)
+        return pool.encode(config, str(checkpoint), tuple(views),
+                           device=None if gpus else "cpu", **kwargs)
 
     def train(self, config) -> tuple[str, tuple[str, ...]]:
         """A run of one worker trained in the pool's first actor, started with the run's

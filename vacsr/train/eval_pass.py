@@ -79,7 +79,12 @@ def evaluate_split(model: VACSRModel, data, *, task: str, device, batch_size: in
         model.train(was_training)
 
 
-@torch.no_grad()
+# a view of a checkpoint's evaluation: (data.dataset, data.subsample_classes), None for the
+# config's own
+View = tuple[str | None, str | None]
+OWN_DATA: tuple[View, ...] = ((None, None),)
+
+
 def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
                       subsample: str | None = None, split: str = "test",
                       device=None) -> EncodedSplit:
@@ -87,6 +92,17 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
     transform; `subsample` picks base / novel / all classes of a classification dataset. On
     `device` (default: the config's train.device) in the run's precision, so the metrics are the
     ones its end-of-epoch evaluation computes."""
+    [encoded] = encode_views(config, checkpoint_path, ((dataset, subsample),), split=split,
+                             device=device)
+    return encoded
+
+
+@torch.no_grad()
+def encode_views(config, checkpoint_path, views: tuple[View, ...] = OWN_DATA, *,
+                 split: str = "test", device=None) -> list[EncodedSplit]:
+    """encode_checkpoint of each view (dataset, subsample) in order, the model built and the
+    checkpoint loaded once for all: a final seed's test split and its extra evaluations (the
+    novel classes, the four ImageNet shifts)."""
     from vacsr.compute_device import resolve_device
     from vacsr.methods.build import build_model
     from vacsr.methods.registry import method_of
@@ -97,21 +113,34 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
     precision = run_precision(device, config.train)
     state = load_checkpoint(checkpoint_path, device)
     check_same_architecture(checkpoint_path, state, config)  # before the data is read
-    data = replace(config.data,
-                   dataset=config.data.dataset if dataset is None else dataset,
-                   subsample_classes=config.data.subsample_classes if subsample is None
-                   else subsample)
-    kind = task_type(data.task)
-    method_of(config.adapter.kind).check_task(data.task)
-    splits = kind.build_splits(data, config.train.seed)
-    if split not in splits:
-        raise DataError(f"{data.dataset}: no {split!r} split (has: {', '.join(splits)})")
+    parts = []
+    for dataset, subsample in views:  # every view's data checked before the model is built
+        data = replace(config.data, dataset=config.data.dataset if dataset is None else dataset,
+                       subsample_classes=config.data.subsample_classes if subsample is None
+                       else subsample)
+        method_of(config.adapter.kind).check_task(data.task)
+        splits = task_type(data.task).build_splits(data, config.train.seed)
+        if split not in splits:
+            raise DataError(f"{data.dataset}: no {split!r} split (has: {', '.join(splits)})")
+        parts.append((data, splits[split]))
     model = build_model(config).to(device).eval()
     load_model_state(model, state, checkpoint_path, config)
-    part = splits[split]
-    if (data.dataset, data.subsample_classes) != trained_classes(state, config):
-        # a class set other than the run's: scored as its method says (vacsr/methods/)
-        model.head = model.method.unseen_head(model.head, part)
+    trained_head, seen = model.head, trained_classes(state, config)
+    encoded = [_encode_view(model, trained_head, data, part, split, seen, config, precision)
+               for data, part in parts]
+    for view in encoded:  # after every view: the heads may be the model's own
+        view.head = view.head.cpu().eval()
+    return encoded
+
+
+def _encode_view(model, trained_head, data, part, split: str, seen: tuple[str, str], config,
+                 precision) -> EncodedSplit:
+    """One view's split through the loaded model, with the trained head, or for a class set
+    other than the run's the head its method scores unseen classes with (vacsr/methods/)."""
+    model.head = trained_head
+    if (data.dataset, data.subsample_classes) != seen:
+        model.head = model.method.unseen_head(trained_head, part)
+    kind = task_type(data.task)
     encoded = encode_split(model, part, task=data.task,
                            batch_size=max(config.train.batch_size, 64), autocast=precision,
                            num_folds=kind.num_folds(split, len(part.images)),
@@ -123,7 +152,6 @@ def encode_checkpoint(config, checkpoint_path, *, dataset: str | None = None,
         encoded.cache_rebuilt = tuple(cache.stats.rebuilt)
     encoded.image_feats = encoded.image_feats.float().cpu()
     encoded.text_feats = encoded.text_feats.float().cpu()
-    encoded.head = model.head.cpu().eval()
     return encoded
 
 

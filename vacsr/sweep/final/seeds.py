@@ -46,10 +46,8 @@ def test_metrics(plan: SweepPlan, config, checkpoint: Path, scorer: PoolScorer,
     the kind's per-seed averages; and (inputs the prefix cache served, inputs encoded). The
     cache's lines on damaged files it rebuilt go to `report` (the evaluation actor's log is
     not the console)."""
-    test = scorer.encode(config, checkpoint)
-    extra = [scorer.encode(config, checkpoint, dataset=evaluation.dataset,
-                           subsample=evaluation.classes)
-             for evaluation in plan.kind.evaluations]
+    test, *extra = scorer.encode(config, checkpoint, [(None, None), *(
+        (evaluation.dataset, evaluation.classes) for evaluation in plan.kind.evaluations)])
     for line in (line for e in (test, *extra) for line in e.cache_rebuilt):
         report({"event": "note", "dataset": config.data.dataset,
                 "text": f"final seed {config.train.seed}: prefix cache: {line}"})
