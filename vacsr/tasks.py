@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from vacsr.data import build_classification, build_retrieval
+from vacsr.data import SPLIT_BUILDERS
 from vacsr.data.datasets import CaptionPairDataset, LabelledImageDataset
 from vacsr.data.fewshot import shots_per_class
 from vacsr.errors import ConfigError
@@ -91,7 +91,7 @@ class RetrievalTask(_Task):
 
     name = "retrieval"
     ranks_items = True  # queries rank a gallery: uncertainty plots, two-stage re-ranking
-    build_splits = staticmethod(build_retrieval)
+    build_splits = staticmethod(SPLIT_BUILDERS["retrieval"])
     train_dataset = CaptionPairDataset
 
     @classmethod
@@ -148,7 +148,7 @@ class ClassificationTask(_Task):
 
     name = "classification"
     ranks_items = False
-    build_splits = staticmethod(build_classification)
+    build_splits = staticmethod(SPLIT_BUILDERS["classification"])
     train_dataset = LabelledImageDataset
 
     @classmethod

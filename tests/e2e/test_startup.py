@@ -33,3 +33,30 @@ def test_the_trial_side_builds_ray_s_torch_trainer_without_the_model_stack(tmp_p
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["loaded"] == [], seen
     assert seen["trainer"].endswith(".TorchTrainer") and seen["trainer"].startswith("ray.train")
+
+
+DATASET_SIDE = """
+import json, sys
+from vacsr.config import load_config
+from vacsr.records.inputs import fingerprints
+config = load_config(overrides=["data.task=classification", "data.dataset=eurosat",
+                                "data.root=ROOT", "data.shots=2"])
+prints = fingerprints(config.data, 1)
+print(json.dumps({"loaded": [m for m in MODULES if m in sys.modules],
+                  "splits": [p.split for p in prints]}))
+"""
+
+
+def test_a_dataset_task_fingerprints_its_data_without_the_model_stack(tmp_path):
+    """The splits a sweep's dataset task logs as MLflow dataset inputs (vacsr/records/inputs.py)
+    are built by the data layer alone: no open_clip, nor the torchvision it brings."""
+    from vacsr.data.generate import generate_all
+
+    root = generate_all(tmp_path / "data", datasets=["eurosat"], per_class=(2, 1, 1))
+    modules = tuple(m for m in MODEL_STACK if m != "mlflow")  # which logs them, elsewhere
+    code = DATASET_SIDE.replace("ROOT", str(root)).replace("MODULES", repr(modules))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {"loaded": [], "splits": ["train", "val", "test"]}, seen

@@ -1,9 +1,10 @@
 """Datasets: records (base.py), synthetic data, loaders of the real on-disk layouts.
 
-`build_retrieval` and `build_classification` turn a DataConfig into named splits (each task's
-`build_splits`, vacsr/tasks.py); the loaders, sampler and encodings a run uses are modules of
-their own. With `data.root` set, the dataset names below read the real layouts (paper appendix
-C.1); `vacsr.data.generate.generate_all(root)` writes synthetic data in those layouts.
+`build_retrieval` and `build_classification` turn a DataConfig into named splits (`build_splits`
+picks one by the config's task, SPLIT_BUILDERS, which vacsr/tasks.py's tasks take theirs from);
+the loaders, sampler and encodings a run uses are modules of their own. With `data.root` set, the
+dataset names below read the real layouts (paper appendix C.1);
+`vacsr.data.generate.generate_all(root)` writes synthetic data in those layouts.
 `dataset="synthetic"` without a root keeps the in-memory synthetic data.
 """
 from __future__ import annotations
@@ -82,5 +83,20 @@ def build_classification(data, seed: int) -> dict[str, ClassificationData]:
                                subsample=data.subsample_classes)
 
 
+# each task's splits by data.task (vacsr.task_names.TASK_NAMES): the tasks of vacsr/tasks.py
+# take theirs from here, and what only reads data (a run's MLflow dataset inputs) needs no model
+# stack to build them
+SPLIT_BUILDERS = {"retrieval": build_retrieval, "classification": build_classification}
+
+
+def build_splits(data, seed: int) -> dict:
+    """The named splits of the DataConfig's task."""
+    if data.task not in SPLIT_BUILDERS:
+        raise ConfigError(f"data.task: expected one of {', '.join(SPLIT_BUILDERS)}, "
+                          f"got {data.task!r}")
+    return SPLIT_BUILDERS[data.task](data, seed)
+
+
 __all__ = ["BASE_TO_NOVEL", "CLASSIFICATION_DATASETS", "ClassificationData", "DOMAIN_SHIFT",
-           "RETRIEVAL_DATASETS", "RetrievalData", "build_classification", "build_retrieval"]
+           "RETRIEVAL_DATASETS", "RetrievalData", "SPLIT_BUILDERS", "build_classification",
+           "build_retrieval", "build_splits"]

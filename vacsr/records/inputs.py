@@ -38,9 +38,9 @@ def dataset_inputs(name: str, prints: list[SplitFingerprint]) -> list:
 def fingerprints(data, seed: int) -> list[SplitFingerprint]:
     """The splits a run with this DataConfig and seed reads (as training builds them), each
     fingerprinted."""
-    from vacsr.tasks import task_type  # the model stack: loaded only when splits are read
+    from vacsr.data import build_splits  # the loaders: imported only when splits are read
 
-    return split_fingerprints(task_type(data.task).build_splits(data, seed))
+    return split_fingerprints(build_splits(data, seed))
 
 
 def log_dataset_inputs(tracker, config) -> list[SplitFingerprint]:
