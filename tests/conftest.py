@@ -183,6 +183,9 @@ def weights(tmp_path_factory) -> Path:
     from vacsr.model.backbone import create_clip
 
     path = tmp_path_factory.mktemp("weights") / "random-tiny.pt"
+    # seeded here: a session fixture is set up before the per-test seed (_seed), so the draw
+    # would otherwise depend on which tests an xdist worker ran before it
+    torch.manual_seed(0)
     torch.save(create_clip("vacsr-tiny")[0].state_dict(), path)
     return path
 
