@@ -24,7 +24,7 @@ from vacsr.methods.method import class_prompts
 from vacsr.model.encoding import encode_texts
 from vacsr.model.prefix import constant_in_training, text_prefix, text_suffix
 from vacsr.model.vacsr import VACSRModel
-from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG
+from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG, unknown_task
 
 COCO_1K_FOLDS = 5
 
@@ -251,4 +251,4 @@ def task_type(name: str) -> type[RetrievalTask] | type[ClassificationTask]:
     try:
         return TASKS[name]
     except KeyError:
-        raise ConfigError(f"data.task: expected one of {', '.join(TASKS)}, got {name!r}") from None
+        raise unknown_task(name) from None

@@ -114,13 +114,14 @@ def test_a_sweep_on_a_locked_folder_is_refused_light(tmp_path):
 
 
 def test_the_task_names_the_config_checks_are_the_task_classes():
-    """vacsr/task_names.py (read without the model stack) and vacsr/tasks.py name the same
-    tasks, and each task's sweep settings are valid config keys."""
+    """vacsr/task_names.py (read without the model stack), vacsr/tasks.py and the data layer's
+    split builders name the same tasks, and each task's sweep settings are valid config keys."""
     from vacsr.config import Config, flatten
+    from vacsr.data import SPLIT_BUILDERS
     from vacsr.task_names import SWEEP_RUN_SETTINGS, TASK_NAMES
     from vacsr.tasks import TASKS
 
-    assert tuple(TASKS) == TASK_NAMES
+    assert tuple(TASKS) == TASK_NAMES == tuple(SPLIT_BUILDERS)
     keys = set(flatten(Config()))
     assert all(set(settings) <= keys for settings in SWEEP_RUN_SETTINGS.values())
 

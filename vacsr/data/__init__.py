@@ -22,6 +22,7 @@ from vacsr.data.coco import load_coco
 from vacsr.data.noise import make_noisy_index, noisy_caption_to_image
 from vacsr.data.synthetic import synthetic_classification, synthetic_retrieval
 from vacsr.errors import ConfigError
+from vacsr.task_names import unknown_task
 
 RETRIEVAL_DATASETS = ("coco",)
 
@@ -92,8 +93,7 @@ SPLIT_BUILDERS = {"retrieval": build_retrieval, "classification": build_classifi
 def build_splits(data, seed: int) -> dict:
     """The named splits of the DataConfig's task."""
     if data.task not in SPLIT_BUILDERS:
-        raise ConfigError(f"data.task: expected one of {', '.join(SPLIT_BUILDERS)}, "
-                          f"got {data.task!r}")
+        raise unknown_task(data.task)
     return SPLIT_BUILDERS[data.task](data, seed)
 
 

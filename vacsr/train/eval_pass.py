@@ -113,12 +113,12 @@ def encode_views(config, checkpoint_path, views: tuple[View, ...] = OWN_DATA, *,
     precision = run_precision(device, config.train)
     state = load_checkpoint(checkpoint_path, device)
     check_same_architecture(checkpoint_path, state, config)  # before the data is read
+    method_of(config.adapter.kind).check_task(config.data.task)  # every view's task
     parts = []
     for dataset, subsample in views:  # every view's data checked before the model is built
         data = replace(config.data, dataset=config.data.dataset if dataset is None else dataset,
                        subsample_classes=config.data.subsample_classes if subsample is None
                        else subsample)
-        method_of(config.adapter.kind).check_task(data.task)
         splits = task_type(data.task).build_splits(data, config.train.seed)
         if split not in splits:
             raise DataError(f"{data.dataset}: no {split!r} split (has: {', '.join(splits)})")
