@@ -231,7 +231,7 @@ def final_seed_in_actor(config, folder: Path):
     scores it (`PoolScorer.train`), the actor started and stopped inside the measured `run()`
     as a dataset's final phase does. None for a tree whose final seeds all ran on fit_ray."""
     try:
-        from vacsr.distributed.eval_actor import PoolScorer
+        from vacsr.distributed.pool_scorer import PoolScorer
     except ImportError:
         return None
     if not hasattr(PoolScorer, "train"):

@@ -141,7 +141,7 @@ def cmd_eval(args) -> int:
 def _evaluate_on_actors(config, checkpoint: Path, split: str, actors: int, extra: dict) -> dict:
     """Encode here, score on `actors` Ray evaluation actors (queries sharded, exact merge)."""
     from vacsr.distributed.cluster import ensure_ray, quiet_logging
-    from vacsr.distributed.eval_actor import PoolScorer
+    from vacsr.distributed.pool_scorer import PoolScorer
     from vacsr.train.eval_pass import encode_checkpoint
 
     quiet_logging()

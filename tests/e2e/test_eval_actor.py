@@ -70,11 +70,11 @@ def test_pool_equals_local_scorer_and_follows_weight_updates(ray_local):
                                            ("classification", "eurosat")])
 def test_checkpoint_evaluation_on_actors_equals_in_process(ray_local, tmp_path, task, dataset):
     """`vacsr eval --actors 2` (encode here, score on the EvalPool) and the sweeps' final
-    evaluation (encode on the pool's first actor, score on the pool) give exactly the in-process
-    metrics of the same checkpoint."""
+    evaluation (encode on the pool's first actor, score on the pool; with one actor, encode and
+    score in it) give exactly the in-process metrics of the same checkpoint."""
     from vacsr.config import load_config
     from vacsr.data.generate import generate_all
-    from vacsr.distributed.eval_actor import PoolScorer
+    from vacsr.distributed.pool_scorer import PoolScorer
     from vacsr.train.eval_pass import OWN_DATA, encode_checkpoint, evaluate_checkpoint
     from vacsr.train.loop import Trainer
 
@@ -94,13 +94,24 @@ def test_checkpoint_evaluation_on_actors_equals_in_process(ray_local, tmp_path, 
     try:  # the pool starts by encoding on its first actor (the sweeps' final runs); the second
         # call, encoded here, sends the head to the running actors (the next seed's checkpoint)
         got = [scorer(scorer.encode(config, checkpoint, OWN_DATA)[0]),
-               scorer(encode_checkpoint(config, checkpoint))]
+               scorer(encode_checkpoint(config, checkpoint)),
+               scorer.evaluate(config, checkpoint, OWN_DATA)[0].metrics]
     finally:
         scorer.shutdown()
+    one = PoolScorer(1, cpus_per_actor=0.5)
+    try:  # the sweeps' default: encoded and scored in the one actor, only numbers come back
+        got.append(one.evaluate(config, checkpoint, OWN_DATA)[0].metrics)
+        damaged = tmp_path / "damaged.ckpt"  # the check of a reused trial's checkpoint
+        damaged.write_bytes(b"partial")
+        assert one.checkpoint_error(config, checkpoint) is None
+        assert one.checkpoint_error(config, damaged).startswith(f"{damaged}: ")
+    finally:
+        one.shutdown()
     drop = {"eval_seconds"}
-    for metrics in got:
-        assert {k: v for k, v in metrics.items() if k not in drop} == \
-            {k: v for k, v in expected.items() if k not in drop}
+    # a NaN metric (no spread to correlate) that crossed from an actor is another float object,
+    # which == tells apart: compared by its text instead
+    shown = [{k: repr(v) for k, v in metrics.items() if k not in drop} for metrics in got]
+    assert shown == [{k: repr(v) for k, v in expected.items() if k not in drop}] * len(got)
     got = got[0]
     assert ("rsum" if task == "retrieval" else "acc") in got
 
@@ -114,7 +125,7 @@ def test_a_run_trained_in_the_first_actor_equals_a_local_run_after_losing_the_ac
     uninterrupted local run; the pool then scores that checkpoint on all its actors. A run's
     own error is one RunFailed line, not retried."""
     from vacsr.config import load_config
-    from vacsr.distributed.eval_actor import PoolScorer
+    from vacsr.distributed.pool_scorer import PoolScorer
     from vacsr.errors import RunFailed
     from vacsr.train.checkpoint import load_checkpoint
     from vacsr.train.eval_pass import OWN_DATA, evaluate_checkpoint

@@ -166,6 +166,7 @@ def test_a_damaged_trial_checkpoint_is_said_and_the_retrained_seed_run_tagged(tm
     from vacsr.records import MlflowTracker
     from vacsr.sweep.final.seeds import RETRAINED_TAG, _log_test, _reuse_trial, final_config
     from vacsr.sweep.report.progress import SweepProgress
+    from vacsr.train.checkpoint import checkpoint_problem
 
     plan = built_plan(BASE2NOVEL, tmp_path)
     uri = plan.tracking_uri
@@ -177,8 +178,10 @@ def test_a_damaged_trial_checkpoint_is_said_and_the_retrained_seed_run_tagged(tm
                           parent.start(BASE2NOVEL.experiment, "eurosat"))
     console = io.StringIO()
     progress = SweepProgress("t", ["eurosat"], 2, [], "val/acc", stream=console)
+    # the check the evaluation actor makes in a sweep, made here
     checkpoint, tags = _reuse_trial(plan, config, {"checkpoint": str(trial_checkpoint),
-                                                   "trial_id": "t1"}, "eurosat", progress.event)
+                                                   "trial_id": "t1"}, "eurosat",
+                                    checkpoint_problem, progress.event)
     assert checkpoint is None and not (plan.storage / "final" / "eurosat" / "seed1" /
                                        "last.ckpt").exists()  # no copy left to be mistaken
     [line] = [text for text in console.getvalue().splitlines() if "eurosat:" in text]

@@ -8,18 +8,25 @@ and train a run of one worker whose checkpoint it then encodes (a sweep's final 
 shards' top-k lists exactly (the ranking keys make the merge independent of the sharding). It has
 the scorer's `score` / `score_pairs` interface, so `vacsr.eval.evaluate.evaluate_retrieval(...,
 scorer=pool)` and `two_stage_score(pool, ...)` run on the actors while the driver only shards and
-merges.
+merges. `PoolScorer` (vacsr/distributed/pool_scorer.py) runs a sweep's final checkpoints on a pool.
 """
 from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import ray
-import torch
-from torch import nn
 
-from vacsr.eval.scorer import ChunkedScorer, ScoreResult, TopK, merge_topk
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from vacsr.eval.scorer import ScoreResult
+
+# torch and the scorer are imported where they are used: a sweep dataset's task imports this
+# module to start the actors and reads only numbers back from them (PoolScorer.evaluate)
 
 
 class EvalWorker:
@@ -27,6 +34,8 @@ class EvalWorker:
 
     def __init__(self, head: nn.Module | None, items: torch.Tensor | None, *,
                  memory_budget_bytes: int, precision: str = "auto", device: str | None = None):
+        import torch
+
         self.options = {"memory_budget_bytes": memory_budget_bytes, "precision": precision}
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.items, self.scorer = items, None  # None: set by the first scoring (after encode)
@@ -34,6 +43,8 @@ class EvalWorker:
             self.set_head(head)
 
     def set_head(self, head: nn.Module, precision: str | None = None) -> None:
+        from vacsr.eval.scorer import ChunkedScorer
+
         if precision is not None:
             self.options["precision"] = precision
         self.scorer = ChunkedScorer(head, device=self.device, **self.options)
@@ -45,6 +56,26 @@ class EvalWorker:
         from vacsr.train.eval_pass import encode_views
 
         return encode_views(config, checkpoint_path, views, **kwargs)
+
+    def evaluate(self, config, checkpoint_path: str, views, **kwargs) -> list[ViewScores]:
+        """Each view encoded here (encode), then scored here as a pool of this one actor scores
+        it: the same shard, calls and merge (_OwnPool), so the metrics are the pool's. No
+        features leave the actor."""
+        from vacsr.train.eval_pass import score_encoded
+
+        scored = []
+        for encoded in self.encode(config, checkpoint_path, views, **kwargs):
+            self.set_head(_cpu_copy(encoded.head), precision=encoded.precision)
+            metrics = score_encoded(encoded, scorer=_OwnPool(self))
+            scored.append(ViewScores(metrics, encoded.cache_served, encoded.cache_evaluated,
+                                     encoded.cache_rebuilt))
+        return scored
+
+    def checkpoint_error(self, path: str) -> str | None:
+        """Why `path` does not load as a checkpoint, or None (checkpoint_problem, here)."""
+        from vacsr.train.checkpoint import checkpoint_problem
+
+        return checkpoint_problem(path)
 
     def train(self, config, fail_once: str | None = None) -> tuple[str, tuple[str, ...]]:
         """A one-worker run trained in this actor (vacsr/distributed/actor_run.py), which holds
@@ -64,6 +95,8 @@ class EvalWorker:
                     return_full: bool = False, query_groups=None, item_groups=None) -> ScoreResult:
         """Score queries (global rows query_offset..) against the held items; the item-direction
         top-k holds global query indices so that the driver can merge shards directly."""
+        import torch
+
         result = self.scorer.score(queries, self.items, k=k, k_items=k_items,
                                    return_full=return_full, query_groups=query_groups,
                                    item_groups=item_groups)
@@ -78,6 +111,17 @@ class EvalWorker:
 
 
 EvalActor = ray.remote(EvalWorker)
+
+
+@dataclass
+class ViewScores:
+    """A view's metrics as its evaluation actor scored them, and the prefix cache's counts of
+    its encoding (eval_pass.EncodedSplit's)."""
+
+    metrics: dict[str, float]
+    cache_served: int = 0
+    cache_evaluated: int = 0
+    cache_rebuilt: tuple[str, ...] = ()
 
 
 def _cpu_copy(head: nn.Module) -> nn.Module:
@@ -102,12 +146,19 @@ class EvalPool:
             num_actors = max(1, gpus) if num_gpus_per_actor else 1
         self.memory_budget_bytes = memory_budget_bytes
         self.num_gpus_per_actor, self.num_cpus_per_actor = num_gpus_per_actor, num_cpus_per_actor
-        self.device = torch.device("cpu")  # where two_stage_score runs its cheap cosine stage
         self._items = items  # head and items may come later (a pool started to encode)
         self.precision = precision
         items_ref = None if items is None else ray.put(items.detach().cpu())
         head_ref = None if head is None else ray.put(_cpu_copy(head))
         self.actors = [self._actor(head_ref, items_ref) for _ in range(num_actors)]
+
+    @property
+    def device(self):
+        """Where two_stage_score runs its cheap cosine stage (torch is imported here, by the
+        scoring, not by starting the pool)."""
+        import torch
+
+        return torch.device("cpu")
 
     def _actor(self, head_ref=None, items_ref=None):
         options = {"num_cpus": self.num_cpus_per_actor, "num_gpus": self.num_gpus_per_actor}
@@ -136,6 +187,8 @@ class EvalPool:
         self._items = items
 
     def _sync_items(self, items: torch.Tensor | None) -> None:
+        import torch
+
         if items is None or items is self._items:
             return
         held = self._items
@@ -155,19 +208,34 @@ class EvalPool:
         self.actors = []
 
     # ------------------------------------------------------------ scoring
+    # how a shard reaches its actor: a Ray call here, a plain call in _OwnPool
+    @staticmethod
+    def _call(actor, method: str, *args):
+        return getattr(actor, method).remote(*args)
+
+    @staticmethod
+    def _gather(futures: list) -> list:
+        return ray.get(futures)
+
+    @staticmethod
+    def _share(tensor):
+        return ray.put(tensor)
+
     def score(self, queries: torch.Tensor, items: torch.Tensor | None = None, *, k: int = 10,
               k_items: int | None = None, return_full: bool = False, query_groups=None,
               item_groups=None) -> ScoreResult:
         """ChunkedScorer.score over the actors: queries sharded, results merged exactly."""
+        import torch
+
         self._sync_items(items)
         start = time.perf_counter()
         bounds = _shard_bounds(queries.shape[0], len(self.actors))
         futures = []
         for actor, (lo, hi) in zip(self.actors, bounds):
             groups = None if query_groups is None else torch.as_tensor(query_groups)[lo:hi]
-            futures.append(actor.score_shard.remote(queries[lo:hi].detach().cpu(), lo, k,
-                                                    k_items or k, return_full, groups, item_groups))
-        parts = ray.get(futures)
+            futures.append(self._call(actor, "score_shard", queries[lo:hi].detach().cpu(), lo, k,
+                                      k_items or k, return_full, groups, item_groups))
+        parts = self._gather(futures)
         result = _merge_shards(parts, k_items or k)
         seconds = time.perf_counter() - start
         pairs = queries.shape[0] * self._items.shape[0]
@@ -178,89 +246,43 @@ class EvalPool:
     def score_pairs(self, queries: torch.Tensor, items: torch.Tensor | None,
                     query_index: torch.Tensor, item_index: torch.Tensor):
         """ChunkedScorer.score_pairs over the actors (pairs sharded in order)."""
+        import torch
+
         self._sync_items(items)
-        queries_ref = ray.put(queries.detach().cpu())
+        queries_ref = self._share(queries.detach().cpu())
         bounds = _shard_bounds(len(query_index), len(self.actors))
-        parts = ray.get([actor.score_pairs.remote(queries_ref, query_index[lo:hi],
-                                                  item_index[lo:hi])
-                         for actor, (lo, hi) in zip(self.actors, bounds)])
+        parts = self._gather([self._call(actor, "score_pairs", queries_ref, query_index[lo:hi],
+                                         item_index[lo:hi])
+                              for actor, (lo, hi) in zip(self.actors, bounds)])
         logits = torch.cat([p[0] for p in parts])
         sigma = None if any(p[1] is None for p in parts) else torch.cat([p[1] for p in parts])
         return logits, sigma
 
 
-class PoolScorer:
-    """Scores encoded checkpoints (vacsr.train.eval_pass.EncodedSplit) on one EvalPool: the actors
-    start with the first checkpoint and get each later one's head (final seed runs, `vacsr eval
-    --actors`)."""
+class _OwnPool(EvalPool):
+    """An EvalPool whose one actor is the EvalWorker it runs in (EvalWorker.evaluate): the
+    pool's shard bounds, calls and merge, without Ray between them."""
 
-    def __init__(self, actors: int, cpus_per_actor: float = 1) -> None:
-        self.actors, self.cpus, self.pool = actors, cpus_per_actor, None
+    def __init__(self, worker: EvalWorker) -> None:  # noqa: D107 (no actors to start)
+        self.actors, self.worker = [worker], worker
+        self.memory_budget_bytes = worker.options["memory_budget_bytes"]
+        self._items = None
 
-    def _start(self, head: nn.Module | None = None, items: torch.Tensor | None = None,
-               precision: str = "auto", gpus: float | None = None) -> EvalPool:
-        self.pool = EvalPool(head, items, num_actors=self.actors, num_cpus_per_actor=self.cpus,
-                             num_gpus_per_actor=gpus, precision=precision)
-        return self.pool
+    def update_items(self, items: torch.Tensor) -> None:
+        self.worker.set_items(items.detach().cpu())
+        self._items = items
 
-    def encode(self, config, checkpoint, views, **kwargs) -> list:
-        """The test split of `checkpoint` in each view (dataset, subsample; eval_pass.View)
-        encoded on the pool's first actor (started here if need be), which then scores them. A
-        run that trained on CPUs is encoded on the CPU, in its precision, even where the actor
-        holds a GPU (the metrics its validation computed)."""
-        gpus = config.train.gpus_per_worker
-        # a run's share of a GPU (--gpus-per-worker 0.5): the next seed's run trains in this
-        # actor (train), which then need not start again with the run's resources
-        pool = self.pool or self._start(gpus=gpus or None)
-        return pool.encode(config, str(checkpoint), tuple(views),
-                           device=None if gpus else "cpu", **kwargs)
+    @staticmethod
+    def _call(actor, method: str, *args):
+        return getattr(actor, method)(*args)
 
-    def train(self, config) -> tuple[str, tuple[str, ...]]:
-        """A run of one worker trained in the pool's first actor, started with the run's
-        resources (`train.cpus_per_worker`, `train.gpus_per_worker`) or kept where it has them;
-        the pool's other actors stop meanwhile, so that the run holds a worker's resources and no
-        more. A lost actor is started again and the run continues from its last checkpoint, up
-        to `train.max_failures` times; the run's own error is raised as RunFailed (one line).
-        Returns (the final checkpoint, the prefix cache's lines on damaged files it rebuilt)."""
-        from vacsr.distributed.fault_injection import fail_once_spec
-        from vacsr.train.failure import raise_if_run_failed
+    @staticmethod
+    def _gather(futures: list) -> list:
+        return futures
 
-        train = config.train
-        tries = train.max_failures + 1
-        while True:
-            pool = self.pool
-            if pool is None or (pool.num_cpus_per_actor, pool.num_gpus_per_actor) != (
-                    train.cpus_per_worker, train.gpus_per_worker):
-                self.shutdown()
-                pool = self.pool = EvalPool(None, None, num_actors=1,
-                                            num_gpus_per_actor=train.gpus_per_worker,
-                                            num_cpus_per_actor=train.cpus_per_worker)
-            pool.resize(1)
-            try:
-                return ray.get(pool.actors[0].train.remote(config, fail_once_spec()))
-            except ray.exceptions.RayActorError:
-                self.shutdown()  # the actor (its node) is gone: a new one continues the run
-                tries -= 1
-                if not tries:
-                    raise
-            except ray.exceptions.RayTaskError:
-                raise_if_run_failed(train.output_dir)  # the run's own error, in one line
-                raise
-
-    def __call__(self, encoded, **engine_kwargs) -> dict[str, float]:
-        from vacsr.train.eval_pass import score_encoded
-
-        if self.pool is None:
-            self._start(encoded.head, encoded.items, encoded.precision)
-        else:
-            self.pool.resize(self.actors)  # a run trained in its first actor alone
-            self.pool.update_head(encoded.head, precision=encoded.precision)
-        return score_encoded(encoded, scorer=self.pool, **engine_kwargs)
-
-    def shutdown(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
-            self.pool = None  # a later call starts the actors again
+    @staticmethod
+    def _share(tensor):
+        return tensor
 
 
 def _shard_bounds(num: int, shards: int) -> list[tuple[int, int]]:
@@ -271,6 +293,10 @@ def _shard_bounds(num: int, shards: int) -> list[tuple[int, int]]:
 
 def _merge_shards(parts: list[ScoreResult], k_items: int) -> ScoreResult:
     """Query-direction results concatenate (disjoint rows); item-direction ones merge by keys."""
+    import torch
+
+    from vacsr.eval.scorer import ScoreResult, TopK, merge_topk
+
     def cat_rows(topks: list[TopK | None]) -> TopK | None:
         if topks[0] is None:
             return None

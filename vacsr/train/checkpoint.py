@@ -54,6 +54,16 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return state
 
 
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why `path` does not load as a checkpoint (load_checkpoint's CheckpointError text, which
+    starts with the path), or None when it loads."""
+    try:
+        load_checkpoint(path)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
+
+
 def _entry_problem(key: str, value: Any) -> str | None:
     """What is wrong with `state[key]`, said of the entry (None: it holds what PAYLOAD_TYPES
     says)."""

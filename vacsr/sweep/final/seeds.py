@@ -7,17 +7,19 @@ which holds what a run's worker holds (the GPU encodes); the pairwise adapter sc
 over `--eval-actors`. A seed's run of one worker trains in that first actor too
 (vacsr/distributed/actor_run.py), as a one-worker trial trains in its Tune actor; a run of
 several workers is a Ray Train TorchTrainer, the actors stopped while it holds the resources.
+With one evaluation actor (the default) a checkpoint is encoded and scored in that actor, and only
+its metrics come back: the dataset's task holds no features and imports no torch.
 """
 from __future__ import annotations
 
 import copy
 import sys
+from functools import partial
 from pathlib import Path
 from statistics import mean
 from typing import Callable
 
-from vacsr.distributed.eval_actor import PoolScorer
-from vacsr.distributed.train import fit_ray
+from vacsr.distributed.pool_scorer import PoolScorer
 from vacsr.records import TrackingCallback
 from vacsr.records.sweep_records import place_child_run
 from vacsr.sweep.plan.folders import FINAL, copy_from_storage, final_run_folder
@@ -46,37 +48,37 @@ def test_metrics(plan: SweepPlan, config, checkpoint: Path, scorer: PoolScorer,
     the kind's per-seed averages; and (inputs the prefix cache served, inputs encoded). The
     cache's lines on damaged files it rebuilt go to `report` (the evaluation actor's log is
     not the console)."""
-    test, *extra = scorer.encode(config, checkpoint, [(None, None), *(
+    test, *extra = scorer.evaluate(config, checkpoint, [(None, None), *(
         (evaluation.dataset, evaluation.classes) for evaluation in plan.kind.evaluations)])
     for line in (line for e in (test, *extra) for line in e.cache_rebuilt):
         report({"event": "note", "dataset": config.data.dataset,
                 "text": f"final seed {config.train.seed}: prefix cache: {line}"})
     cache = (sum(e.cache_served for e in (test, *extra)),
              sum(e.cache_evaluated for e in (test, *extra)))
-    metrics = scorer(test)
-    for evaluation, encoded in zip(plan.kind.evaluations, extra):
-        metrics[evaluation.metric] = scorer(encoded)[evaluation.key]
+    metrics = dict(test.metrics)
+    for evaluation, scored in zip(plan.kind.evaluations, extra):
+        metrics[evaluation.metric] = scored.metrics[evaluation.key]
     for name, parts in plan.kind.averages.items():
         metrics[name] = mean(metrics[p] for p in parts)
     return metrics, cache
 
 
 def _reuse_trial(plan: SweepPlan, config, best: dict, dataset: str,
+                 checkpoint_error: Callable[[Path], str | None],
                  report: Callable[[dict], None]) -> tuple[Path | None, dict[str, str]]:
     """(the seed's final checkpoint, tags of its run). The best trial trained this very config on
     this seed to the end: its checkpoint is the seed's final one (runs are seeded, so a re-run
     would repeat it). When that checkpoint is damaged the seed is trained again: one line on the
-    driver's console names the file, and the retrained run's RETRAINED_TAG says why."""
-    from vacsr.errors import CheckpointError
-    from vacsr.train.checkpoint import load_checkpoint
-
+    driver's console names the file, and the retrained run's RETRAINED_TAG says why.
+    `checkpoint_error` (vacsr.train.checkpoint.checkpoint_problem) says what is wrong with the
+    copy: in a sweep, the evaluation actor that will encode it loads it (this task imports no
+    torch)."""
     copy = copy_from_storage(plan.ray_root, best["checkpoint"],
                              Path(config.train.output_dir) / CHECKPOINT_FILE)
-    try:
-        load_checkpoint(copy)
-    except CheckpointError as exc:
+    error = checkpoint_error(copy)
+    if error is not None:
         copy.unlink()
-        why = f"{best['checkpoint']}: {str(exc).removeprefix(f'{copy}: ')}"  # the trial's file
+        why = f"{best['checkpoint']}: {error.removeprefix(f'{copy}: ')}"  # the trial's file
         text = (f"{why}; final seed {config.train.seed} is trained again instead of reusing "
                 f"trial {best['trial_id']}")
         print(f"vacsr: {text}", file=sys.stderr, flush=True)  # the dataset task's log
@@ -103,6 +105,8 @@ def _train(scorer: PoolScorer, config, name: str) -> tuple[Path, tuple[str, ...]
         return Path(checkpoint), notes
     # the evaluation actors' CPUs (or GPUs) are the run's: held across it, datasets finishing
     # at once on a full cluster each wait for the others' for ever
+    from vacsr.distributed.train import fit_ray  # Ray Train's torch layer, for this run alone
+
     scorer.shutdown()
     trained = fit_ray(config, name=name)
     return trained.checkpoint, trained.notes
@@ -118,7 +122,8 @@ def final_runs(plan: SweepPlan, dataset: str, best: dict, dataset_run_id: str,
     try:
         for seed in plan.seeds_of(dataset):
             config = final_config(cfg, plan, dataset, seed, dataset_run_id)
-            checkpoint, tags = (_reuse_trial(plan, config, best, dataset, report)
+            checkpoint, tags = (_reuse_trial(plan, config, best, dataset,
+                                             partial(scorer.checkpoint_error, config), report)
                                 if seed == reused_seed else (None, {}))
             reused_trial = tags.get(REUSED_TAG, reused_trial)
             if checkpoint is None:

@@ -17,7 +17,6 @@ from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from vacsr.config import Config, flat_dict, set_value, validate
-from vacsr.distributed.train import build_torch_trainer, raise_if_run_failed
 from vacsr.sweep.plan.plan import trains_in_trial
 
 CHECKPOINT_PATH_KEY = "checkpoint_path"  # the key TuneReportCallback gives the checkpoint's path
@@ -64,6 +63,10 @@ def run_trial(suggested: dict[str, Any], base: Config, meta: TrialMeta) -> None:
 
         fit_in_trial(config)
         return
+    # here, not at the top: the dataset's task imports this module for the trial function, and
+    # Ray Train's torch layer would bring torch into that process, which trains nothing
+    from vacsr.distributed.train import build_torch_trainer, raise_if_run_failed
+
     # Ray's documented Tune + Train pattern: TuneReportCallback hands each report of the run
     # (rank 0's metrics, plus the checkpoint's path) to this trial
     trainer = build_torch_trainer(config, name=trial_id, callbacks=[TuneReportCallback()])
