@@ -263,7 +263,7 @@ class _OwnPool(EvalPool):
     """An EvalPool whose one actor is the EvalWorker it runs in (EvalWorker.evaluate): the
     pool's shard bounds, calls and merge, without Ray between them."""
 
-    def __init__(self, worker: EvalWorker) -> None:  # noqa: D107 (no actors to start)
+    def __init__(self, worker: EvalWorker) -> None:  # no actors to start: it is their one
         self.actors, self.worker = [worker], worker
         self.memory_budget_bytes = worker.options["memory_budget_bytes"]
         self._items = None

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 class PoolScorer:
     """Scores encoded checkpoints (vacsr.train.eval_pass.EncodedSplit) on one EvalPool: the actors
     start with the first checkpoint and get each later one's head (final seed runs, `vacsr eval
-    --actors`)."""
+    --actors`). `evaluate` gives a checkpoint's views' metrics; with one actor, they are all that
+    actor sends back."""
 
     def __init__(self, actors: int, cpus_per_actor: float = 1) -> None:
         self.actors, self.cpus, self.pool = actors, cpus_per_actor, None
