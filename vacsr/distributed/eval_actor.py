@@ -66,9 +66,7 @@ class EvalWorker:
         scored = []
         for encoded in self.encode(config, checkpoint_path, views, **kwargs):
             self.set_head(_cpu_copy(encoded.head), precision=encoded.precision)
-            metrics = score_encoded(encoded, scorer=_OwnPool(self))
-            scored.append(ViewScores(metrics, encoded.cache_served, encoded.cache_evaluated,
-                                     encoded.cache_rebuilt))
+            scored.append(ViewScores.of(encoded, score_encoded(encoded, scorer=_OwnPool(self))))
         return scored
 
     def checkpoint_error(self, path: str) -> str | None:
@@ -122,6 +120,11 @@ class ViewScores:
     cache_served: int = 0
     cache_evaluated: int = 0
     cache_rebuilt: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, encoded, metrics: dict[str, float]) -> ViewScores:
+        """`metrics` of an EncodedSplit, with its prefix cache's counts."""
+        return cls(metrics, encoded.cache_served, encoded.cache_evaluated, encoded.cache_rebuilt)
 
 
 def _cpu_copy(head: nn.Module) -> nn.Module:

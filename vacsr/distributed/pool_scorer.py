@@ -42,8 +42,7 @@ class PoolScorer:
         encoded and scored in it (EvalWorker.evaluate, the same metrics): the caller, a sweep
         dataset's task, then receives numbers, not features."""
         if self.actors > 1:
-            return [ViewScores(self(e), e.cache_served, e.cache_evaluated, e.cache_rebuilt)
-                    for e in self.encode(config, checkpoint, views)]
+            return [ViewScores.of(e, self(e)) for e in self.encode(config, checkpoint, views)]
         pool, device = self._first(config)
         return ray.get(pool.actors[0].evaluate.remote(config, str(checkpoint), tuple(views),
                                                       device=device))
