@@ -267,12 +267,12 @@ class _OwnPool(EvalPool):
     pool's shard bounds, calls and merge, without Ray between them."""
 
     def __init__(self, worker: EvalWorker) -> None:  # no actors to start: it is their one
-        self.actors, self.worker = [worker], worker
+        self.actors = [worker]
         self.memory_budget_bytes = worker.options["memory_budget_bytes"]
         self._items = None
 
     def update_items(self, items: torch.Tensor) -> None:
-        self.worker.set_items(items.detach().cpu())
+        self.actors[0].set_items(items.detach().cpu())
         self._items = items
 
     @staticmethod
