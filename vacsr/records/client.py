@@ -1,5 +1,6 @@
 """How a tracker reaches MLflow's client: its credentials moved from the URI to MLflow's own
-environment variables, and each client call held past a stop signal."""
+environment variables, each client call held past a stop signal, and made again when it lost a
+race with another process's write of the same record (records/conflicts.py)."""
 from __future__ import annotations
 
 import functools
@@ -8,6 +9,7 @@ from typing import Any
 
 from mlflow import MlflowClient
 
+from vacsr.records.conflicts import retry_conflicts
 from vacsr.redact import split_credentials
 from vacsr.stop import signals_held
 
@@ -30,7 +32,9 @@ def client_uri(uri: str) -> str:
 class HeldClient:
     """An MlflowClient whose calls each end before a stop signal (SIGTERM, Ctrl-C in `vacsr
     train`) is raised: a write cut off inside its SQLite transaction would keep the store locked
-    and the run could not be closed as KILLED (vacsr.stop.signals_held)."""
+    and the run could not be closed as KILLED (vacsr.stop.signals_held). A call that broke a
+    unique constraint because another process wrote the same record at that moment is made
+    again (retry_conflicts), so no caller needs a retry of its own."""
 
     def __init__(self, client: MlflowClient) -> None:
         self._client = client
@@ -43,5 +47,5 @@ class HeldClient:
         @functools.wraps(value)
         def held(*args, **kwargs):
             with signals_held():
-                return value(*args, **kwargs)
+                return retry_conflicts(value, *args, **kwargs)
         return held

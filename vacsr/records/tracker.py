@@ -23,6 +23,7 @@ from vacsr.errors import ConfigError
 from vacsr.paths import absolute_path
 from vacsr.records.client import HeldClient, client_uri
 from vacsr.records.client_settings import apply_client_settings
+from vacsr.records.conflicts import retry_store_creation
 from vacsr.records.names import (
     ARTIFACTS_DIR,
     EXPERIMENT_KIND,
@@ -85,7 +86,8 @@ class MlflowTracker:
         self.tracking_uri = resolve_tracking_uri(tracking_uri, default_dir)
         apply_client_settings()  # bounded retries, quiet store notes (records/client_settings.py)
         with store_creation_lock(self.tracking_uri):  # the client creates a new store
-            self.client = HeldClient(MlflowClient(tracking_uri=client_uri(self.tracking_uri)))
+            self.client = HeldClient(retry_store_creation(
+                MlflowClient, tracking_uri=client_uri(self.tracking_uri)))
         self.run_id: str | None = None
         self._read_store = False  # the run may hold data this tracker did not log itself
         self._steps: dict[str, set[int]] = {}  # metric -> steps known to be in the run

@@ -300,10 +300,10 @@ def _check_sqlite_store(shown: str, path: Path, expected: str) -> None:
 # ---------------------------------------------------------------- creating a store
 @contextlib.contextmanager
 def store_creation_lock(uri: str, timeout_s: float = STORE_CREATION_WAIT_S):
-    """Held while MLflow opens the store of `uri`, which creates and migrates a new SQLite store:
-    two processes doing that at once break each other's migration (`table _alembic_tmp_...
-    already exists`). An flock on the database's folder, so nothing is written beside it;
-    other stores, and file systems without flock on folders, pass through."""
+    """Held while MLflow (or Optuna) opens the store of `uri`, which creates and migrates a new
+    SQLite store: two processes doing that at once break each other's migration (`table
+    _alembic_tmp_... already exists`). An flock on the database's folder, so nothing is written
+    beside it; other stores, and file systems without flock on folders, pass through."""
     path = sqlite_path(uri)
     try:
         fd = os.open(absolute_path(path).parent, os.O_RDONLY | os.O_DIRECTORY) if path else None
@@ -311,7 +311,7 @@ def store_creation_lock(uri: str, timeout_s: float = STORE_CREATION_WAIT_S):
         fd = None
     try:
         if fd is not None:
-            _wait_for_lock(fd, f"MLflow store {path}", timeout_s)
+            _wait_for_lock(fd, f"store {path}", timeout_s)
         yield
     finally:
         if fd is not None:

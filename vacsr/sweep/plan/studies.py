@@ -1,7 +1,8 @@
 """The sweep's Optuna study database (`--optuna-storage`, default SQLite in the sweep folder):
 opened by the plan's check, the folder's owner, the driver, the search and the sensitivity
-analysis; and the name of each unit's study in it (`study_name`). optuna is imported only when
-one is opened, so the flags and their refusals stay light.
+analysis, and by two sweeps on one new database at once too (records/conflicts.py); and the
+name of each unit's study in it (`study_name`). optuna is imported only when one is opened, so
+the flags and their refusals stay light.
 """
 from __future__ import annotations
 
@@ -26,10 +27,14 @@ def open_optuna_storage(plan: SweepPlan):
     """The study database (RDB storage); ConfigError naming it when it cannot be opened."""
     import optuna
 
+    from vacsr.records.conflicts import retry_store_creation
+    from vacsr.records.uri import store_creation_lock
+
     url = plan.optuna_storage_url
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    try:  # a new database's tables are created here: once, whoever else opens it now
+        with store_creation_lock(url):
+            return retry_store_creation(optuna.storages.RDBStorage, url, engine_kwargs=kwargs)
     except Exception as exc:  # SQLAlchemy/driver errors: name the storage, stop early
         raise ConfigError(f"--optuna-storage {redact_uri(url)}: cannot open "
                           f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
