@@ -33,6 +33,8 @@ def _no_sweep(monkeypatch):
                                          "are vacsr, sigmoid_baseline, zero_shot, linear_probe, "
                                          "clip_adapter, coop, clip_contrastive (or all)"),
     (["--methods", "coop,vacsr,coop"], "--methods: coop named twice; name each once"),
+    (["--methods", "all,vacsr"], "--methods: 'all' stands alone; give either all or a list of "
+                                 "methods"),
     (["--methods", "vacsr,clip_contrastive"], "--methods: clip_contrastive runs on retrieval "
                                               "only, not the base2novel sweep's classification"),
     (["--methods", "vacsr", "--set", "adapter.residual_ratio=0.5"],
@@ -41,6 +43,13 @@ def _no_sweep(monkeypatch):
      "--set model.trainable_image_blocks=1: linear_probe fixes it at 0"),
     (["--methods", "vacsr,linear_probe", "--set", "data.augment=true"],
      "--set data.augment=true: linear_probe fixes it at false"),
+    # the method each unit runs is the one --methods gives it, never a --set's or a --range's
+    (["--set", "adapter.kind=coop"],
+     "--set adapter.kind=coop: the method is chosen with --methods (--methods coop)"),
+    (["--methods", "vacsr,coop", "--set", "adapter.kind=vacsr"],
+     "--set adapter.kind=vacsr: the method is chosen with --methods (--methods vacsr)"),
+    (["--range", "adapter.kind=choice:vacsr,coop"],
+     "--range adapter.kind: the method is chosen with --methods (--methods vacsr,coop)"),
     (["--methods", "zero_shot,linear_probe", "--range", "loss.beta=log:0.5:2"],
      "--range loss.beta: none of zero_shot, linear_probe searches it (searched by vacsr)"),
     (["--methods", "coop", "--range", "adapter.context_tokens=choice:4,14"],

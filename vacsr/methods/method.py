@@ -16,6 +16,9 @@ from vacsr.config import shown
 from vacsr.config.domains import Domain
 from vacsr.errors import ConfigError
 
+# the config key naming a run's method; a sweep's --methods sets it for each of its units
+METHOD_KEY = "adapter.kind"
+
 # the keys every trained method of a sweep searches alike: the same epoch range, learning rate
 # and batch sizes (the equal budget of a comparison)
 SHARED_KEYS = ("train.epochs", "optim.lr", "train.batch_size")

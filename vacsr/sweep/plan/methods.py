@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vacsr.config import Config, flatten, shown
+from vacsr.config.domains import Choice
 from vacsr.errors import ConfigError
-from vacsr.methods.method import Method
+from vacsr.methods.method import METHOD_KEY, Method
 from vacsr.methods.registry import METHODS
 from vacsr.sweep.plan.folders import prefix_cache_folder
 from vacsr.sweep.plan.plan import build_config
@@ -33,6 +34,9 @@ def parse_methods(text: str | None, kind: SweepKind) -> tuple[str, ...]:
     names = [part.strip() for part in text.split(",") if part.strip()]
     if names == [ALL]:
         return tuple(m.name for m in METHODS.values() if kind.task in m.tasks)
+    if ALL in names:
+        raise ConfigError(f"--methods: {ALL!r} stands alone; give either {ALL} or a list of "
+                          "methods")
     known = ", ".join(METHODS)
     for name in names:
         if name not in METHODS:
@@ -66,10 +70,25 @@ def kept_keys(method: Method, keys) -> list[str]:
         k not in others and (method.kind_keys is None or k in method.kind_keys))]
 
 
+def check_method_choice(user: Mapping[str, Any], user_ranges: Mapping[str, Domain]) -> None:
+    """A --set or --range on the key naming the method: each unit's method is the one --methods
+    gives it (`method_layers`), which would silently replace the user's value."""
+    if METHOD_KEY in user:
+        value = shown(user[METHOD_KEY])
+        raise ConfigError(f"--set {METHOD_KEY}={value}: the method is chosen with --methods "
+                          f"(--methods {value})")
+    if METHOD_KEY in user_ranges:
+        domain = user_ranges[METHOD_KEY]
+        names = (f" (--methods {shown(list(domain.options), joined=True)})"
+                 if isinstance(domain, Choice) else "")
+        raise ConfigError(f"--range {METHOD_KEY}: the method is chosen with --methods{names}")
+
+
 def check_method_keys(methods: tuple[str, ...], user: Mapping[str, Any],
                       user_ranges: Mapping[str, Domain]) -> None:
-    """A --set or --range the chosen methods do not have, or a --set against a value a method
-    fixes: one line naming the methods."""
+    """A --set or --range on the method's key, or on one the chosen methods do not have, or a
+    --set against a value a method fixes: one line naming the methods."""
+    check_method_choice(user, user_ranges)
     chosen = [METHODS[name] for name in methods]
     for key, value in user.items():
         owners = [m.name for m in METHODS.values() if key in m.own_keys]
@@ -127,7 +146,7 @@ def ignored_settings(methods: tuple[str, ...], user: Mapping[str, Any]) -> list[
 
 def method_layers(method: Method) -> dict[str, Any]:
     """The config values a method's units take beside the sweep's: its name and what it fixes."""
-    return {"adapter.kind": method.name, **method.protocol}
+    return {METHOD_KEY: method.name, **method.protocol}
 
 
 def method_ranges(method: Method, ranges: Mapping[str, Domain]) -> dict[str, Domain]:
