@@ -11,6 +11,8 @@ from conftest import make_dataset_folders
 from sweeps.retrieval import SWEEP as RETRIEVAL
 from tests.support.sweep_refusals import sweep_refused, written_besides
 
+LONG_PHRASE = "a b c d e f g h i j k l m n o p q r s t"  # 20 tokens of CLIP's BPE
+
 
 @pytest.fixture
 def data_root(tmp_path) -> Path:
@@ -55,6 +57,15 @@ def _no_sweep(monkeypatch):
     (["--methods", "coop", "--range", "adapter.context_tokens=choice:4,14"],
      "adapter.context_tokens: eurosat's coop runs can take 14, which leaves no room for a class "
      "name in vacsr-tiny's 16 text positions; expected at most 13"),
+    # an init phrase takes as many positions as it has tokens, whatever adapter.context_tokens
+    (["--methods", "vacsr,coop", "--set", f"adapter.context_init={LONG_PHRASE}"],
+     f"adapter.context_init: eurosat's coop runs can take {LONG_PHRASE!r}, which is 20 tokens "
+     "and leaves no room for a class name in vacsr-tiny's 16 text positions; expected a phrase "
+     "of at most 13 tokens"),
+    (["--methods", "coop", "--range",
+      "adapter.context_init=choice:random,a photo of a,a b c d e f g h i j k l m n"],
+     "adapter.context_init: eurosat's coop runs can take 'a b c d e f g h i j k l m n', which "
+     "is 14 tokens"),
     (["--methods", "vacsr", "--range", "adapter.context_tokens=choice:4,8"],
      "--range adapter.context_tokens: none of vacsr searches it (searched by coop)"),
 ])

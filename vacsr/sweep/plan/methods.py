@@ -113,25 +113,27 @@ def check_method_keys(methods: tuple[str, ...], user: Mapping[str, Any],
 
 def check_prompt_room(method: Method, values: Mapping[str, Any], space: Mapping[str, Domain],
                       model: str, dataset: str) -> None:
-    """Every value of a method's prompt-position key (fixed or searched) leaves <SOT>, a word of
-    the class name and <EOT> within the model's text positions: one line before Ray starts, not
-    a failure in each trial that draws it."""
-    key = method.prompt_positions_key
-    if key is None:
+    """Every context a method's trials can draw (a count of vectors, or an init phrase's own
+    tokens) leaves <SOT>, a token of the class name and <EOT> within the model's text positions,
+    by the rule the model's build applies (vacsr/model/prompt_room.py): one line before Ray
+    starts, not a failure in each trial that draws it."""
+    if not method.learned_context:
         return
+    from vacsr.model import prompt_room
     from vacsr.model.configs import model_config
 
     config = model_config(model)
     positions = (config or {}).get("text_cfg", {}).get("context_length")
     if positions is None:  # a model only open_clip resolves: its build checks it
         return
-    domain = space.get(key)
-    drawn = bounding_values(domain) if domain is not None else (values[key],)
-    largest = max(int(v) for v in drawn)
-    if largest + 3 > positions:
-        raise ConfigError(f"{key}: {dataset}'s {method.name} runs can take {largest}, which "
-                          f"leaves no room for a class name in {model}'s {positions} text "
-                          f"positions; expected at most {positions - 3}")
+
+    def drawn(key: str) -> tuple:
+        return bounding_values(space[key]) if key in space else (values[key],)
+
+    largest = max(int(v) for v in drawn(prompt_room.COUNT_KEY))
+    for init in drawn(prompt_room.INIT_KEY):
+        prompt_room.check_room(largest, init, model, positions,
+                               runs=f"{dataset}'s {method.name} runs")
 
 
 def ignored_settings(methods: tuple[str, ...], user: Mapping[str, Any]) -> list[str]:
@@ -189,6 +191,6 @@ def unit_configs(kind: SweepKind, datasets: list[str], methods: tuple[str, ...],
             spaces[unit] = clamp_blocks(space, depths)
             check_blocks(config, depths, unit)  # a value the runs refuse fails before Ray
             check_space_values(spaces[unit], config, unit)
-            check_prompt_room(method, flatten(config), spaces[unit], config.model.name, unit)
+            check_prompt_room(method, flatten(config), spaces[unit], config.model.name, d)
             configs[unit] = config
     return configs, spaces
