@@ -13,25 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, make_dataset_folders, one_line, refused
-from sweeps.base2novel import SWEEP as BASE2NOVEL
-from sweeps.retrieval import SWEEP as RETRIEVAL
+from conftest import REPO, make_dataset_folders, refused
 from tests.support.servers import answering, http_serving
-from vacsr.sweep import cli
-
-
-def _refused(argv: list[str], storage: Path, capsys, kind=BASE2NOVEL) -> str:
-    """Run the sweep's entry point; the one stderr line it ends with (exit 2, no Ray)."""
-    import ray
-
-    line = one_line([*argv, "--storage", storage], capsys,
-                    entry=lambda args: cli.main(kind, args))
-    assert not ray.is_initialized()
-    return line
+from tests.support.sweep_refusals import sweep_refused as _refused
+from tests.support.sweep_refusals import written_besides
 
 
 def _nothing_written(tmp_path: Path, *kept: Path) -> None:
-    written = [p for p in tmp_path.rglob("*") if not any(p == k or k in p.parents for k in kept)]
+    written = written_besides(tmp_path, *kept)
     assert written == [], written
 
 
@@ -324,48 +313,3 @@ def test_a_dead_drivers_instance_is_ended_and_nothing_else(tmp_path, monkeypatch
         driver.kill()
         driver.wait(timeout=10)
 
-
-# ---------------------------------------------------------------- --methods
-@pytest.mark.parametrize("argv,fragment", [
-    (["--methods", "vacsr,tip_adapter"], "--methods: unknown method 'tip_adapter'; the methods "
-                                         "are vacsr, sigmoid_baseline, zero_shot, linear_probe, "
-                                         "clip_adapter, coop, clip_contrastive (or all)"),
-    (["--methods", "coop,vacsr,coop"], "--methods: coop named twice; name each once"),
-    (["--methods", "vacsr,clip_contrastive"], "--methods: clip_contrastive runs on retrieval "
-                                              "only, not the base2novel sweep's classification"),
-    (["--methods", "vacsr", "--set", "adapter.residual_ratio=0.5"],
-     "--set adapter.residual_ratio: only clip_adapter read it, and --methods runs vacsr"),
-    (["--methods", "vacsr,linear_probe", "--set", "model.trainable_image_blocks=1"],
-     "--set model.trainable_image_blocks=1: linear_probe fixes it at 0"),
-    (["--methods", "vacsr,linear_probe", "--set", "data.augment=true"],
-     "--set data.augment=true: linear_probe fixes it at false"),
-    (["--methods", "zero_shot,linear_probe", "--range", "loss.beta=log:0.5:2"],
-     "--range loss.beta: none of zero_shot, linear_probe searches it (searched by vacsr)"),
-    (["--methods", "coop", "--range", "adapter.context_tokens=choice:4,14"],
-     "adapter.context_tokens: eurosat's coop runs can take 14, which leaves no room for a class "
-     "name in vacsr-tiny's 16 text positions; expected at most 13"),
-    (["--methods", "vacsr", "--range", "adapter.context_tokens=choice:4,8"],
-     "--range adapter.context_tokens: none of vacsr searches it (searched by coop)"),
-])
-def test_a_bad_method_choice_is_one_line_before_ray(tmp_path, capsys, data_root, argv,
-                                                     fragment):
-    line = _refused(["--datasets", "eurosat", "--data-root", str(data_root), *argv],
-                    tmp_path / "store", capsys)
-    assert fragment in line, line
-    _nothing_written(tmp_path, data_root)
-
-
-@pytest.mark.parametrize("argv,fragment", [
-    (["--methods", "clip_contrastive", "--set", "adapter.num_components=3"],
-     "--set adapter.num_components: only vacsr read it, and --methods runs clip_contrastive"),
-    (["--methods", "clip_contrastive", "--range", "loss.gamma=log:0.5:2"],
-     "--range loss.gamma: none of clip_contrastive searches it (searched by vacsr)"),
-    (["--methods", "clip_contrastive,coop"], "--methods: coop runs on classification only, not "
-                                             "the retrieval sweep's retrieval"),
-])
-def test_a_bad_retrieval_method_choice_is_one_line_before_ray(tmp_path, capsys, data_root, argv,
-                                                               fragment):
-    line = _refused(["--data-root", str(data_root), *argv], tmp_path / "store", capsys,
-                    kind=RETRIEVAL)
-    assert fragment in line, line
-    _nothing_written(tmp_path, data_root)

@@ -3,6 +3,8 @@ and method, each with its method's values and space under the one budget; VACSR 
 sweep it always was; the cost plan adds each method's device time."""
 from __future__ import annotations
 
+import pytest
+
 from conftest import sweep_plan
 from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.retrieval import SWEEP as RETRIEVAL
@@ -95,6 +97,23 @@ def test_the_epochs_a_user_sets_hold_for_every_trained_method(tmp_path, monkeypa
     assert plan.configs["eurosat.linear_probe"].train.epochs == 3
     assert "train.epochs" not in plan.spaces["eurosat.linear_probe"]
     assert plan.configs["eurosat.zero_shot"].train.epochs == 1  # its one evaluation
+
+
+def test_an_init_phrase_takes_the_prompt_room_its_tokens_take(tmp_path, monkeypatch):
+    """The plan counts a CoOp init phrase with the model's tokenizer, as the model's build does
+    (vacsr/model/prompt_room.py): 13 tokens fit the tiny CLIP's 16 text positions, 14 do not."""
+    from vacsr.errors import ConfigError
+    from vacsr.model.prompt_room import context_size
+
+    fits = "a b c d e f g h i j k l m"
+    assert context_size(4, fits, "vacsr-tiny") == 13
+    plan = _plan(tmp_path, monkeypatch, "--methods", "coop", "--set",
+                 f"adapter.context_init={fits}")
+    assert plan.configs["dtd"].adapter.context_init == fits
+    with pytest.raises(ConfigError, match=r"^adapter.context_init: eurosat's coop runs can take "
+                                          r"'a b c d e f g h i j k l m n', which is 14 tokens"):
+        _plan(tmp_path, monkeypatch, "--methods", "coop", "--set",
+              f"adapter.context_init={fits} n")
 
 
 def test_the_cost_plan_adds_each_methods_device_time():

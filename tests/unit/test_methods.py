@@ -368,6 +368,10 @@ def test_coop_context_that_leaves_no_room_for_a_class_name_is_one_line(tmp_path,
     assert err.startswith("vacsr: error: adapter.context_init: 'a b c d e f g h i j k l m n' is "
                           "14 tokens"), err
     assert not out.exists()
+    # a phrase longer than the positions is counted whole, as a sweep's plan counts it
+    err = _refused([*base, "adapter.context_init=a b c d e f g h i j k l m n o p q r s t"], capsys)
+    assert "'a b c d e f g h i j k l m n o p q r s t' is 20 tokens, which leave no room" in err, err
+    assert not out.exists()
     fits = Trainer(_config(out, weights, eurosat, "coop", "adapter.context_init=random",
                            "adapter.context_tokens=13"))
     assert fits.model.head.context.shape == (13, 64)

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from vacsr.config.domains import Choice
 from vacsr.methods.method import FROZEN_CLIP, SHARED_KEYS, Method, cross_entropy
-
-RANDOM_INIT = "random"  # vacsr/model/clip_heads.py reads the same word
+from vacsr.model.prompt_room import COUNT_KEY, INIT_KEY, RANDOM_INIT
 
 
 def build_head(adapter, backbone):
@@ -44,13 +43,12 @@ METHOD = Method(
     build_head=build_head,
     loss=cross_entropy,
     kind_keys=SHARED_KEYS,
-    space={"adapter.context_tokens": Choice((4, 8)),
-           "adapter.context_init": Choice((RANDOM_INIT, "a photo of a"))},
+    space={COUNT_KEY: Choice((4, 8)), INIT_KEY: Choice((RANDOM_INIT, "a photo of a"))},
     protocol=FROZEN_CLIP,
-    own_keys=("adapter.context_tokens", "adapter.context_init"),
+    own_keys=(COUNT_KEY, INIT_KEY),
     tasks=("classification",),
     unseen_rule="their own names after the same learned context (the paper's unified context)",
     prompts=prompts,
     frozen_image_tower=True,
-    prompt_positions_key="adapter.context_tokens",
+    learned_context=True,
 )

@@ -16,6 +16,9 @@ from vacsr.config import shown
 from vacsr.config.domains import Domain
 from vacsr.errors import ConfigError
 
+# the config key naming a run's method; a sweep's --methods sets it for each of its units
+METHOD_KEY = "adapter.kind"
+
 # the keys every trained method of a sweep searches alike: the same epoch range, learning rate
 # and batch sizes (the equal budget of a comparison)
 SHARED_KEYS = ("train.epochs", "optim.lr", "train.batch_size")
@@ -78,9 +81,10 @@ class Method:
     prompts: Callable[[Any, Any], list[str]] | None = None
     # the image tower is frozen whole: a run may train on image features computed once
     frozen_image_tower: bool = False
-    # a config key counting text positions the method's prompts take before the class name
-    # (CoOp's context): a sweep checks its every value against the model's context length
-    prompt_positions_key: str | None = None
+    # its prompts put a learned context before the class name (CoOp's: adapter.context_tokens
+    # vectors, or an init phrase's tokens): a sweep checks every value its trials can draw
+    # against the model's text positions (vacsr/model/prompt_room.py)
+    learned_context: bool = False
 
     @property
     def trained(self) -> bool:

@@ -6,6 +6,7 @@ builds a randomly initialised model (tests, demo). Nothing here downloads unless
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import open_clip
@@ -25,6 +26,14 @@ def register_model_configs() -> None:
     """Add vacsr's own configs (the tiny test model) to open_clip's registry, once."""
     if "vacsr-tiny" not in open_clip.list_models():
         open_clip.add_model_config(MODEL_CONFIG_DIR)
+
+
+@lru_cache(maxsize=None)
+def model_tokenizer(name: str):
+    """open_clip's tokenizer of model `name`: the backbone's, and the one a sweep's plan counts
+    prompt tokens with before any model is built (vacsr/model/prompt_room.py)."""
+    register_model_configs()
+    return open_clip.get_tokenizer(name)
 
 
 def _resolve_pretrained(name: str, pretrained: str | None) -> str | None:
@@ -50,7 +59,7 @@ def create_clip(name: str, pretrained: str | None = None):
     else:
         model, train_transform, eval_transform = open_clip.create_model_and_transforms(
             name, pretrained=resolved)
-    return model, train_transform, eval_transform, open_clip.get_tokenizer(name)
+    return model, train_transform, eval_transform, model_tokenizer(name)
 
 
 def trainable_slice(count: int, depth: int, side: str) -> slice:

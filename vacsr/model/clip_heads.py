@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vacsr.errors import ConfigError
 from vacsr.model import prefix
 from vacsr.model.adapter import AdapterOutput
+from vacsr.model.prompt_room import RANDOM_INIT, check_room, phrase_ids
 
 
 def clip_logit_scale(backbone) -> float:
@@ -238,15 +238,7 @@ class ResidualAdapterHead(CosineHead):
 
 
 PLACEHOLDER = "X"  # one token of CLIP's BPE: its embeddings are replaced by the context
-RANDOM_INIT = "random"
 INIT_STD = 0.02  # CoOp's N(0, 0.02^2)
-
-
-def phrase_tokens(backbone, phrase: str) -> torch.Tensor:
-    """The token ids of `phrase` between its start and end tokens: (M,)."""
-    ids = backbone.tokenize([phrase])[0]  # (T,)
-    end = int(ids.argmax())  # EOT: the highest id in the vocabulary
-    return ids[1:end]
 
 
 class PromptContextHead(CosineHead):
@@ -270,30 +262,15 @@ class PromptContextHead(CosineHead):
 
 
 def initial_context(adapter, backbone) -> torch.Tensor:
-    """(M, W) context: a phrase's own token embeddings, or N(0, 0.02^2) draws."""
+    """(M, W) context: a phrase's own token embeddings, or N(0, 0.02^2) draws. One line first, as
+    the model is built (before a run writes anything), when M leaves no room for a class name."""
+    check_room(adapter.context_tokens, adapter.context_init, backbone.name,
+               int(backbone.clip.context_length))
     embedding = backbone.clip.token_embedding
     if adapter.context_init == RANDOM_INIT:
-        context = torch.randn(adapter.context_tokens, embedding.weight.shape[1]) * INIT_STD
-    else:
-        with torch.no_grad():
-            context = embedding(phrase_tokens(backbone, adapter.context_init)).float()
-    check_room(adapter, backbone, context.shape[0])
-    return context
-
-
-def check_room(adapter, backbone, m: int) -> None:
-    """One line, as the model is built (before a run writes anything), when M context tokens
-    leave no room for a class name: <SOT>, the context, a word of the name, <EOT>."""
-    positions = int(backbone.clip.context_length)
-    if m + 3 <= positions:
-        return
-    if adapter.context_init == RANDOM_INIT:
-        raise ConfigError(f"adapter.context_tokens: {m} context tokens leave no room for a class "
-                          f"name in {backbone.name}'s {positions} text positions; expected at "
-                          f"most {positions - 3}")
-    raise ConfigError(f"adapter.context_init: {adapter.context_init!r} is {m} tokens, which leave "
-                      f"no room for a class name in {backbone.name}'s {positions} text "
-                      f"positions; expected a phrase of at most {positions - 3} tokens")
+        return torch.randn(adapter.context_tokens, embedding.weight.shape[1]) * INIT_STD
+    with torch.no_grad():
+        return embedding(phrase_ids(backbone.tokenizer, adapter.context_init)).float()
 
 
 def context_words(adapter) -> str:

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from vacsr.config import Config, flatten, shown
+from vacsr.config.domains import Choice
 from vacsr.errors import ConfigError
-from vacsr.methods.method import Method
+from vacsr.methods.method import METHOD_KEY, Method
 from vacsr.methods.registry import METHODS
 from vacsr.sweep.plan.folders import prefix_cache_folder
 from vacsr.sweep.plan.plan import build_config
@@ -33,6 +34,9 @@ def parse_methods(text: str | None, kind: SweepKind) -> tuple[str, ...]:
     names = [part.strip() for part in text.split(",") if part.strip()]
     if names == [ALL]:
         return tuple(m.name for m in METHODS.values() if kind.task in m.tasks)
+    if ALL in names:
+        raise ConfigError(f"--methods: {ALL!r} stands alone; give either {ALL} or a list of "
+                          "methods")
     known = ", ".join(METHODS)
     for name in names:
         if name not in METHODS:
@@ -66,10 +70,25 @@ def kept_keys(method: Method, keys) -> list[str]:
         k not in others and (method.kind_keys is None or k in method.kind_keys))]
 
 
+def check_method_choice(user: Mapping[str, Any], user_ranges: Mapping[str, Domain]) -> None:
+    """A --set or --range on the key naming the method: each unit's method is the one --methods
+    gives it (`method_layers`), which would silently replace the user's value."""
+    if METHOD_KEY in user:
+        value = shown(user[METHOD_KEY])
+        raise ConfigError(f"--set {METHOD_KEY}={value}: the method is chosen with --methods "
+                          f"(--methods {value})")
+    if METHOD_KEY in user_ranges:
+        domain = user_ranges[METHOD_KEY]
+        names = (f" (--methods {shown(list(domain.options), joined=True)})"
+                 if isinstance(domain, Choice) else "")
+        raise ConfigError(f"--range {METHOD_KEY}: the method is chosen with --methods{names}")
+
+
 def check_method_keys(methods: tuple[str, ...], user: Mapping[str, Any],
                       user_ranges: Mapping[str, Domain]) -> None:
-    """A --set or --range the chosen methods do not have, or a --set against a value a method
-    fixes: one line naming the methods."""
+    """A --set or --range on the method's key, or on one the chosen methods do not have, or a
+    --set against a value a method fixes: one line naming the methods."""
+    check_method_choice(user, user_ranges)
     chosen = [METHODS[name] for name in methods]
     for key, value in user.items():
         owners = [m.name for m in METHODS.values() if key in m.own_keys]
@@ -94,25 +113,27 @@ def check_method_keys(methods: tuple[str, ...], user: Mapping[str, Any],
 
 def check_prompt_room(method: Method, values: Mapping[str, Any], space: Mapping[str, Domain],
                       model: str, dataset: str) -> None:
-    """Every value of a method's prompt-position key (fixed or searched) leaves <SOT>, a word of
-    the class name and <EOT> within the model's text positions: one line before Ray starts, not
-    a failure in each trial that draws it."""
-    key = method.prompt_positions_key
-    if key is None:
+    """Every context a method's trials can draw (a count of vectors, or an init phrase's own
+    tokens) leaves <SOT>, a token of the class name and <EOT> within the model's text positions,
+    by the rule the model's build applies (vacsr/model/prompt_room.py): one line before Ray
+    starts, not a failure in each trial that draws it."""
+    if not method.learned_context:
         return
+    from vacsr.model import prompt_room
     from vacsr.model.configs import model_config
 
     config = model_config(model)
     positions = (config or {}).get("text_cfg", {}).get("context_length")
     if positions is None:  # a model only open_clip resolves: its build checks it
         return
-    domain = space.get(key)
-    drawn = bounding_values(domain) if domain is not None else (values[key],)
-    largest = max(int(v) for v in drawn)
-    if largest + 3 > positions:
-        raise ConfigError(f"{key}: {dataset}'s {method.name} runs can take {largest}, which "
-                          f"leaves no room for a class name in {model}'s {positions} text "
-                          f"positions; expected at most {positions - 3}")
+
+    def drawn(key: str) -> tuple:
+        return bounding_values(space[key]) if key in space else (values[key],)
+
+    largest = max(int(v) for v in drawn(prompt_room.COUNT_KEY))
+    for init in drawn(prompt_room.INIT_KEY):
+        prompt_room.check_room(largest, init, model, positions,
+                               runs=f"{dataset}'s {method.name} runs")
 
 
 def ignored_settings(methods: tuple[str, ...], user: Mapping[str, Any]) -> list[str]:
@@ -127,7 +148,7 @@ def ignored_settings(methods: tuple[str, ...], user: Mapping[str, Any]) -> list[
 
 def method_layers(method: Method) -> dict[str, Any]:
     """The config values a method's units take beside the sweep's: its name and what it fixes."""
-    return {"adapter.kind": method.name, **method.protocol}
+    return {METHOD_KEY: method.name, **method.protocol}
 
 
 def method_ranges(method: Method, ranges: Mapping[str, Domain]) -> dict[str, Domain]:
@@ -170,6 +191,6 @@ def unit_configs(kind: SweepKind, datasets: list[str], methods: tuple[str, ...],
             spaces[unit] = clamp_blocks(space, depths)
             check_blocks(config, depths, unit)  # a value the runs refuse fails before Ray
             check_space_values(spaces[unit], config, unit)
-            check_prompt_room(method, flatten(config), spaces[unit], config.model.name, unit)
+            check_prompt_room(method, flatten(config), spaces[unit], config.model.name, d)
             configs[unit] = config
     return configs, spaces

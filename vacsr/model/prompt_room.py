@@ -1,0 +1,54 @@
+"""The room a learned prompt context leaves for the class name. CoOp's prompt is
+"[V]_1 ... [V]_M [CLASS]." (Zhou et al., IJCV 2022, sec. 3.2): of the model's T text positions it
+takes <SOT>, the M context tokens, at least one token of the class name and <EOT>, so M <= T - 3.
+M is `adapter.context_tokens` for a random init, else the init phrase's own token count.
+
+One rule for both places that apply it: a sweep's plan, for every value its trials can draw
+(vacsr/sweep/plan/methods.py), and the model's build (vacsr/model/clip_heads.py). Nothing here
+imports torch or open_clip until a phrase is counted.
+"""
+from __future__ import annotations
+
+from vacsr.errors import ConfigError
+
+COUNT_KEY = "adapter.context_tokens"
+INIT_KEY = "adapter.context_init"
+RANDOM_INIT = "random"  # M vectors drawn at random; any other init is a phrase
+AROUND_CONTEXT = 3  # <SOT>, a token of the class name, <EOT>
+
+
+def phrase_ids(tokenizer, phrase: str):
+    """The token ids of `phrase` between its start and end tokens, all of them: (M,). The
+    tokenizer cuts a text at the length it is given; twice the phrase's bytes hold it whole (a
+    byte-level BPE token spans a byte at least, and lowercasing lengthens no character by more
+    than half)."""
+    ids = tokenizer([phrase], context_length=2 * len(phrase.encode()) + 2)[0]  # (L,)
+    return ids[1:int(ids.argmax())]  # EOT: the highest id in the vocabulary
+
+
+def context_size(context_tokens: int, context_init: str, model: str) -> int:
+    """M: the count asked for with a random init, else the phrase's tokens by `model`'s
+    tokenizer."""
+    if context_init == RANDOM_INIT:
+        return int(context_tokens)
+    from vacsr.model.backbone import model_tokenizer
+
+    return len(phrase_ids(model_tokenizer(model), context_init))
+
+
+def check_room(context_tokens: int, context_init: str, model: str, positions: int,
+               runs: str = "") -> None:
+    """One line when the context leaves no room for a class name in `model`'s `positions` text
+    positions. `runs`: the runs that can draw these values (a sweep's plan), else the one
+    being built."""
+    m = context_size(context_tokens, context_init, model)
+    if m + AROUND_CONTEXT <= positions:
+        return
+    most = positions - AROUND_CONTEXT
+    room = f"no room for a class name in {model}'s {positions} text positions"
+    if context_init == RANDOM_INIT:
+        said = f"{runs} can take {m}, which leaves" if runs else f"{m} context tokens leave"
+        raise ConfigError(f"{COUNT_KEY}: {said} {room}; expected at most {most}")
+    said = (f"{runs} can take {context_init!r}, which is {m} tokens and leaves" if runs
+            else f"{context_init!r} is {m} tokens, which leave")
+    raise ConfigError(f"{INIT_KEY}: {said} {room}; expected a phrase of at most {most} tokens")
