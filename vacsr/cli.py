@@ -171,28 +171,36 @@ def cmd_generate_data(args) -> int:
 
 
 def cmd_best(args) -> int:
-    from vacsr.sweep.report.best import best_configs, format_rows, sweep_importance, sweep_table
+    """Exit status 0 on an unfinished sweep too: what its store holds is what was asked for, and
+    the output's first lines say that it is unfinished and how it continues."""
+    from vacsr.sweep.report.best import (
+        best_configs,
+        format_rows,
+        sweep_importance,
+        sweep_notice,
+        sweep_table,
+    )
 
-    if args.importance:
-        print(sweep_importance(args.tracking_uri, args.experiment, args.sweep), end="")
-        return 0
-    if args.table:
-        print(sweep_table(args.tracking_uri, args.experiment, args.sweep), end="")
-        return 0
-    if args.compare:
+    export = Path(args.export) if args.export is not None else None
+    if args.compare:  # its notice comes with it: its best methods depend on it
         from vacsr.sweep.report.stored_comparison import sweep_comparison
 
-        export = Path(args.export) if args.export is not None else None
         print(sweep_comparison(args.tracking_uri, args.experiment, args.sweep, export), end="")
         if export is not None:
             print(f"each method's configs written to {export.resolve()} as "
                   "<dataset>.<method>.yaml (each runs with `vacsr train --config FILE`)")
         return 0
-    rows = best_configs(args.tracking_uri, args.experiment, args.sweep,
-                        Path(args.export) if args.export is not None else None)
-    print(format_rows(rows))
-    if args.export is not None:
-        print(f"best configs written to {Path(args.export).resolve()} "
+    if args.importance:
+        text = sweep_importance(args.tracking_uri, args.experiment, args.sweep)
+    elif args.table:
+        text = sweep_table(args.tracking_uri, args.experiment, args.sweep)
+    else:
+        text = format_rows(best_configs(args.tracking_uri, args.experiment, args.sweep,
+                                        export)) + "\n"
+    # read after the output it heads, so a refusal of that output prints nothing else
+    print(sweep_notice(args.tracking_uri, args.experiment, args.sweep) + text, end="")
+    if export is not None and not (args.importance or args.table):
+        print(f"best configs written to {export.resolve()} "
               "(each runs with `vacsr train --config FILE`)")
     return 0
 

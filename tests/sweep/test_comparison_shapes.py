@@ -108,6 +108,23 @@ def test_domain_generalisation_rows_are_per_target_with_the_shifted_average(tmp_
     assert "over 12 (target, seed) pairs" in text and "over 3 seeds" in text
 
 
+def test_an_unfinished_unit_is_a_note_on_each_of_its_targets_and_withholds_the_best():
+    """A stopped sweep's unit (vacsr best --compare: vacsr/sweep/report/unfinished.py) has no
+    result yet: each of its target rows says so, and no best method or difference is named."""
+    results = _dg_results()
+    del results["coop"]
+    unfinished = {"coop": {"imagenet": "unfinished (run KILLED)"}}
+    comparison = build_comparison(DG_SPEC, results, {}, {}, unfinished=unfinished)
+    rows = {(r["target"], r["method"]): r for r in comparison.rows}
+    for target, _ in TARGETS:
+        assert rows[target, "coop"]["note"] == "unfinished (run KILLED)"
+        assert "best" not in rows[target, "vacsr"]
+    assert set(comparison.best.values()) == {"none: the sweep is unfinished"}
+    assert len(comparison.best) == len(TARGETS) + 1
+    assert {(d.interval, d.reason) for d in comparison.differences} == {
+        (None, "the sweep is unfinished")}
+
+
 def test_a_constant_difference_has_a_zero_width_interval_per_target_and_on_average():
     """The bootstrap pairs a method's seed with the other's same seed (and target): a difference
     that is the same on every pair has no spread, however much the seeds themselves vary."""

@@ -30,6 +30,10 @@ SWEEP_TAG = "vacsr.sweep"  # every run of the sweep but its trials' and seeds'
 KIND_TAG = "vacsr.kind"  # the sweep's own run
 DATASET_TAG = "vacsr.dataset"  # a dataset's run
 FAILED_TAG = "vacsr.failed"  # a dataset's run that failed: the one-line reason the report gives
+# a dataset's run (or the sweep's) with no result yet that is no failure: closed by a stop
+# (KILLED), or RUNNING, as a live driver keeps it and one killed outright leaves it; --resume
+# continues it
+UNFINISHED_STATUSES = ("RUNNING", "KILLED")
 # the sweep's own run: where its plan's step costs came from at its latest start (measured now,
 # the sweep folder, the machine cache: vacsr/sweep/cost/cost_store.py) and when they were measured
 COSTS_FROM_TAG = "vacsr.costs_from"

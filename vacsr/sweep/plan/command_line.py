@@ -40,7 +40,7 @@ from vacsr.sweep.plan.methods import (
 )
 from vacsr.sweep.plan.plan import SweepPlan
 from vacsr.sweep.plan.studies import check_optuna_storage
-from vacsr.sweep.spec.kind import SweepKind
+from vacsr.sweep.spec.kind import SweepKind, sweep_script
 from vacsr.sweep.spec.space import (
     Domain,
     check_free_ranges,
@@ -121,7 +121,7 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
         text = lambda v: ",".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731
         return f"default {text(paper)}; without --data-root {text(embedded)}"
 
-    p = OneLineParser(prog=f"sweeps/{kind.name}.py", description=_description(kind, profile),
+    p = OneLineParser(prog=sweep_script(kind.name), description=_description(kind, profile),
                       formatter_class=DefaultsHelp)
     env = lambda name: os.environ.get(name) or None  # noqa: E731 (an empty variable is unset)
     p.add_argument("--datasets", type=nonempty,

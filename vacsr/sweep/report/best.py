@@ -17,12 +17,18 @@ from vacsr.records.artifacts import (
     IMPORTANCE_FILE,
     SWEEP_INFO,
 )
-from vacsr.records.sweep_records import DATASET_TAG, SweepRecords
+from vacsr.records.sweep_records import (
+    DATASET_TAG,
+    FAILED_TAG,
+    UNFINISHED_STATUSES,
+    SweepRecords,
+)
 from vacsr.records.uri import check_store_exists
 from vacsr.records.view import TABLE_PREFIX
 from vacsr.results import DIGITS, VAL
 from vacsr.sweep.report.importance import Sensitivity, importance_table
 from vacsr.sweep.report.table import readable, table_rows, to_markdown
+from vacsr.sweep.report.unfinished import notice, read_progress
 
 VAL_COLUMN = f"{TABLE_PREFIX}{VAL}"  # the selection's val metric, shown under its own name
 
@@ -37,6 +43,13 @@ def read_records(tracking_uri: str | None, experiment: str) -> SweepRecords:
     uri = check_store_exists(tracking_uri, EXISTING_STORE)
     check_tracking_uri(uri)
     return SweepRecords(uri, experiment)
+
+
+def sweep_notice(tracking_uri: str | None, experiment: str, sweep: str | None) -> str:
+    """The lines the output of an unfinished sweep starts with (vacsr/sweep/report/
+    unfinished.py); "" for a finished one."""
+    records = read_records(tracking_uri, experiment)
+    return notice(read_progress(records, records.sweep_run(sweep)))
 
 
 def best_configs(tracking_uri: str | None, experiment: str, sweep: str | None,
@@ -89,7 +102,8 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def sweep_table(tracking_uri: str | None, experiment: str, sweep: str | None) -> str:
-    """The sweep's final table (mean ± std over seeds), rebuilt from MLflow."""
+    """The sweep's final table (mean ± std over seeds), rebuilt from MLflow; a dataset without
+    a result yet (sweep_notice names it) is no failure, and no row."""
     records = read_records(tracking_uri, experiment)
     parent = records.sweep_run(sweep)
     info = records.artifact_json(parent.info.run_id, SWEEP_INFO)
@@ -99,9 +113,11 @@ def sweep_table(tracking_uri: str | None, experiment: str, sweep: str | None) ->
     results, failed = {}, {}
     for run in records.dataset_runs(parent):
         dataset = run.data.tags[DATASET_TAG]
+        if run.info.status in UNFINISHED_STATUSES:
+            continue
         finals = records.artifact_json(run.info.run_id, FINAL_RUNS)
         if finals is None:
-            failed[dataset] = f"run {run.info.status}"
+            failed[dataset] = run.data.tags.get(FAILED_TAG) or f"run {run.info.status}"
             continue
         results[dataset] = {"per_seed": finals["per_seed"],
                             "val": run.data.metrics.get(f"best_{info['metric']}", float("nan"))}

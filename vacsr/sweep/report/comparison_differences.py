@@ -63,15 +63,17 @@ def _only(groups: dict[str, dict], names: list[str]) -> dict[str, dict]:
 
 def differences(shape: Shape, results: dict[str, dict], failed: dict[str, dict],
                 targets: dict[str, str], reference: str, zero_shot: str,
-                single: frozenset[str], resamples: int, seed: int
+                single: frozenset[str], resamples: int, seed: int, withheld: str = ""
                 ) -> tuple[tuple[Difference, ...], tuple[str, ...]]:
     """(reference minus the best other, minus zero-shot) per row where the shape asks, then over
     the summary's rows; and the methods the best other could not be. `targets`: row -> its
-    target (a dataset's row: the dataset)."""
+    target (a dataset's row: the dataset). `withheld`: why none is computed (an unfinished
+    sweep's are not yet its results)."""
     label = best_label(shape)
-    if not shape.comparable:
-        return (Difference(label, reference, None, reason=NO_SCORE),
-                Difference(ZERO_SHOT_LABEL, reference, zero_shot, reason=NO_SCORE)), ()
+    reason = withheld or ("" if shape.comparable else NO_SCORE)
+    if reason:
+        return (Difference(label, reference, None, reason=reason),
+                Difference(ZERO_SHOT_LABEL, reference, zero_shot, reason=reason)), ()
     summary = summary_rows(shape, targets)
     other, why, unranked = best_other(shape, results, reference, single, summary)
     scopes = [(name, [name]) for name in targets] if shape.per_row else []

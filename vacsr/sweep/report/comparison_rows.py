@@ -24,6 +24,8 @@ from vacsr.sweep.report.table import average_row, table_rows
 
 REFERENCE, ZERO_SHOT = "vacsr", "zero_shot"
 SINGLE_EVALUATION = "1 evaluation (no training; seeds cannot change it)"
+# in place of every best method and difference while a unit has no result yet
+WITHHELD = "the sweep is unfinished"
 
 __all__ = ["Comparison", "REFERENCE", "SINGLE_EVALUATION", "ZERO_SHOT",
            "build_comparison"]
@@ -86,26 +88,10 @@ def _best_text(winners: list[str], top: float, none: str) -> str:
     return f"{' = '.join(winners)} ({top:.2f})" if winners else f"none: {none}"
 
 
-def build_comparison(spec: dict, results: dict[str, dict], failed: dict[str, dict],
-                     budget: dict[str, dict], reference: str = REFERENCE,
-                     zero_shot: str = ZERO_SHOT, *, resamples: int = RESAMPLES,
-                     seed: int = BOOTSTRAP_SEED) -> Comparison:
-    """results[method][dataset] = {"per_seed": [{"seed": s, metric: value}], "val": best val,
-    "num_trials": n}; failed[method][dataset] = one-line reason; budget[method] = what it got
-    (with the values of the settings the comparison's header names). `spec`: the table spec
-    (vacsr/results.py table_spec), its "comparison" saying what is compared. `zero_shot`'s one
-    evaluation per dataset pairs with every seed of the reference."""
-    shape = read_shape(spec)
-    single = frozenset({zero_shot})
-    check_results(shape, results, single)
-    results, failed, targets = by_target(shape, results, failed)
-    methods = list(dict.fromkeys([*results, *failed, *budget]))
-    names = list(targets)
-    summary = summary_rows(shape, targets)
-    by_method = {m: _method_rows(shape, m, results.get(m, {}), failed.get(m, {}), m in single,
-                                 summary) for m in methods}
-    rows = [by_method[m].get(d, {shape.unit: d, "method": m, "note": "not run"})
-            for d in names for m in methods] + [by_method[m][shape.average] for m in methods]
+def _best_methods(shape: Shape, rows: list[dict], names: list[str], methods: list[str],
+                  results: dict[str, dict], summary: list[str]) -> dict[str, str]:
+    """Row (and the summary) -> its best method by the score, or why none; the best rows marked
+    `best`."""
     best = {}
     for name in names:
         winners, top = _winners([r for r in rows if r[shape.unit] == name], methods,
@@ -121,6 +107,36 @@ def build_comparison(spec: dict, results: dict[str, dict], failed: dict[str, dic
         winners, top, f"no method finished every {shape.unit}") + (
         f", among the methods that finished all {len(summary)} {shape.unit}(s)" if winners
         else "")
+    return best
+
+
+def build_comparison(spec: dict, results: dict[str, dict], failed: dict[str, dict],
+                     budget: dict[str, dict], reference: str = REFERENCE,
+                     zero_shot: str = ZERO_SHOT, *, resamples: int = RESAMPLES,
+                     seed: int = BOOTSTRAP_SEED,
+                     unfinished: dict[str, dict] | None = None) -> Comparison:
+    """results[method][dataset] = {"per_seed": [{"seed": s, metric: value}], "val": best val,
+    "num_trials": n}; failed[method][dataset] = one-line reason; budget[method] = what it got
+    (with the values of the settings the comparison's header names). `spec`: the table spec
+    (vacsr/results.py table_spec), its "comparison" saying what is compared. `zero_shot`'s one
+    evaluation per dataset pairs with every seed of the reference. unfinished[method][dataset]
+    = the note of a unit with no result yet (a stopped sweep's): shown in its row, and no best
+    method or difference is named until there is none."""
+    shape = read_shape(spec)
+    single = frozenset({zero_shot})
+    check_results(shape, results, single)
+    results, failed, unfinished, targets = by_target(shape, results, failed, unfinished)
+    methods = list(dict.fromkeys([*results, *failed, *unfinished, *budget]))
+    names = list(targets)
+    summary = summary_rows(shape, targets)
+    by_method = {m: _method_rows(shape, m, results.get(m, {}), failed.get(m, {}), m in single,
+                                 summary) for m in methods}
+    rows = [by_method[m].get(d, {shape.unit: d, "method": m,
+                                 "note": unfinished.get(m, {}).get(d, "not run")})
+            for d in names for m in methods] + [by_method[m][shape.average] for m in methods]
+    withheld = WITHHELD if any(unfinished.values()) else ""
+    best = ({name: f"none: {withheld}" for name in [*names, shape.average]} if withheld
+            else _best_methods(shape, rows, names, methods, results, summary))
     found, unranked = differences(shape, results, failed, targets, reference, zero_shot, single,
-                                  resamples, seed)
+                                  resamples, seed, withheld)
     return Comparison(rows, best, found, budget, single, unranked, shape)

@@ -119,15 +119,18 @@ def _row_names(shape: Shape, datasets: list[str]) -> dict[tuple[str, str], str]:
             for d in datasets for t, _ in shape.targets}
 
 
-def by_target(shape: Shape, results: dict[str, dict], failed: dict[str, dict]
-              ) -> tuple[dict[str, dict], dict[str, dict], dict[str, str]]:
-    """(results, failed) per method and row, and each row's target: the datasets themselves
-    without targets; with them, each target's per-seed metric under the score's name (its
-    selection's val and trials kept), and a failed dataset failing each of its targets."""
+def by_target(shape: Shape, results: dict[str, dict], failed: dict[str, dict],
+              unfinished: dict[str, dict] | None = None
+              ) -> tuple[dict[str, dict], dict[str, dict], dict[str, dict], dict[str, str]]:
+    """(results, failed, unfinished) per method and row, and each row's target: the datasets
+    themselves without targets; with them, each target's per-seed metric under the score's name
+    (its selection's val and trials kept), and a failed (or unfinished) dataset's reason (note)
+    on each of its targets."""
+    notes = (failed, unfinished or {})
     if not shape.targets:
-        rows = {d: d for group in (results, failed) for per in group.values() for d in per}
-        return results, failed, rows
-    datasets = list(dict.fromkeys(d for group in (results, failed) for per in group.values()
+        rows = {d: d for group in (results, *notes) for per in group.values() for d in per}
+        return results, *notes, rows
+    datasets = list(dict.fromkeys(d for group in (results, *notes) for per in group.values()
                                   for d in per))
     names = _row_names(shape, datasets)
     pivoted = {method: {names[d, target]: {
@@ -136,10 +139,10 @@ def by_target(shape: Shape, results: dict[str, dict], failed: dict[str, dict]
                      for e in result["per_seed"]]}
         for d, result in per_dataset.items() for target, metric in shape.targets}
         for method, per_dataset in results.items()}
-    failing = {method: {names[d, target]: why for d, why in reasons.items()
-                        for target, _ in shape.targets}
-               for method, reasons in failed.items()}
-    return pivoted, failing, {name: target for (_, target), name in names.items()}
+    failing, left = ({method: {names[d, target]: why for d, why in reasons.items()
+                               for target, _ in shape.targets}
+                      for method, reasons in group.items()} for group in notes)
+    return pivoted, failing, left, {name: target for (_, target), name in names.items()}
 
 
 def summary_rows(shape: Shape, rows: dict[str, str]) -> list[str]:

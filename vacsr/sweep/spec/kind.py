@@ -13,6 +13,11 @@ from typing import Any, Mapping
 from vacsr.sweep.spec.space import Domain
 
 
+def sweep_script(kind: str) -> str:
+    """The script that runs the sweeps of kind `kind` (its `--help` names it so)."""
+    return f"sweeps/{kind}.py"
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """One more test-time evaluation of each final checkpoint, kept as per-seed metric `metric`:
