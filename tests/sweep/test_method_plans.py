@@ -155,3 +155,15 @@ def test_the_comparison_budget_carries_the_setting_the_kind_names(tmp_path, monk
     assert [method_budget(plan, u)["data.noise_ratio"] for u in plan.datasets] == [0.2, 0.2]
     b2n = _plan(tmp_path, monkeypatch, "--methods", "vacsr,coop")
     assert "data.noise_ratio" not in method_budget(b2n, "eurosat.vacsr")
+
+
+@pytest.mark.parametrize("phrase", ["a photo of a", "a centered satellite photo of",
+                                    "ÉTÉ naïve café", "x-ray, (close-up) 3d", "İstanbul"])
+def test_a_phrase_has_at_most_a_token_per_byte_so_short_ones_fit_uncounted(phrase):
+    """The bound that spares a sweep's driver the tokenizer (and torch) for a short phrase holds
+    against CLIP's own tokenizer."""
+    from vacsr.model.prompt_room import context_size, fits_uncounted
+
+    assert context_size(4, phrase, "vacsr-tiny") <= len(phrase.lower().encode())
+    assert fits_uncounted("a photo of a", "vacsr-tiny", 16)  # CoOp's default init
+    assert not fits_uncounted("a b c d e f g h i j k l m", "vacsr-tiny", 16)

@@ -26,6 +26,18 @@ def phrase_ids(tokenizer, phrase: str):
     return ids[1:int(ids.argmax())]  # EOT: the highest id in the vocabulary
 
 
+def fits_uncounted(context_init: str, model: str, positions: int) -> bool:
+    """True when an init phrase surely fits without its tokens being counted: CLIP's byte-level
+    BPE (Radford et al. 2021, sec. 2.4) gives a phrase at most one token per byte of its
+    lower-cased text, so a short phrase ("a photo of a") needs no tokenizer, and a sweep's
+    driver no torch. Models whose config names another tokenizer are always counted."""
+    from vacsr.model.configs import model_config
+
+    text_cfg = (model_config(model) or {}).get("text_cfg")
+    clip_bpe = text_cfg is not None and not text_cfg.get("hf_tokenizer_name")
+    return clip_bpe and len(context_init.lower().encode()) + AROUND_CONTEXT <= positions
+
+
 def context_size(context_tokens: int, context_init: str, model: str) -> int:
     """M: the count asked for with a random init, else the phrase's tokens by `model`'s
     tokenizer."""
@@ -41,6 +53,8 @@ def check_room(context_tokens: int, context_init: str, model: str, positions: in
     """One line when the context leaves no room for a class name in `model`'s `positions` text
     positions. `runs`: the runs that can draw these values (a sweep's plan), else the one
     being built."""
+    if context_init != RANDOM_INIT and fits_uncounted(context_init, model, positions):
+        return
     m = context_size(context_tokens, context_init, model)
     if m + AROUND_CONTEXT <= positions:
         return
