@@ -5,6 +5,7 @@ tests/reliability/test_sweep_tracking_down.py."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
@@ -64,3 +65,26 @@ def test_a_password_in_the_uri_reaches_mlflow_and_nothing_else(tmp_path, mlflow_
     assert run.info.status == "FINISHED" and run.data.params["tracking.uri"] == shown
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "config.yaml" in artifacts and any(store.rglob("config.yaml"))
+
+
+@pytest.mark.parametrize("uri", ["postgresql+psycopg://vacsr:s3cr3t-pw@db:5432/mlflow",
+                                 "postgresql+psycopg://postgres@/mlflow?host=/run/pg",
+                                 "mysql+pymysql://vacsr:s3cr3t-pw@db/mlflow"])
+def test_a_database_uri_keeps_its_login_for_mlflow(uri, monkeypatch):
+    """The basic-auth rule is a tracking server's: a database URI reaches MLflow's SQL store
+    whole (its `//` and its password), and sets no server credentials."""
+    from vacsr.records.client import MLFLOW_PASSWORD_ENV, MLFLOW_USER_ENV, client_uri
+
+    for name in (MLFLOW_USER_ENV, MLFLOW_PASSWORD_ENV):
+        monkeypatch.delenv(name, raising=False)
+    assert client_uri(uri) == uri
+    assert MLFLOW_USER_ENV not in os.environ and MLFLOW_PASSWORD_ENV not in os.environ
+
+
+def test_a_servers_uri_gives_its_login_to_mlflows_variables(monkeypatch):
+    from vacsr.records.client import MLFLOW_PASSWORD_ENV, MLFLOW_USER_ENV, client_uri
+
+    for name in (MLFLOW_USER_ENV, MLFLOW_PASSWORD_ENV):
+        monkeypatch.delenv(name, raising=False)
+    assert client_uri(f"https://{USER}:{PASSWORD}@mlflow:5000") == "https://mlflow:5000"
+    assert (os.environ[MLFLOW_USER_ENV], os.environ[MLFLOW_PASSWORD_ENV]) == (USER, PASSWORD)

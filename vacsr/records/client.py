@@ -16,11 +16,18 @@ from vacsr.stop import signals_held
 MLFLOW_USER_ENV, MLFLOW_PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
 
 
+HTTP_SCHEMES = ("http://", "https://")  # a tracking server, whose basic auth MLflow sends itself
+
+
 def client_uri(uri: str) -> str:
-    """The URI MLflow's client gets: without `user:password@`, which MLflow would print in its
-    "View run" lines; the credentials go to MLflow's own MLFLOW_TRACKING_USERNAME /
-    MLFLOW_TRACKING_PASSWORD variables of this process (Ray workers build their own tracker
-    from the config, so they set theirs)."""
+    """The URI MLflow's client gets. A tracking server's (http, https) without `user:password@`,
+    which MLflow would print in its "View run" lines; the credentials go to MLflow's own
+    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD variables of this process (Ray workers
+    build their own tracker from the config, so they set theirs). A database URI
+    (`postgresql+psycopg://user:password@host/mlflow`) is the database's login and stays whole:
+    MLflow hands it to SQLAlchemy, and never prints it."""
+    if not uri.lower().startswith(HTTP_SCHEMES):
+        return uri
     bare, user, password = split_credentials(uri)
     if user is not None:
         os.environ[MLFLOW_USER_ENV] = user
