@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.budget import write_budget
 from tests.support.disks import SmallDisk
 from tests.support.servers import Servers, stop_session
 
@@ -80,6 +81,10 @@ def pytest_collection_finish(session):
     if loose:
         raise pytest.UsageError(f"pytest-xdist did not group the Ray tests ({loose[0]}); "
                                 "install the pytest that pyproject.toml allows")
+
+
+def pytest_terminal_summary(terminalreporter):
+    write_budget(terminalreporter, RAY_LANES)
 
 
 def _run_root(tmp_path_factory) -> Path:
@@ -289,7 +294,10 @@ def ray_local(request):
 
     from vacsr.distributed.cluster import ensure_ray
 
-    settings = {"num_cpus": 2, **getattr(request.module, "RAY_LOCAL", {})}
+    # no dashboard head: nothing a test checks through this instance needs it (the `ray job
+    # submit` test starts a cluster of its own), and its modules poll for the instance's life
+    settings = {"num_cpus": 2, "include_dashboard": False, **getattr(request.module, "RAY_LOCAL",
+                                                                      {})}
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     if ray.is_initialized():
         ray.shutdown()

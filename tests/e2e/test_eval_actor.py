@@ -12,7 +12,7 @@ from vacsr.eval.two_stage import two_stage_score
 
 ray = pytest.importorskip("ray")
 
-RAY_LOCAL = {"include_dashboard": False, "log_to_driver": False}  # for conftest's ray_local
+RAY_LOCAL = {"log_to_driver": False}  # for conftest's ray_local
 
 
 def _features(n, dim, seed):
