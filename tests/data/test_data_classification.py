@@ -131,6 +131,34 @@ def test_imagenet_variants(root, name, classes):
         assert ids == list(range(0 if name == "imagenet_a" else 1, 1000, 5))
 
 
+def test_a_smaller_imagenet_has_the_classes_of_its_classnames_and_its_variants_their_share(
+        tmp_path):
+    """An ImageNet of 100 classes (a subset in the same layout) is read whole; V2 and Sketch have
+    all 100, A and R a fifth, as 1,000 / 200 of ImageNet-1k; a missing class is still refused."""
+    from vacsr.data.classification import check_dataset_files
+    from vacsr.data.generate import write_imagenet, write_imagenet_variant
+    from vacsr.errors import DataError
+
+    write_imagenet(tmp_path, classes=100, train_per_class=4, test_per_class=1)
+    for name in VARIANTS:
+        write_imagenet_variant(tmp_path, name, classes=100)
+    assert len(check_dataset_files(tmp_path, "imagenet")) == 100
+    splits = load_classification(tmp_path, "imagenet", shots=1, seed=1, subsample="all")
+    assert len(splits["train"].classnames) == 100 and len(splits["test"].labels) == 100
+    assert {name: len(load_classification(tmp_path, name, shots=1, seed=1)["test"].classnames)
+            for name in VARIANTS} == {name: count // 10 for name, count in VARIANTS.items()}
+    image_dir = tmp_path / "imagenet-rendition" / "imagenet-r"
+    shutil.rmtree(next(p for p in image_dir.iterdir() if p.is_dir()))
+    with pytest.raises(DataError, match=f"{image_dir}: found 19 class folders; expected 20"):
+        load_classification(tmp_path, "imagenet_r", shots=1, seed=1)
+    images = tmp_path / "imagenet" / "images"
+    first = sorted(p.name for p in (images / "train").iterdir())[0]
+    for split in ("train", "val"):
+        shutil.rmtree(images / split / first)
+    with pytest.raises(DataError, match="found 99 classes in the train split; expected 100"):
+        check_dataset_files(tmp_path, "imagenet")
+
+
 def test_classnames_fall_back_to_imagenet_folder(root, tmp_path):
     shutil.copytree(root / "imagenet-rendition", tmp_path / "imagenet-rendition")
     (tmp_path / "imagenet-rendition" / "classnames.txt").unlink()

@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-WRITERS, ROUNDS = 8, 20
+WRITERS, ROUNDS = 8, 8
 SPLITS = ("train", "val", "test")
 VIEW_KEY, SHARED_TAG = "vacsr-race", "vacsr.race"
 

@@ -6,7 +6,12 @@ The server sits behind basic auth and the sweep's --tracking-uri carries the pas
 also the whole-sweep test of tests/records/test_secrets.py: through the trials, the selection, the
 final seed run, the report, the stop line and the resume, the password reaches the server's
 requests and nothing else (the console, the sweep folder, the server's store, Ray's session
-folders)."""
+folders).
+
+Its `--set` fixes two keys the sweep searches, so it is also the test of fixed keys across a
+stop and a resume: no trial draws another value (the first trial is not the only one that has
+it), the final run has it, the Optuna study holds no param for it, the dataset run does not list
+it among the chosen keys, and each driver's console says so once."""
 from __future__ import annotations
 
 import os
@@ -25,6 +30,7 @@ from tests.support.servers import basic_auth_proxy
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800)]
 
 USER, PASSWORD = "vacsr", "s3cr3t-pw"
+FIXED = {"model.trainable_side": "last", "loss.beta": "0.5"}  # keys the sweep searches
 
 
 def _sweep(tmp_path: Path, ray_temp: Path, weights, uri: str,
@@ -40,7 +46,8 @@ def _sweep(tmp_path: Path, ray_temp: Path, weights, uri: str,
     driver = subprocess.Popen(
         [sys.executable, "sweeps/base2novel.py", "--datasets", "eurosat", "--trials", "2",
          "--seeds", "1", "--storage", str(tmp_path), "--pretrained", str(weights),
-         "--tracking-uri", uri, *extra],
+         "--tracking-uri", uri, *sum((["--set", f"{k}={v}"] for k, v in FIXED.items()), []),
+         *extra],
         cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
     return driver, log
 
@@ -99,6 +106,8 @@ def test_a_dead_tracking_server_stops_the_sweep_in_one_line_and_resume_completes
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PASSWORD)
         _check_runs(f"http://127.0.0.1:{port}")
         _check_study(tmp_path / "base2novel" / "optuna.db")
+        _check_fixed_keys(f"http://127.0.0.1:{port}", tmp_path / "base2novel",
+                          sorted(tmp_path.glob("driver*.log")))
     finally:
         subprocess.run(["rm", "-rf", str(ray_temp)], timeout=60)
         for proxy in proxies:
@@ -137,3 +146,33 @@ def _check_study(db: Path) -> None:
     study = optuna.load_study(study_name="base2novel-eurosat", storage=f"sqlite:///{db}")
     told = [t.user_attrs[TUNE_TRIAL_ATTR] for t in study.trials if t.state.name == "COMPLETE"]
     assert len(told) == len(set(told)) == 2, [(t.state.name, t.user_attrs) for t in study.trials]
+
+
+def _check_fixed_keys(uri: str, sweep: Path, logs: list[Path]) -> None:
+    """`--set` on searched keys (FIXED): every trial and the final run have the value, the
+    study and the dataset run's chosen keys do not, best_config.yaml has it, and each driver's
+    console notes it once."""
+    import optuna
+    import yaml
+    from mlflow import MlflowClient
+
+    for log in logs:
+        notes = [line for line in log.read_text().splitlines()
+                 if line.startswith("--set fixes searched keys")]
+        assert len(notes) == 1 and all(f"{k}={v}" in notes[0] for k, v in FIXED.items()), notes
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("vacsr-base2novel").experiment_id])
+    [dataset] = [r for r in runs if r.data.tags.get("vacsr.dataset") == "eurosat"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == dataset.info.run_id]
+    finals = [r for r in children if "final" in r.info.run_name]
+    assert len(children) == 3 and len(finals) == 1, [r.info.run_name for r in children]
+    for key, value in FIXED.items():
+        assert [r.data.params[key] for r in children] == [value] * 3, key
+    chosen = dataset.data.params  # the searched keys alone
+    assert "loss.gamma" in chosen and not set(FIXED) & set(chosen), chosen
+    best = yaml.safe_load((sweep / "best" / "eurosat" / "best_config.yaml").read_text())
+    assert (best["model"]["trainable_side"], best["loss"]["beta"]) == ("last", 0.5)
+    study = optuna.load_study(study_name="base2novel-eurosat",
+                              storage=f"sqlite:///{sweep / 'optuna.db'}")
+    for trial in study.trials:
+        assert "loss.gamma" in trial.params and not set(FIXED) & set(trial.params), trial.params

@@ -1,12 +1,11 @@
 """The retrieval and domain-generalisation sweeps end to end on a local Ray (two trials one after
 the other in one reused trial actor, then one trial): the same machinery as base-to-novel with
-their own spaces, metrics and final evaluations; and a base-to-novel sweep whose --set fixes two
-searched keys for every run."""
+their own spaces, metrics and final evaluations. (A base-to-novel sweep whose --set fixes searched
+keys is tests/reliability/test_sweep_tracking_down.py's.)"""
 from __future__ import annotations
 
 import pytest
 
-from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.domain_generalization import SWEEP as DG
 from sweeps.retrieval import SWEEP as RETRIEVAL
 from vacsr.distributed.worker_gpus import WORKERS_FILE, read_workers
@@ -82,9 +81,22 @@ def test_retrieval_sweep(tmp_path, ray_local, weights, capsys):
     _compared_from_store(uri, "vacsr-retrieval", folder / "report", capsys)
 
 
+def _small_imagenet(root):
+    """A synthetic ImageNet of 100 classes and its four shifts (A and R: 20 classes each) in
+    their real layouts: the sweep's path is the 1,000-class one's (vacsr/data/imagenet.py) at a
+    tenth of the images and class prompts."""
+    from vacsr.data.generate import write_imagenet, write_imagenet_variant
+    from vacsr.data.imagenet import VARIANTS
+
+    write_imagenet(root, classes=100, train_per_class=4, test_per_class=1)
+    for name in VARIANTS:
+        write_imagenet_variant(root, name, classes=100)
+    return root
+
+
 def test_domain_generalization_sweep(tmp_path, ray_local, weights, capsys):
-    """Every method on ImageNet and its four shifts under one budget (1 shot keeps the
-    synthetic ImageNet's 1000 classes small): each method's table, and the comparison a row per
+    """Every method on ImageNet and its four shifts under one budget (a 100-class ImageNet, 2
+    shots: one batch of ImageNet's 128): each method's table, and the comparison a row per
     target and method with the shifted average and the differences per target."""
     import csv
 
@@ -96,7 +108,8 @@ def test_domain_generalization_sweep(tmp_path, ray_local, weights, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     code = main(DG, ["--storage", str(tmp_path / "dg"), "--tracking-uri", uri, "--pretrained",
                      str(weights), "--methods", "all", "--seeds", "1,2", "--trials", "1",
-                     "--epochs", "1", "--shots", "1"])
+                     "--epochs", "1", "--shots", "2",
+                     "--data-root", str(_small_imagenet(tmp_path / "data"))])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     report = tmp_path / "dg" / "domain_generalization" / "report"
@@ -158,39 +171,3 @@ def _compared_from_store(uri: str, experiment: str, report, capsys) -> list[str]
     methods = {row["method"] for row in csv.DictReader((report / "comparison.csv").open())}
     assert {r.data.tags["vacsr.method"] for r in shown} == methods  # every method has its rows
     return state["selectedColumns"]
-
-
-def test_set_fixes_searched_keys_for_every_trial_and_final_run(tmp_path, ray_local, weights,
-                                                              capsys):
-    """`--set` on keys the sweep searches: no trial draws another value (the first trial is not
-    the only one that has it), the final run has it, the Optuna study holds no param for it, the
-    dataset run does not list it among the chosen keys, and the console says so once."""
-    import optuna
-    import yaml
-    from mlflow import MlflowClient
-
-    fixed = {"model.trainable_side": "last", "loss.beta": "0.5"}
-    code, uri = _sweep(BASE2NOVEL, tmp_path, weights,
-                       ["--datasets", "eurosat", "--trials", "3", "--cpus-per-worker", "2",
-                        *sum((["--set", f"{k}={v}"] for k, v in fixed.items()), [])])
-    out = capsys.readouterr().out
-    assert code == 0, out[-3000:]
-    notes = [line for line in out.splitlines() if line.startswith("--set fixes searched keys")]
-    assert len(notes) == 1 and all(f"{k}={v}" in notes[0] for k, v in fixed.items()), notes
-    runs = _runs(uri, "vacsr-base2novel")
-    dataset = runs[runs["tags.vacsr.dataset"] == "eurosat"].iloc[0]
-    children = runs[runs["tags.mlflow.parentRunId"] == dataset.run_id]
-    finals = children[children["tags.mlflow.runName"].str.contains("final")]
-    assert len(children) == 4 and len(finals) == 1, list(children["tags.mlflow.runName"])
-    for key, value in fixed.items():
-        assert (children[f"params.{key}"] == value).all(), (key, list(children[f"params.{key}"]))
-    chosen = MlflowClient(uri).get_run(dataset.run_id).data.params  # the searched keys alone
-    assert "loss.gamma" in chosen and not set(fixed) & set(chosen), chosen
-    best = yaml.safe_load((tmp_path / "base2novel" / "best" / "eurosat" /
-                           "best_config.yaml").read_text())
-    assert (best["model"]["trainable_side"], best["loss"]["beta"]) == ("last", 0.5)
-    study = optuna.load_study(study_name="base2novel-eurosat",
-                              storage=f"sqlite:///{tmp_path / 'base2novel' / 'optuna.db'}")
-    assert len(study.trials) == 3
-    for trial in study.trials:
-        assert "loss.gamma" in trial.params and not set(fixed) & set(trial.params), trial.params

@@ -28,7 +28,7 @@ from vacsr.data.checked_io import (
     require_dir,
 )
 from vacsr.data.fewshot import Item, group_by_label, label_set, load_or_sample, subsample_classes
-from vacsr.data.imagenet import VARIANTS, read_imagenet, read_variant
+from vacsr.data.imagenet import VARIANTS, read_classnames, read_imagenet, read_variant
 from vacsr.data.validate import check_splits
 from vacsr.errors import ConfigError, DataError
 
@@ -45,6 +45,8 @@ class DatasetSpec:
     folder: str  # dataset folder under the root
     image_dir: str  # folder the split paths are relative to ("" = the dataset folder)
     split_file: str | None  # CoOp's split JSON; None for Aircraft and the ImageNet family
+    # the dataset's classes; the ImageNet family's are ImageNet-1k's, and a smaller ImageNet's
+    # are the lines of its classnames.txt (imagenet.py, `class_count`)
     num_classes: int
     template: str = DEFAULT_TEMPLATE
 
@@ -75,6 +77,14 @@ DOMAIN_SHIFT = tuple(VARIANTS)  # evaluated only: test split of the ImageNet-tra
 for _name, (_folder, _images, _count) in VARIANTS.items():
     DATASETS[_name] = DatasetSpec(_folder, _images, None, _count)
 CLASSIFICATION_DATASETS = tuple(DATASETS)
+
+
+def class_count(dataset_dir: Path, name: str, spec: DatasetSpec) -> int:
+    """The classes the dataset in `dataset_dir` must have: ImageNet's are the lines of its
+    classnames.txt (read_imagenet has read it whole), every other dataset's are fixed."""
+    if name == "imagenet":
+        return len(read_classnames(dataset_dir / "classnames.txt"))
+    return spec.num_classes
 
 
 def _spec(name: str) -> DatasetSpec:
@@ -201,7 +211,7 @@ def load_domain_shift(root: str | Path, name: str) -> dict[str, ClassificationDa
     spec = _spec(name)
     dataset_dir, items, classnames, _ = read_variant(Path(root).expanduser().absolute(), name)
     image_dir = str(dataset_dir / VARIANTS[name][1])
-    check_splits({"test": items}, spec.num_classes, {"test": image_dir}, dataset_dir)
+    check_splits({"test": items}, len(classnames), {"test": image_dir}, dataset_dir)
     return {"test": to_data(items, dataset_dir, classnames, spec.template)}
 
 
@@ -219,8 +229,9 @@ def check_dataset_files(root: str | Path, name: str) -> dict[int, int] | None:
         return None
     dataset_dir, splits = _read_splits(root, name, spec)
     files = split_files(dataset_dir, name, spec)
-    check_splits(splits, spec.num_classes, files, dataset_dir)
-    _check_class_count(splits["train"], spec.num_classes, files["train"])
+    classes = class_count(dataset_dir, name, spec)
+    check_splits(splits, classes, files, dataset_dir)
+    _check_class_count(splits["train"], classes, files["train"])
     if name != "imagenet":  # see load_classification
         for split, items in splits.items():
             _check_images(dataset_dir, files[split], items)
@@ -241,9 +252,10 @@ def load_classification(root: str | Path, name: str, *, shots: int, seed: int,
     dataset_dir, splits = _read_splits(root, name, spec)
     files = split_files(dataset_dir, name, spec)
     # every entry of every split, before any is sampled, filtered or relabelled (validate.py)
-    check_splits(splits, spec.num_classes, files, dataset_dir)
+    classes = class_count(dataset_dir, name, spec)
+    check_splits(splits, classes, files, dataset_dir)
     source = files["train"]
-    _check_class_count(splits["train"], spec.num_classes, source)
+    _check_class_count(splits["train"], classes, source)
     few_train, few_val = load_or_sample(dataset_dir, splits["train"], splits["val"],
                                         shots=shots, seed=seed)
     train, val, test = subsample_classes(few_train, few_val, splits["test"], subsample=subsample)

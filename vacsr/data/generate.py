@@ -202,13 +202,14 @@ def _classnames_text(count: int = 1000) -> str:
 
 
 def write_imagenet(root: str | Path, *, seed: int = 0, train_per_class: int = 4,
-                   test_per_class: int = 1, size: int = 32) -> Path:
-    """imagenet/classnames.txt and images/{train,val}/<wnid>/*.JPEG-style files (PNG content)."""
+                   test_per_class: int = 1, size: int = 32, classes: int = 1000) -> Path:
+    """imagenet/classnames.txt and images/{train,val}/<wnid>/*.JPEG-style files (PNG content), of
+    ImageNet-1k's 1,000 classes or a smaller ImageNet's `classes` (vacsr/data/imagenet.py)."""
     rng = random.Random(f"{seed}-imagenet")
     dataset_dir = Path(root) / "imagenet"
     dataset_dir.mkdir(parents=True, exist_ok=True)
-    (dataset_dir / "classnames.txt").write_text(_classnames_text())
-    for label, wnid in enumerate(imagenet_wnids()):
+    (dataset_dir / "classnames.txt").write_text(_classnames_text(classes))
+    for label, wnid in enumerate(imagenet_wnids(classes)):
         for n in range(train_per_class):
             save(class_image(label, size, rng),
                  dataset_dir / "images" / "train" / wnid / f"{wnid}_{n}.png")
@@ -219,9 +220,11 @@ def write_imagenet(root: str | Path, *, seed: int = 0, train_per_class: int = 4,
 
 
 def write_imagenet_variant(root: str | Path, name: str, *, seed: int = 0,
-                           per_class: int = VARIANT_PER_CLASS, size: int = 32) -> Path:
+                           per_class: int = VARIANT_PER_CLASS, size: int = 32,
+                           classes: int = 1000) -> Path:
     """imagenetv2 (folders 0..999), imagenet-sketch (1000 wnids), -adversarial / -rendition
-    (200 wnids each, different subsets), each with its copy of classnames.txt."""
+    (200 wnids each, different subsets), each with its copy of classnames.txt; of a smaller
+    ImageNet of `classes` classes, the same shares of them."""
     from vacsr.data.imagenet import VARIANTS
     folder, image_sub, _ = VARIANTS[name]
     domain = {"imagenetv2": "v2", "imagenet_sketch": "sketch", "imagenet_a": "adversarial",
@@ -230,9 +233,9 @@ def write_imagenet_variant(root: str | Path, name: str, *, seed: int = 0,
     dataset_dir = Path(root) / folder
     image_dir = dataset_dir / image_sub
     dataset_dir.mkdir(parents=True, exist_ok=True)
-    (dataset_dir / "classnames.txt").write_text(_classnames_text())
-    wnids = imagenet_wnids()
-    for label in variant_labels(name):
+    (dataset_dir / "classnames.txt").write_text(_classnames_text(classes))
+    wnids = imagenet_wnids(classes)
+    for label in variant_labels(name, classes):
         class_dir = image_dir / (str(label) if name == "imagenetv2" else wnids[label])
         for n in range(per_class):
             image = shifted(class_image(label, size, rng), domain, rng)

@@ -13,6 +13,11 @@
 Each variant folder holds its own copy of classnames.txt (CoOp's instructions); when it is absent
 the one in imagenet/ is used.
 
+ImageNet's classes are the lines of its classnames.txt: 1,000 for ImageNet-1k, where V2 and Sketch
+have all 1,000 and A and R 200. A smaller ImageNet written in the same layout (a class subset, or
+the synthetic one the tests use) is read the same way: V2 and Sketch then have a folder for each of
+its classes and A and R a fifth of them (`expected_classes`).
+
 The files of the class folders come from `list_tree`, which caches each folder tree's listing (as
 CoOp's preprocessed.pkl does) so that a trial does not list ImageNet's 1.28M training files again.
 """
@@ -29,13 +34,22 @@ from vacsr.errors import DataError
 
 CLASSNAMES_EXPECTED = "one '<wnid> <class name>' line per ImageNet class"
 
-# config name -> (folder under root, image folder inside it, expected number of classes)
+# config name -> (folder under root, image folder inside it, its classes of ImageNet-1k's 1,000)
 VARIANTS: dict[str, tuple[str, str, int]] = {
     "imagenetv2": ("imagenetv2", "imagenetv2-matched-frequency-format-val", 1000),
     "imagenet_sketch": ("imagenet-sketch", "images", 1000),
     "imagenet_a": ("imagenet-adversarial", "imagenet-a", 200),
     "imagenet_r": ("imagenet-rendition", "imagenet-r", 200),
 }
+
+
+IMAGENET_1K = 1000
+
+
+def expected_classes(name: str, imagenet_classes: int) -> int:
+    """The class folders variant `name` has of an ImageNet of `imagenet_classes` classes: its
+    share of ImageNet-1k's (1,000 of 1,000 for V2 and Sketch, 200 for A and R)."""
+    return imagenet_classes * VARIANTS[name][2] // IMAGENET_1K
 
 
 def read_classnames(path: Path) -> dict[str, str]:
@@ -106,11 +120,12 @@ def _check_count(image_dir: Path, found: int, expected: int) -> None:
 
 def read_variant(root: Path, name: str) -> tuple[Path, Sequence[Item], list[str], list[int]]:
     """(dataset folder, test items, class names by label, ImageNet-1k index of each label)."""
-    folder, image_sub, expected = VARIANTS[name]
+    folder, image_sub, _ = VARIANTS[name]
     dataset_dir = require_dir(root / folder, f"the {name} layout {folder}/{image_sub}/")
-    image_dir = require_dir(dataset_dir / image_sub, f"{expected} class folders")
     classnames_path = find_classnames(root, folder)
     names = read_classnames(classnames_path)
+    expected = expected_classes(name, len(names))
+    image_dir = require_dir(dataset_dir / image_sub, f"{expected} class folders")
     wnids = list(names)
     if name == "imagenetv2":  # folders 0..N-1 in classnames.txt order
         folders: list[str] | None = [str(i) for i in range(len(names))]

@@ -21,14 +21,15 @@ def images_per_class(name: str, per_class: tuple[int, int, int]) -> tuple[int, i
     return train, val, test
 
 
-def variant_labels(name: str) -> range:
-    """The ImageNet-1k labels an ImageNet variant has images of: all 1,000 (V2, Sketch), or 200
-    of them, every fifth, from 0 (-A) or from 1 (-R): different subsets, as in the real ones."""
-    from vacsr.data.imagenet import VARIANTS
+def variant_labels(name: str, classes: int = 1000) -> range:
+    """The ImageNet labels an ImageNet variant has images of, of an ImageNet of `classes` classes
+    (ImageNet-1k's 1,000 unless told): all of them (V2, Sketch), or a fifth, every fifth label, from
+    0 (-A) or from 1 (-R): different subsets, as in the real ones."""
+    from vacsr.data.imagenet import expected_classes
 
-    if VARIANTS[name][2] == 1000:
-        return range(1000)
-    return range(0 if name == "imagenet_a" else 1, 1000, 5)
+    if expected_classes(name, classes) == classes:
+        return range(classes)
+    return range(0 if name == "imagenet_a" else 1, classes, 5)
 
 
 def image_suffix(name: str) -> str:
