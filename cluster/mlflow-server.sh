@@ -17,6 +17,14 @@ host="${MLFLOW_HOST:-127.0.0.1}"
 port="${MLFLOW_PORT:-5000}"
 mlflow="${MLFLOW_BIN:-mlflow}"
 
+# `postgresql://` names no driver, and SQLAlchemy's default for it is psycopg2: where only psycopg 3
+# is installed (vacsr's cluster extra), the URL names it
+python="$(dirname "$(command -v "$mlflow")")/python"
+if [[ "$backend" =~ ^postgres(ql)?:// ]] && ! "$python" -c 'import psycopg2' 2>/dev/null \
+    && "$python" -c 'import psycopg' 2>/dev/null; then
+  backend="postgresql+psycopg://${backend#*://}"
+fi
+
 args=(server --backend-store-uri "$backend" --artifacts-destination "$artifacts" --serve-artifacts
       --host "$host" --port "$port" --workers "${MLFLOW_WORKERS:-2}")
 if [[ -n "${MLFLOW_ALLOWED_HOSTS:-}" ]]; then

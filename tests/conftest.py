@@ -278,10 +278,14 @@ def nothing_written(folder: Path) -> None:
 @pytest.fixture
 def servers(tmp_path):
     """A Servers for the test; every server it started is stopped at the end of the test."""
+    import shutil
+
     started = Servers(tmp_path)
     yield started
     for process in reversed(started.started):
         stop_session(process)
+    for folder in started.folders:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

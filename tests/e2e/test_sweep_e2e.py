@@ -1,6 +1,8 @@
 """End to end on a two-node cluster: `ray start --head` and a worker node (`ray start --address`) on
-loopback sharing local storage, an MLflow server (cluster/mlflow-server.sh, SQLite backend, proxied
-artifacts) on loopback, `ray job submit -- python sweeps/base2novel.py` over three datasets,
+loopback sharing local storage, a PostgreSQL server (tests/support/postgres.py) holding the MLflow
+server's backend store and the Optuna studies, its password in the environment (PGPASSWORD) as
+docs/cluster.md advises, an MLflow server (cluster/mlflow-server.sh, proxied artifacts) on
+loopback, `ray job submit -- python sweeps/base2novel.py` over three datasets,
 two searched side by side, the driver stopped once the first is done and resubmitted with --resume,
 then every run and artifact checked in the server and `vacsr best` run against it. (The sweep's
 default of all 11 datasets is tested in tests/sweep/test_sweep_space.py, each one's layout in
@@ -21,6 +23,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from tests.support.postgres import PASSWORD as PG_PASSWORD
+from tests.support.postgres import create_database, start_postgresql
 from tests.support.servers import free_port, stop_session
 from vacsr.records.artifacts import SWEEP_COST
 
@@ -40,7 +44,7 @@ DATASETS = ("eurosat", "dtd", "caltech101")
 def _env() -> dict:
     # Ray 2.60 turns token auth on for `ray start`: the cluster and the job client share the mode
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1",
-               RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=AUTH_TOKEN)
+               RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=AUTH_TOKEN, PGPASSWORD=PG_PASSWORD)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # the job's `python` is this venv's
     env.pop("RAY_ADDRESS", None)
     return env
@@ -99,11 +103,19 @@ def ray_cluster(tmp_path):
 
 
 @pytest.fixture
-def mlflow_server(tmp_path, servers):
-    """cluster/mlflow-server.sh on loopback with a SQLite backend and a local artifact store:
-    (its URL, the artifact store); `servers` stops it at the end of the test."""
+def postgresql(servers) -> str:
+    """A PostgreSQL server: its URL with the user and no password (`postgresql://vacsr@...`)."""
+    return start_postgresql(servers).replace(f":{PG_PASSWORD}@", "@")
+
+
+@pytest.fixture
+def mlflow_server(tmp_path, servers, postgresql):
+    """cluster/mlflow-server.sh on loopback with its backend store on PostgreSQL, the URL as
+    users write it, and a local artifact store: (its URL, the artifact store); `servers` stops
+    it at the end of the test."""
     port, artifacts = free_port(), tmp_path / "mlflow-artifacts"
-    env = dict(_env(), MLFLOW_BACKEND_STORE_URI=f"sqlite:///{tmp_path / 'server.db'}",
+    backend = create_database(postgresql, "mlflow")
+    env = dict(_env(), MLFLOW_BACKEND_STORE_URI=backend,
                MLFLOW_ARTIFACTS_DESTINATION=str(artifacts), MLFLOW_PORT=str(port),
                MLFLOW_BIN=str(BIN / "mlflow"), MLFLOW_WORKERS="1")
     servers.start([str(REPO / "cluster" / "mlflow-server.sh")], port,
@@ -180,10 +192,12 @@ def _failure(logs: str) -> str:
 
 
 def test_sweep_job_resumes_and_records_everything(tmp_path, ray_cluster, mlflow_server,
-                                                  weights):
+                                                  postgresql, weights):
     ray_head, (uri, artifacts) = ray_cluster, mlflow_server
     storage = tmp_path / "sweeps"  # shared by both nodes (one machine)
+    studies = create_database(postgresql, "optuna")
     args = ["--storage", str(storage), "--name", "smoke", "--tracking-uri", uri,
+            "--optuna-storage", studies,
             "--datasets", ",".join(DATASETS),
             "--ray-storage", f"file://{tmp_path / 'ray-storage'}", "--parallel-datasets", "2",
             "--cpus-per-worker", "1",

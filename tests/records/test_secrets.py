@@ -88,3 +88,49 @@ def test_a_servers_uri_gives_its_login_to_mlflows_variables(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     assert client_uri(f"https://{USER}:{PASSWORD}@mlflow:5000") == "https://mlflow:5000"
     assert (os.environ[MLFLOW_USER_ENV], os.environ[MLFLOW_PASSWORD_ENV]) == (USER, PASSWORD)
+
+
+def _beta_space(trial) -> None:
+    trial.suggest_float("loss.beta", 0.1, 10.0, log=True)
+
+
+def test_a_database_password_stays_out_of_the_pickled_search_and_a_resume_finds_its_storage(
+        tmp_path, servers):
+    """A study database's URL as users write it (`postgresql://user:password@...`, no driver):
+    opened with the installed driver; the searcher Tune pickles (its Tuner and its checkpoint,
+    both in the sweep's folder) holds the URL masked, and unpickled it goes on with the storage
+    the sweep opened from its --optuna-storage, its earlier trial still its own; unpickled where
+    no such storage was opened, one line naming the masked URL."""
+    import pickle
+
+    from conftest import built_plan
+    from sweeps.base2novel import SWEEP
+    from tests.support.postgres import PASSWORD as DB_PASSWORD
+    from tests.support.postgres import create_database, start_postgresql
+    from vacsr.errors import ConfigError
+    from vacsr.sweep.plan import studies
+    from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
+
+    url = create_database(start_postgresql(servers), "optuna")
+    storage = studies.open_optuna_storage(built_plan(SWEEP, tmp_path, optuna_url=url))
+    assert storage.url.startswith("postgresql+psycopg://")  # psycopg 3, the cluster extra's
+
+    search = OptunaStudySearch(_beta_space, metric="val/acc", mode="max", storage=storage,
+                               study_name="s", seed=0, points_to_evaluate=[{"loss.beta": 1.0}])
+    assert search.suggest("t1") == {"loss": {"beta": 1.0}}
+    search.save(str(tmp_path / "searcher.pkl"))
+    saved = [pickle.dumps(search), (tmp_path / "searcher.pkl").read_bytes()]
+    assert not [blob for blob in saved if DB_PASSWORD.encode() in blob]
+    assert b"vacsr:***@127.0.0.1" in saved[0]
+
+    restored = pickle.loads(saved[0])
+    restored.on_trial_complete("t1", {"val/acc": 5.0})
+    assert restored.suggest("t2")["loss"]["beta"] > 0
+    values = [t.value for t in restored._study.trials]
+    assert values[0] == 5.0 and len(values) == 2  # t1 told on the trial it had
+
+    shown = f"postgresql+psycopg://vacsr:***@{url.split('@')[1]}"
+    studies._OPENED.clear()  # another process: nothing opened from --optuna-storage
+    with pytest.raises(ConfigError) as refused:
+        pickle.loads(saved[0])
+    assert str(refused.value).startswith(f"--optuna-storage {shown}: the sweep's saved search")

@@ -149,3 +149,21 @@ def test_refused_credentials_line_hides_a_token_in_the_query_or_the_user(monkeyp
         message = _error(carrying(uri, secret))
     assert "the server refused the credentials (HTTP 401" in message
     assert secret not in message and "***" in message and "envPw" not in message
+
+
+def test_a_postgresql_url_as_users_write_it_gets_the_installed_driver_and_keeps_its_login():
+    """SQLAlchemy's default driver for `postgresql://` is psycopg2; the cluster extra installs
+    psycopg 3: a URL naming no driver gets it, `postgres://` too, and nothing else changes."""
+    from importlib.util import find_spec
+
+    from vacsr.records.client import client_uri
+    from vacsr.records.database_url import with_driver
+
+    assert find_spec("psycopg") is not None and find_spec("psycopg2") is None
+    login = "user:p%40ss@db.example:5432/mlflow?sslmode=require"
+    assert with_driver(f"postgresql://{login}") == f"postgresql+psycopg://{login}"
+    assert with_driver(f"postgres://{login}") == f"postgresql+psycopg://{login}"
+    assert client_uri(f"postgresql://{login}") == f"postgresql+psycopg://{login}"
+    for kept in (f"postgresql+psycopg2://{login}", f"mysql+pymysql://{login}",
+                 "sqlite:////tmp/m.db", "http://127.0.0.1:5000"):
+        assert with_driver(kept) == kept

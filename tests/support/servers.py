@@ -127,6 +127,7 @@ class Servers:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.started: list = []
+        self.folders: list[Path] = []  # folders of their own, removed once they have stopped
 
     def start(self, command: list[str], port: int, *, log: Path, env: dict | None = None,
               cwd: Path | None = None, timeout: float = 200):
@@ -173,9 +174,9 @@ class Servers:
 
 
 def stop_session(process, timeout: float = 60, *, leader_only: bool = False) -> None:
-    """SIGTERM to the session `process` leads, then SIGKILL to whatever is left in it after
-    `timeout` seconds. `leader_only`: the SIGTERM to `process` alone (`ray start --block` stops
-    its node's processes itself)."""
+    """SIGTERM (or the process's `stop_signal`) to the session `process` leads, then SIGKILL
+    to whatever is left in it after `timeout` seconds. `leader_only`: the SIGTERM to `process`
+    alone (`ray start --block` stops its node's processes itself)."""
     import signal
     import subprocess
 
@@ -183,8 +184,8 @@ def stop_session(process, timeout: float = 60, *, leader_only: bool = False) -> 
         if process.poll() is None:
             process.terminate()
     else:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
+        try:  # SIGTERM unless the server names another stop (tests/support/postgres.py)
+            os.killpg(process.pid, getattr(process, "stop_signal", signal.SIGTERM))
         except ProcessLookupError:  # the whole session has ended already
             pass
     try:

@@ -3,7 +3,13 @@ unit per dataset with its own study, trials and final runs under one budget, zer
 evaluation, every run naming its method, each method's table and the comparison report, the
 comparison's MLflow view and `vacsr best --compare` (the report again, from the store alone), and
 a selection `vacsr best --export` hands to `vacsr train --config` that trains to the same test
-accuracy."""
+accuracy.
+
+Its records are on a real PostgreSQL server (tests/support/postgres.py), both the MLflow store
+(the tracking URI straight to the database) and the Optuna studies, their URLs written as users
+write them (`postgresql://user:password@host:port/db`, no driver named): the sweep, its
+`--resume`, `vacsr best --compare` and `--export` all read and write them there, and the password
+reaches the database alone (not the console, nor the sweep's folder)."""
 from __future__ import annotations
 
 import csv
@@ -12,6 +18,8 @@ import json
 import pytest
 
 from sweeps.base2novel import SWEEP as BASE2NOVEL
+from tests.support.postgres import PASSWORD, USER, create_database, start_postgresql
+from vacsr.records.database_url import with_driver
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -21,12 +29,12 @@ METHODS = ("vacsr", "zero_shot", "linear_probe", "coop")
 def _runs(uri: str):
     import mlflow
 
-    mlflow.set_tracking_uri(uri)
+    mlflow.set_tracking_uri(with_driver(uri))
     return mlflow.search_runs(experiment_names=["vacsr-base2novel"])
 
 
 def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_local, weights,
-                                                                capsys):
+                                                                servers, capsys):
     import optuna
     import yaml
     from mlflow import MlflowClient
@@ -35,13 +43,16 @@ def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_loc
     from vacsr.config import load_config
     from vacsr.sweep.cli import main
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    code = main(BASE2NOVEL, ["--storage", str(tmp_path), "--tracking-uri", uri,
+    server = start_postgresql(servers)
+    uri, studies = create_database(server, "mlflow"), create_database(server, "optuna")
+    stores = ["--tracking-uri", uri, "--optuna-storage", studies]
+    code = main(BASE2NOVEL, ["--storage", str(tmp_path), *stores,
                              "--pretrained", str(weights), "--datasets", "eurosat",
                              "--methods", ",".join(METHODS), "--trials", "2", "--seeds", "1,2",
                              "--epochs", "2", "--cpus-per-worker", "1"])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
+    assert PASSWORD not in out and f"{USER}:***@127.0.0.1" in out  # the MLflow UI hint
     assert "the method comparison: http://127.0.0.1:5000/#/experiments/" in out  # beside the
     assert "viewStateShareKey=vacsr_comparison-base2novel\n" in out  # results view's link
     report = tmp_path / "base2novel" / "report"
@@ -58,7 +69,7 @@ def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_loc
     assert runs["tags.vacsr.method"].notna().all()  # every run names its method
     sweep = runs[runs["tags.vacsr.kind"].notna()].iloc[0]  # the sweep's own: all of them
     assert sweep["tags.vacsr.method"] == sweep["params.method"] == ",".join(METHODS)
-    client = MlflowClient(uri)  # the comparison and each method's tables, as on disk
+    client = MlflowClient(with_driver(uri))  # the comparison and each method's tables
     logged = {a.path for a in client.list_artifacts(sweep.run_id)}
     assert {"comparison.md", "comparison.csv", "comparison_differences.csv"} <= logged, logged
     for method in METHODS:
@@ -66,7 +77,7 @@ def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_loc
             a.path for a in client.list_artifacts(sweep.run_id, f"methods/{method}")}, method
     units = runs[runs["tags.vacsr.dataset"].notna()]
     assert set(units["tags.vacsr.dataset"]) == {f"eurosat.{m}" for m in METHODS}
-    storage = f"sqlite:///{tmp_path / 'base2novel' / 'optuna.db'}"
+    storage = with_driver(studies)
     for method in METHODS:
         unit = units[units["tags.vacsr.dataset"] == f"eurosat.{method}"].iloc[0]
         assert unit["params.method"] == unit["tags.vacsr.method"] == method
@@ -90,11 +101,14 @@ def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_loc
 
     # a --resume of the finished comparison runs nothing and writes the same report
     before = {p.name: p.read_bytes() for p in report.glob("comparison*")}
-    code = main(BASE2NOVEL, ["--storage", str(tmp_path), "--tracking-uri", uri,
+    code = main(BASE2NOVEL, ["--storage", str(tmp_path), *stores,
                              "--pretrained", str(weights), "--datasets", "eurosat",
                              "--methods", ",".join(METHODS), "--trials", "2", "--seeds", "1,2",
                              "--epochs", "2", "--cpus-per-worker", "1", "--resume"])
-    assert code == 0, capsys.readouterr().out[-3000:]
+    out = capsys.readouterr().out
+    assert code == 0 and PASSWORD not in out, out[-3000:]
+    assert [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()
+            and PASSWORD.encode() in p.read_bytes()] == []  # the sweep's folder: no password
     assert {p.name: p.read_bytes() for p in report.glob("comparison*")} == before
     assert len(_runs(uri)) == len(runs)  # the average rows' runs too: continued, not doubled
     _check_comparison_view(client, sweep.run_id, rows)
@@ -102,7 +116,6 @@ def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_loc
     # the comparison rebuilt from the store alone, by the code that wrote comparison.md
     report.rename(tmp_path / "report-away")
     compared = tmp_path / "compared"
-    capsys.readouterr()  # what the resume printed
     assert vacsr_main(["best", "--tracking-uri", uri, "--experiment", "vacsr-base2novel",
                        "--compare", "--export", str(compared)]) == 0
     assert capsys.readouterr().out == (

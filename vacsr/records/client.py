@@ -10,6 +10,7 @@ from typing import Any
 from mlflow import MlflowClient
 
 from vacsr.records.conflicts import retry_conflicts
+from vacsr.records.database_url import with_driver
 from vacsr.redact import split_credentials
 from vacsr.stop import signals_held
 
@@ -25,9 +26,10 @@ def client_uri(uri: str) -> str:
     MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD variables of this process (Ray workers
     build their own tracker from the config, so they set theirs). A database URI
     (`postgresql+psycopg://user:password@host/mlflow`) is the database's login and stays whole:
-    MLflow hands it to SQLAlchemy, and never prints it."""
+    MLflow hands it to SQLAlchemy, and never prints it; a PostgreSQL URL that names no driver
+    gets the installed one (records/database_url.py)."""
     if not uri.lower().startswith(HTTP_SCHEMES):
-        return uri
+        return with_driver(uri)
     bare, user, password = split_credentials(uri)
     if user is not None:
         os.environ[MLFLOW_USER_ENV] = user

@@ -23,18 +23,35 @@ def study_name(sweep: str, unit: str) -> str:
     return f"{sweep}-{unit}"
 
 
+# The study databases this process opened, by their URL as shown (password masked): a searcher
+# unpickled here (vacsr/sweep/search/optuna_searcher.py) holds that form alone
+_OPENED: dict[str, object] = {}
+
+
+def opened_storage(shown_url: str):
+    """The storage this process opened whose URL shows as `shown_url`; ConfigError when none."""
+    if shown_url not in _OPENED:
+        raise ConfigError(f"--optuna-storage {shown_url}: the sweep's saved search names this "
+                          "study database, which this sweep does not use; resume with the "
+                          "--optuna-storage the sweep started with")
+    return _OPENED[shown_url]
+
+
 def open_optuna_storage(plan: SweepPlan):
     """The study database (RDB storage); ConfigError naming it when it cannot be opened."""
     import optuna
 
     from vacsr.records.conflicts import retry_store_creation
+    from vacsr.records.database_url import with_driver
     from vacsr.records.uri import store_creation_lock
 
-    url = plan.optuna_storage_url
+    url = with_driver(plan.optuna_storage_url)
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     try:  # a new database's tables are created here: once, whoever else opens it now
         with store_creation_lock(url):
-            return retry_store_creation(optuna.storages.RDBStorage, url, engine_kwargs=kwargs)
+            storage = retry_store_creation(optuna.storages.RDBStorage, url, engine_kwargs=kwargs)
+        _OPENED[redact_uri(storage.url)] = storage
+        return storage
     except Exception as exc:  # SQLAlchemy/driver errors: name the storage, stop early
         raise ConfigError(f"--optuna-storage {redact_uri(url)}: cannot open "
                           f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from None

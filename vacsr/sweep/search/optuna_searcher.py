@@ -28,6 +28,11 @@ marked FAIL, which raises, and its final value never reaches the study (so the r
 samples other configs than an uninterrupted one would); nor does it record the Tune trial id
 that selection's creation order needs. tests/sweep/test_optuna_searcher.py shows both on the
 installed Ray.
+
+Tune pickles the searcher twice (the Tuner's state and the searcher's own checkpoint, both in the
+sweep's folder). The storage's URL may hold the database's password, so what is pickled holds
+its redacted form and the Optuna trials by number; unpickled, the searcher takes the storage this
+process opened from the sweep's `--optuna-storage` (vacsr/sweep/plan/studies.py, `opened_storage`).
 """
 from __future__ import annotations
 
@@ -39,6 +44,8 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
+
+from vacsr.redact import redact_uri
 
 # Optuna user attributes: the Tune trial an Optuna trial configures, and how many Tune trials
 # the searcher created before it
@@ -138,14 +145,36 @@ class OptunaStudySearch(Searcher):
         self._told.add(trial_id)
 
     def save(self, checkpoint_path: str) -> None:
-        """The sampler's random state goes too: a restored search draws what the stopped one
-        would have drawn next."""
+        """What a restored search needs to draw what the stopped one would have drawn next (each
+        draw's sampler is seeded by its creation index), without the storage's credentials."""
         with open(checkpoint_path, "wb") as out:
-            pickle.dump(self.__dict__, out)
+            pickle.dump(self.__getstate__(), out)
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as src:
-            self.__dict__.update(pickle.load(src))
+            self.__setstate__(pickle.load(src))
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_storage"] = redact_uri(self._storage.url)
+        state["_study"] = self._study.study_name
+        state["_trials"] = {tid: trial.number for tid, trial in self._trials.items()}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        from vacsr.sweep.plan.studies import opened_storage
+
+        state = dict(state)
+        storage = opened_storage(state["_storage"])
+        study = optuna.load_study(study_name=state["_study"], storage=storage,
+                                  sampler=optuna.samplers.TPESampler(),
+                                  pruner=optuna.pruners.NopPruner())
+        study_id = storage.get_study_id_from_name(study.study_name)
+        trial_id = storage.get_trial_id_from_study_id_trial_number
+        state["_trials"] = {tid: optuna.Trial(study, trial_id(study_id, number))
+                            for tid, number in state["_trials"].items()}
+        state["_storage"], state["_study"] = storage, study
+        self.__dict__.update(state)
 
     # ------------------------------------------------------------ reopening
     def _live_trial(self, trial_id: str) -> optuna.Trial | None:
