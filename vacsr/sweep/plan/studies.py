@@ -28,6 +28,11 @@ def study_name(sweep: str, unit: str) -> str:
 _OPENED: dict[str, object] = {}
 
 
+def remember_storage(storage) -> None:
+    """`storage` is the one a searcher unpickled in this process takes for its URL."""
+    _OPENED[redact_uri(storage.url)] = storage
+
+
 def opened_storage(shown_url: str):
     """The storage this process opened whose URL shows as `shown_url`; ConfigError when none."""
     if shown_url not in _OPENED:
@@ -50,7 +55,7 @@ def open_optuna_storage(plan: SweepPlan):
     try:  # a new database's tables are created here: once, whoever else opens it now
         with store_creation_lock(url):
             storage = retry_store_creation(optuna.storages.RDBStorage, url, engine_kwargs=kwargs)
-        _OPENED[redact_uri(storage.url)] = storage
+        remember_storage(storage)
         return storage
     except Exception as exc:  # SQLAlchemy/driver errors: name the storage, stop early
         raise ConfigError(f"--optuna-storage {redact_uri(url)}: cannot open "

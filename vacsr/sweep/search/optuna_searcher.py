@@ -80,7 +80,10 @@ class OptunaStudySearch(Searcher):
     def __init__(self, space: Callable[[optuna.Trial], Any], *, metric: str, mode: str,
                  storage, study_name: str, seed: int,
                  points_to_evaluate: list[dict] | None = None) -> None:
+        from vacsr.sweep.plan.studies import remember_storage
+
         super().__init__(metric=metric, mode=mode)
+        remember_storage(storage)  # what a copy unpickled in this process reopens
         self._space, self._storage, self._seed = space, storage, seed
         self._points = list(points_to_evaluate or [])
         self._study = optuna.create_study(
