@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     from base2novel import SWEEP
 
     from vacsr.sweep.cli import main as sweep_main
-    from vacsr.sweep.plan.command_line import build_parser
+    from vacsr.sweep.plan.flags import build_parser
     from vacsr.sweep.plan.folders import sweep_folder
 
     if args.logical_gpus:

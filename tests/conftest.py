@@ -355,9 +355,10 @@ def sweep_plan(kind, storage: Path, argv=(), *, data: Path | None = None, monkey
     pretraining the tiny CLIP."""
     from vacsr.sweep.cost.memory import refuse_unfit
     from vacsr.sweep.plan import command_line as cli
+    from vacsr.sweep.plan.flags import build_parser
 
     if data is None and monkeypatch is not None:
-        monkeypatch.setattr(cli, "_embedded_data", lambda *a: None)
+        monkeypatch.setattr(cli, "write_embedded_data", lambda *a: None)
     root = [] if data is None else ["--data-root", str(make_dataset_folders(data))]
-    args = cli.build_parser(kind).parse_args([*root, "--storage", str(storage), *argv])
+    args = build_parser(kind).parse_args([*root, "--storage", str(storage), *argv])
     return cli.plan_from_args(kind, args, check_memory=refuse_unfit)

@@ -78,7 +78,7 @@ def test_the_help_lists_every_command_and_shows_defaults():
 
 def test_the_sweep_help_states_what_a_bare_run_uses_and_errors_name_the_program_once():
     from sweeps.base2novel import SWEEP
-    from vacsr.sweep.plan.command_line import load_profile
+    from vacsr.sweep.plan.embedded_profile import load_profile
 
     profile = load_profile(SWEEP)
     shown = " ".join(_run(SCRIPT, "--help").stdout.split())

@@ -113,7 +113,8 @@ def test_raycluster_manifest_structure():
 
 def test_rayjob_entrypoint_runs_an_existing_sweep_with_valid_arguments():
     from sweeps.base2novel import SWEEP
-    from vacsr.sweep.plan.command_line import _datasets, build_parser
+    from vacsr.sweep.plan.command_line import _datasets
+    from vacsr.sweep.plan.flags import build_parser
     from vacsr.sweep.plan.inputs import check_ray_storage
     from vacsr.sweep.spec.space import parse_range
 

@@ -9,6 +9,8 @@ from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.retrieval import SWEEP as RETRIEVAL
 from vacsr.errors import ConfigError
 from vacsr.sweep.plan import command_line as cli
+from vacsr.sweep.plan.embedded_profile import load_profile
+from vacsr.sweep.plan.flags import build_parser
 from vacsr.sweep.spec.space import Int
 
 
@@ -59,12 +61,12 @@ def test_bad_cluster_settings_fail_before_any_trial(tmp_path):
 ])
 def test_empty_zero_or_out_of_range_flags_are_errors_not_defaults(argv, fragment, capsys):
     with pytest.raises(SystemExit) as stop:
-        cli.build_parser(BASE2NOVEL).parse_args(argv)
+        build_parser(BASE2NOVEL).parse_args(argv)
     assert fragment in error_line(stop.value.code, capsys.readouterr().err)
 
 
 def test_the_largest_seed_is_taken(tmp_path):
-    args = cli.build_parser(BASE2NOVEL).parse_args(["--seeds", "4294967295,0,0", "--seed",
+    args = build_parser(BASE2NOVEL).parse_args(["--seeds", "4294967295,0,0", "--seed",
                                                     "4294967295"])
     assert (args.seeds, args.seed) == ((4294967295, 0), 4294967295)
 
@@ -74,11 +76,11 @@ def test_cluster_settings_come_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("VACSR_RAY_STORAGE", "s3://bucket/vacsr")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
     monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
-    args = cli.build_parser(BASE2NOVEL).parse_args([])
+    args = build_parser(BASE2NOVEL).parse_args([])
     assert (args.storage, args.ray_storage) == ("/shared/sweeps", "s3://bucket/vacsr")
     assert (args.tracking_uri, args.ray_address) == ("http://mlflow:5000", "http://head:8265")
     monkeypatch.setenv("RAY_ADDRESS", "")  # an empty variable is unset, not an address
-    assert cli.build_parser(BASE2NOVEL).parse_args([]).ray_address is None
+    assert build_parser(BASE2NOVEL).parse_args([]).ray_address is None
     plan = sweep_plan(BASE2NOVEL, tmp_path,
                       ["--datasets", "eurosat", "--ray-storage", f"file://{tmp_path}/ray",
                        "--tracking-uri", f"sqlite:///{tmp_path}/m.db"], data=tmp_path)
@@ -108,8 +110,8 @@ def test_every_value_is_parsed_once_and_configs_are_resolved_in_the_driver(tmp_p
 
 
 def test_the_embedded_profile_is_one_file_merged_per_kind(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "_embedded_data", lambda *a: None)  # no data, no pretraining
-    profile = cli.load_profile(BASE2NOVEL)
+    monkeypatch.setattr(cli, "write_embedded_data", lambda *a: None)  # no data, no pretraining
+    profile = load_profile(BASE2NOVEL)
     plan = sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat"])
     config = plan.configs["eurosat"]
     assert plan.trials == profile["trials"] and plan.seeds == tuple(profile["seeds"])

@@ -4,9 +4,10 @@ MLflow through vacsr.records. The sub-packages follow a sweep's flow:
 - `spec/`: what a sweep is, as data: `SweepKind` (kind.py), the paper's ranges and published
   numbers (paper.py), search spaces (space.py), ASHA's schedule (schedule.py). sweeps/*.py
   declare their kinds with these.
-- `plan/`: the flags to a checked `SweepPlan` before Ray starts (command_line.py, inputs.py,
-  plan.py, the embedded profile embedded.yaml), the sweep folder's layout, spelled only in
-  folders.py, and who owns it (ownership.py).
+- `plan/`: the flags to a checked `SweepPlan` before Ray starts (flags.py, the parser;
+  command_line.py, the flags to a plan; inputs.py, plan.py; embedded_profile.py and
+  embedded.yaml), the sweep folder's layout, spelled only in folders.py, and who owns it
+  (ownership.py).
 - `cost/`: what a sweep will cost before it runs (`--plan`): counts, calibration, the estimate,
   the memory check (sweep_cost.py composes them).
 - `search/`: one dataset's Tune + Optuna search (tune.py), the Optuna searcher

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from vacsr.errors import ConfigError, VacsrError
 from vacsr.sweep.cost.memory import refuse_unfit
-from vacsr.sweep.plan.command_line import build_parser, plan_from_args
+from vacsr.sweep.plan.command_line import plan_from_args
+from vacsr.sweep.plan.flags import build_parser
 from vacsr.sweep.plan.ownership import DriverLock
 from vacsr.sweep.spec.kind import SweepKind
 

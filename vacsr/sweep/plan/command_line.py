@@ -1,22 +1,19 @@
-"""A sweep script's flags to a checked SweepPlan: every check runs before any trial starts.
+"""A sweep script's flags to a checked SweepPlan: every check runs before any trial starts. The
+flags themselves are flags.py's, the embedded profile embedded_profile.py's.
 
 Each flag's text is parsed exactly once here (--set values by `vacsr.config.parse_override`,
 --range by `parse_range`); from then on configs travel as objects.
 """
 from __future__ import annotations
 
-import argparse
-import math
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from vacsr import config as cfg
 from vacsr.errors import ConfigError
-from vacsr.help_format import DefaultsHelp, flag_error, nonempty
-from vacsr.methods.registry import METHODS
 from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
+from vacsr.sweep.plan.embedded_profile import load_profile, pick, write_embedded_data
 from vacsr.sweep.plan.folders import (
     embedded_data,
     embedded_weights,
@@ -29,7 +26,6 @@ from vacsr.sweep.plan.inputs import (
     check_pretrained,
     check_ray_address,
     check_ray_storage,
-    check_sweep_name,
     note_fewer_shots,
 )
 from vacsr.sweep.plan.methods import (
@@ -40,7 +36,7 @@ from vacsr.sweep.plan.methods import (
 )
 from vacsr.sweep.plan.plan import SweepPlan
 from vacsr.sweep.plan.studies import check_optuna_storage
-from vacsr.sweep.spec.kind import SweepKind, sweep_script
+from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.spec.space import (
     Domain,
     check_free_ranges,
@@ -49,172 +45,6 @@ from vacsr.sweep.spec.space import (
     tower_depths,
 )
 from vacsr.task_names import SWEEP_RUN_SETTINGS
-
-PROFILE = Path(__file__).with_name("embedded.yaml")
-# the paper's defaults where neither the profile nor a flag gives a value
-DEFAULTS = {"trials": 24, "seeds": [1, 2, 3], "shots": 16, "cpus_per_worker": 1.0,
-            "trial_cpus": 1.0, "model": "vacsr-tiny"}
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Bad flags end in one line (`vacsr: error: ...`) and exit 2, like every other bad input."""
-
-    def error(self, message: str):
-        self.exit(2, f"vacsr: error: {flag_error(self.prog, message)}\n")
-
-
-def _positive(cast):
-    def check(text: str):
-        try:
-            value = cast(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not value > 0:  # nan too
-            raise argparse.ArgumentTypeError(f"expected a value > 0, got {text!r}")
-        if math.isinf(value):
-            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-        return value
-    check.__name__ = cast.__name__
-    return check
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= value <= cfg.MAX_SEED:
-        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {cfg.MAX_SEED}, got {text}")
-    return value
-
-
-def _seed_list(text: str) -> tuple[int, ...]:
-    """--seeds: comma-separated seeds, each in the range every seeded library takes."""
-    try:
-        return tuple(dict.fromkeys(_seed(part) for part in nonempty(text).split(",")))
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (in {text!r})" if text.strip() else str(exc)
-                                         ) from None
-
-
-def _sweep_name(text: str) -> str:
-    try:
-        return check_sweep_name(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _description(kind: SweepKind, profile: dict[str, Any]) -> str:
-    seeds = ",".join(str(s) for s in profile.get("seeds", DEFAULTS["seeds"]))
-    return (f"vacsr {kind.name} sweep (Ray Tune + Optuna + MLflow). Without --data-root it runs "
-            f"the embedded profile ({PROFILE.relative_to(PROFILE.parents[3])}): synthetic data in "
-            f"the real layouts, the {profile.get('model')} model pretrained on synthetic pairs, "
-            f"{profile.get('trials')} trials per dataset, seeds {seeds}, a local Ray and SQLite "
-            "MLflow in the sweep folder. With --data-root the defaults are the paper's.")
-
-
-def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
-    profile = load_profile(kind)
-
-    def default(key: str) -> str:  # the paper's default, then the embedded profile's
-        paper, embedded = DEFAULTS[key], profile.get(key, DEFAULTS[key])
-        text = lambda v: ",".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731
-        return f"default {text(paper)}; without --data-root {text(embedded)}"
-
-    p = OneLineParser(prog=sweep_script(kind.name), description=_description(kind, profile),
-                      formatter_class=DefaultsHelp)
-    env = lambda name: os.environ.get(name) or None  # noqa: E731 (an empty variable is unset)
-    p.add_argument("--datasets", type=nonempty,
-                   help=f"comma-separated subset of {', '.join(kind.datasets)} (default: all)")
-    p.add_argument("--data-root", type=nonempty, default=env("VACSR_DATA_ROOT"),
-                   help="folder with the datasets in their real layouts (env VACSR_DATA_ROOT); "
-                        "default: the embedded profile, synthetic data under the sweep folder")
-    p.add_argument("--model", type=nonempty, help="open_clip model name (default vacsr-tiny)")
-    p.add_argument("--pretrained", type=nonempty,
-                   help="open_clip tag or local weights file (default: the model's own "
-                        "initialisation; without --data-root the tiny CLIP pretrained once per "
-                        "machine)")
-    p.add_argument("--methods", type=nonempty,
-                   help="comma-separated methods to run under the same budget, or all: "
-                        f"{', '.join(METHODS)} (default: vacsr alone); more than one adds "
-                        "report/comparison.md")
-    p.add_argument("--trials", type=_positive(int),
-                   help=f"trials per dataset ({default('trials')})")
-    p.add_argument("--epochs", type=_positive(int),
-                   help="epochs of every run, as --set train.epochs=N: fixed, never searched "
-                        "(default: the config's)")
-    p.add_argument("--shots", type=_positive(int), help=f"few-shot K ({default('shots')})")
-    p.add_argument("--seeds", type=_seed_list,
-                   help=f"seeds of the final re-runs ({default('seeds')})")
-    p.add_argument("--name", type=_sweep_name, default=kind.name,
-                   help="sweep name: its folder under --storage (letters, digits, . _ -)")
-    p.add_argument("--storage", type=nonempty, default=env("VACSR_SWEEP_STORAGE") or "sweeps_out",
-                   help="sweep folder; on a multi-node cluster a path every node mounts "
-                        "(env VACSR_SWEEP_STORAGE)")
-    p.add_argument("--ray-storage", type=nonempty, default=env("VACSR_RAY_STORAGE"),
-                   help="Tune/Train experiments and checkpoints: a shared path or an s3:// gs:// "
-                        "URI (env VACSR_RAY_STORAGE; default: the sweep folder)")
-    p.add_argument("--optuna-storage", type=nonempty, default=env("VACSR_OPTUNA_STORAGE"),
-                   help="Optuna RDB URL, e.g. postgresql://... (env VACSR_OPTUNA_STORAGE; "
-                        "default: sqlite in the sweep folder)")
-    p.add_argument("--tracking-uri", type=nonempty, default=env("MLFLOW_TRACKING_URI"),
-                   help="MLflow URI (env MLFLOW_TRACKING_URI; default: sqlite in the sweep folder)")
-    p.add_argument("--ray-address", type=nonempty, default=env("RAY_ADDRESS"),
-                   help="Ray cluster to join (env RAY_ADDRESS, set by `ray job submit`; "
-                        "default: start a local Ray of its own)")
-    p.add_argument("--workers", type=_positive(int), default=1, help="Ray Train workers per trial")
-    p.add_argument("--gpus-per-worker", type=float, default=0.0,
-                   help="GPUs per Train worker (0.5 packs two trials on a GPU)")
-    p.add_argument("--cpus-per-worker", type=_positive(float),
-                   help=f"CPUs per Train worker ({default('cpus_per_worker')})")
-    p.add_argument("--trial-cpus", type=_positive(float),
-                   help="CPUs of a trial's actor where it only drives 2+ Train workers (a "
-                        "one-worker trial trains in its actor, on --cpus-per-worker; "
-                        f"{default('trial_cpus')})")
-    p.add_argument("--eval-actors", type=_positive(int), default=1,
-                   help="Ray actors scoring each final checkpoint's test splits (EvalPool)")
-    p.add_argument("--parallel-datasets", type=_positive(int),
-                   help="datasets searched at once (default: as many as the cluster holds)")
-    p.add_argument("--concurrent-trials", type=_positive(int), default=1,
-                   help="trials of one dataset run at once (default 1: the same table on every "
-                        "run; more fills a cluster sooner, but ASHA's stops then depend on which "
-                        "trial reports first)")
-    p.add_argument("--range", action="append", default=[], metavar="KEY=KIND:LOW:HIGH",
-                   help="override a search range, e.g. loss.beta=log:0.5:2")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override applied to every run")
-    p.add_argument("--resume", action="store_true", help="continue a sweep whose driver died")
-    p.add_argument("--seed", type=_seed, default=0, help="Optuna sampler seed")
-    _add_plan_flags(p)
-    p.add_argument("--verbose", action="store_true",
-                   help="show Ray, Tune and Optuna output on the console (default: log files)")
-    return p
-
-
-def _add_plan_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plan", action="store_true",
-                   help="print what the sweep would cost (counts, steps, device time, wall time, "
-                        "peak memory per dataset, from a short calibration where trials run) "
-                        "and exit; writes nothing but --plan-out and the measured costs, kept "
-                        "for the next sweep on this machine")
-    p.add_argument("--plan-out", type=nonempty, metavar="PATH",
-                   help="with --plan: also write the plan as JSON to PATH")
-    p.add_argument("--device-memory-gib", type=_positive(float),
-                   help="memory of a worker's device: a configuration whose estimated peak "
-                        "exceeds it is refused before any trial (default: the GPU's, measured "
-                        "where trials run; none on CPUs)")
-    p.add_argument("--recalibrate", action="store_true",
-                   help="measure the step costs again rather than reuse those kept in the sweep "
-                        "folder or this machine's cache")
-
-
-def load_profile(kind: SweepKind, path: Path = PROFILE) -> dict[str, Any]:
-    """The embedded profile with the kind's section merged in (`set` merges, `range` replaces)."""
-    profile = cfg.read_yaml_file(path, "the embedded sweep profile")
-    section = (profile.pop("kinds", None) or {}).get(kind.name, {})
-    profile["set"] = {**profile.get("set", {}), **section.get("set", {})}
-    profile["range"] = section.get("range", profile.get("range", {}))
-    return profile
 
 
 def _datasets(kind: SweepKind, text: str | None) -> list[str]:
@@ -228,37 +58,15 @@ def _datasets(kind: SweepKind, text: str | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _embedded_data(kind: SweepKind, profile: dict, storage: Path, model: str,
-                   pretrained: str | None, datasets: list[str]) -> tuple[Path, str | None]:
-    """No --data-root: synthetic data in the real layouts (and the pretrained tiny CLIP)."""
-    from vacsr.data.generate import generate_all
-
-    root = embedded_data(storage)
-    if not (root / ".generated").is_file():
-        print(f"writing synthetic datasets in their real layouts under {root}", flush=True)
-        names = [d for d in kind.data_needed(datasets) if d not in kind.also_accepts]
-        generate_all(root, datasets=names, per_class=tuple(profile["synthetic_per_class"]))
-        (root / ".generated").write_text("ok\n")
-    weights = embedded_weights(storage)
-    if pretrained is None and profile.get("pretrain_tiny") and model == profile["model"]:
-        from vacsr.model.pretrained_cache import install_pretrained
-
-        # from the machine's cache (pretrained there once, by a digest of its recipe), with
-        # its source and SHA-256 recorded beside it
-        install_pretrained(weights)
-        pretrained = str(weights)
-    return root, pretrained
-
-
 def _base_values(kind: SweepKind, args, profile: dict, root: Path, model: str,
                  pretrained: str | None) -> dict[str, Any]:
     """Config values every run of the sweep shares: plumbing, then the task's settings."""
     values = {"data.task": kind.task, "data.root": str(root), "model.name": model,
               "data.subsample_classes": kind.train_classes,
-              "data.shots": _pick(args.shots, profile, "shots"),
+              "data.shots": pick(args.shots, profile, "shots"),
               "train.progress": False, "train.resume": True, "train.workers": args.workers,
               "train.gpus_per_worker": args.gpus_per_worker,
-              "train.cpus_per_worker": _pick(args.cpus_per_worker, profile, "cpus_per_worker"),
+              "train.cpus_per_worker": pick(args.cpus_per_worker, profile, "cpus_per_worker"),
               # Ray Train restarts a run once after losing a worker; errors of the run itself
               # (bad data, a diverged loss) end it at once (vacsr/distributed/train.py)
               "train.max_failures": 1, **SWEEP_RUN_SETTINGS[kind.task]}
@@ -267,18 +75,13 @@ def _base_values(kind: SweepKind, args, profile: dict, root: Path, model: str,
     return values
 
 
-def _pick(flag: Any, profile: dict, key: str) -> Any:
-    return flag if flag is not None else profile.get(key, DEFAULTS[key])
-
-
-def _ranges(kind: SweepKind, profile: dict, texts: list[str], fixed: dict[str, str],
-            user: dict[str, Any]) -> tuple[dict[str, Domain], list[str]]:
+def _ranges(kind: SweepKind, profile: dict, user_ranges: dict[str, Domain],
+            fixed: dict[str, str], user: dict[str, Any]) -> tuple[dict[str, Domain], list[str]]:
     """The ranges searched beside the kind's space: the profile's, less the fixed keys, then the
     user's --range (refused on a fixed key); and the keys the sweep would search that the
     user's --set fixes instead (with their values, as the console names them)."""
     profile_ranges = {key: parse_range(f"{key}={text}")[1]
                       for key, text in profile.get("range", {}).items()}
-    user_ranges = dict(parse_range(text) for text in texts)
     check_free_ranges(user_ranges, fixed)
     searched = {*kind.searched_keys, *profile_ranges}
     user_fixed = [f"{key}={cfg.shown(user[key])}" for key in user
@@ -322,7 +125,7 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
     datasets = _datasets(kind, args.datasets)
     embedded = args.data_root is None
     profile = load_profile(kind) if embedded else {}
-    model = _pick(args.model, profile, "model")
+    model = pick(args.model, profile, "model")
     check_model(model)
     if args.pretrained:
         check_pretrained(args.pretrained, model)
@@ -331,8 +134,9 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
     methods = parse_methods(args.methods, kind)
     user = _user_values(args)  # each --set parsed here, once
     fixed = fixed_by(kind.protocol, user, kind.name)  # never searched (space.py)
-    ranges, user_fixed = _ranges(kind, profile, args.range, fixed, user)
-    check_method_keys(methods, user, dict(parse_range(text) for text in args.range))
+    user_ranges = dict(parse_range(text) for text in args.range)  # each --range, once
+    ranges, user_fixed = _ranges(kind, profile, user_ranges, fixed, user)
+    check_method_keys(methods, user, user_ranges)
     storage = sweep_folder(args.storage, args.name)
     root = embedded_data(storage) if embedded else Path(args.data_root).expanduser().resolve()
     train_counts = {} if embedded else check_datasets(
@@ -348,16 +152,16 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
     ray = sys.modules.get("ray")  # not imported: not started either
     started = ray is not None and ray.is_initialized()
     check_devices(configs, local=not args.ray_address and not started,
-                  trial_cpus=_pick(args.trial_cpus, profile, "trial_cpus"))
+                  trial_cpus=pick(args.trial_cpus, profile, "trial_cpus"))
     tracking_uri = resolve_tracking_uri(args.tracking_uri, default_dir=storage)
     plan = SweepPlan(
         kind=kind, name=args.name, configs=configs, spaces=spaces, storage=storage,
         tracking_uri=tracking_uri,
-        trials=_pick(args.trials, profile, "trials"),
-        seeds=args.seeds or tuple(_pick(None, profile, "seeds")), sampler_seed=args.seed,
+        trials=pick(args.trials, profile, "trials"),
+        seeds=args.seeds or tuple(pick(None, profile, "seeds")), sampler_seed=args.seed,
         resume=args.resume, parallel=args.parallel_datasets,
         concurrent_trials=args.concurrent_trials,
-        trial_cpus=_pick(args.trial_cpus, profile, "trial_cpus"),
+        trial_cpus=pick(args.trial_cpus, profile, "trial_cpus"),
         ray_storage=check_ray_storage(args.ray_storage), optuna_url=args.optuna_storage or "",
         ray_address=args.ray_address, eval_actors=args.eval_actors, verbose=args.verbose,
         device_memory_gib=args.device_memory_gib,
@@ -374,5 +178,5 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
     if on_folder is not None:
         on_folder(storage)
     if embedded:
-        _embedded_data(kind, profile, storage, model, args.pretrained, datasets)
+        write_embedded_data(kind, profile, storage, model, args.pretrained, datasets)
     return plan
