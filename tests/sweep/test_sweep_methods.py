@@ -34,7 +34,7 @@ def _runs(uri: str):
 
 
 def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_local, weights,
-                                                                servers, capsys):
+                                                                servers, capsys, monkeypatch):
     import optuna
     import yaml
     from mlflow import MlflowClient
@@ -43,6 +43,9 @@ def test_a_comparison_sweep_runs_every_method_under_one_budget(tmp_path, ray_loc
     from vacsr.config import load_config
     from vacsr.sweep.cli import main
 
+    # MLflow puts a database store's artifacts under ./mlruns of the process that creates the
+    # experiment (here this one): in the test's folder, not the repository
+    monkeypatch.chdir(tmp_path)
     server = start_postgresql(servers)
     uri, studies = create_database(server, "mlflow"), create_database(server, "optuna")
     stores = ["--tracking-uri", uri, "--optuna-storage", studies]
