@@ -73,21 +73,47 @@ def _race(write, jobs: list[tuple]) -> list[str]:
     return failures
 
 
-def _mlflow_race(uri: str, db) -> None:
-    """ROUNDS rounds against the store at `uri` (its database file `db`), then the checks."""
+def _jobs(uri: str) -> list[tuple]:
+    """A round per experiment: (its name, the run its writers all tag, or None); half the
+    experiments and their shared runs exist before their round."""
     from vacsr.records.tracker import open_tracker
-    from vacsr.records.view import VIEW_TAG_PREFIX
 
     tracker = open_tracker(uri)
     prefix = uuid.uuid4().hex[:8]
     experiments = [f"race-{prefix}-{r}" for r in range(ROUNDS)]
     jobs = [(name, tracker.client.create_run(tracker.experiment_id(name)).info.run_id)
-            for name in experiments[::2]]  # half the experiments exist before their round
-    jobs += [(name, None) for name in experiments[1::2]]
+            for name in experiments[::2]]
+    return jobs + [(name, None) for name in experiments[1::2]]
+
+
+def _in_a_process(function, *args):
+    """`function(*args)` in a forked process: this one opens no store the writers, forked after
+    it, would inherit (a connection to a database server is not to be shared across a fork;
+    a sweep's units are processes Ray starts afresh)."""
+    context = multiprocessing.get_context("fork")
+    answers = context.Queue()
+    process = context.Process(target=lambda: answers.put(function(*args)))
+    process.start()
+    try:
+        return answers.get(timeout=120)
+    finally:
+        process.join(timeout=30)
+
+
+def _mlflow_race(uri: str, connect, mark: str = "?") -> None:
+    """ROUNDS rounds against the store at `uri`, then the checks, read through `connect()` (a
+    DB-API connection to the store's database, whose parameter mark is `mark`)."""
+    from vacsr.records.view import VIEW_TAG_PREFIX
+
+    jobs = _in_a_process(_jobs, uri)
     failures = _race(_write_unit, [(uri, *job) for job in jobs])
     assert failures == [], f"{len(failures)} failed writes, e.g. {failures[:3]}"
 
-    with sqlite3.connect(db) as store:
+    with connect() as connection:
+        def store_execute(sql: str, params: tuple):
+            return connection.execute(sql.replace("?", mark), params)
+
+        store = SimpleNamespace(execute=store_execute)
         for experiment, shared_run in jobs:
             (experiment_id,), = store.execute(
                 "select experiment_id from experiments where name = ?", (experiment,))
@@ -95,7 +121,7 @@ def _mlflow_race(uri: str, db) -> None:
                                      (experiment_id,)).fetchall()
             assert sorted(datasets) == sorted(("eurosat", p.digest) for p in _prints())
             runs = store.execute("select run_uuid from runs where experiment_id = ? and "
-                                 "name like 'eurosat.method%'", (experiment_id,)).fetchall()
+                                 "name like ?", (experiment_id, "eurosat.method%")).fetchall()
             assert len(runs) == WRITERS
             for (run_id,) in runs:  # each unit's run has its three splits, once each
                 inputs = store.execute("select count(*) from inputs where destination_id = ?",
@@ -112,13 +138,24 @@ def _mlflow_race(uri: str, db) -> None:
 
 def test_units_writing_one_datasets_records_at_once_on_sqlite(tmp_path):
     db = tmp_path / "mlflow.db"
-    _mlflow_race(f"sqlite:///{db}", db)
+    _mlflow_race(f"sqlite:///{db}", lambda: sqlite3.connect(db))
 
 
 def test_units_writing_one_datasets_records_at_once_through_a_server(tmp_path, servers):
     db = tmp_path / "server.db"
     url, _ = servers.mlflow(f"sqlite:///{db}")
-    _mlflow_race(url, db)
+    _mlflow_race(url, lambda: sqlite3.connect(db))
+
+
+def test_units_writing_one_datasets_records_at_once_on_postgresql(servers):
+    """The tracking URI straight to a PostgreSQL database (tests/support/postgres.py), as users
+    write it: its unique constraints break in PostgreSQL's words."""
+    import psycopg
+
+    from tests.support.postgres import PASSWORD, create_database, start_postgresql
+
+    url = create_database(start_postgresql(servers), "mlflow")
+    _mlflow_race(url, lambda: psycopg.connect(url, password=PASSWORD), "%s")
 
 
 def _open_study(url: str, study: str, writer: int) -> None:

@@ -81,7 +81,8 @@ CLASSIFICATION_DATASETS = tuple(DATASETS)
 
 def class_count(dataset_dir: Path, name: str, spec: DatasetSpec) -> int:
     """The classes the dataset in `dataset_dir` must have: ImageNet's are the lines of its
-    classnames.txt (read_imagenet has read it whole), every other dataset's are fixed."""
+    classnames.txt (read again here: a thousand lines, against its listing's million files),
+    every other dataset's are fixed."""
     if name == "imagenet":
         return len(read_classnames(dataset_dir / "classnames.txt"))
     return spec.num_classes

@@ -7,9 +7,20 @@ refuses) is read as `postgresql://`. Every other URL, and one that names its dri
 written; the credentials are never touched (they are the database's login)."""
 from __future__ import annotations
 
+from functools import lru_cache
 from importlib.util import find_spec
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+
+@lru_cache(maxsize=1)
+def _postgres_scheme() -> str:
+    """SQLAlchemy's scheme for the installed driver: psycopg2 is its default, psycopg 3 is named;
+    with neither, the default, whose import error SQLAlchemy then reports. Looked up once per
+    process (every tracker a process opens asks)."""
+    if find_spec("psycopg2") is None and find_spec("psycopg") is not None:
+        return "postgresql+psycopg"
+    return "postgresql"
 
 
 def with_driver(url: str) -> str:
@@ -17,8 +28,4 @@ def with_driver(url: str) -> str:
     scheme, separator, rest = url.partition("://")
     if not separator or scheme.lower() not in POSTGRES_SCHEMES:
         return url
-    if find_spec("psycopg2") is not None:
-        return f"postgresql://{rest}"
-    if find_spec("psycopg") is not None:
-        return f"postgresql+psycopg://{rest}"
-    return f"postgresql://{rest}"  # SQLAlchemy's own error then names the missing module
+    return f"{_postgres_scheme()}://{rest}"
