@@ -24,6 +24,7 @@ distributed:  vacsr.distributed.*
 sweep.spec:   vacsr.sweep vacsr.sweep.spec.*
 sweep.plan:   vacsr.sweep.plan.*
 sweep.cost:   vacsr.sweep.cost.*
+sweep.rehearsal: vacsr.sweep.rehearsal.*
 sweep.search: vacsr.sweep.search.*
 sweep.final:  vacsr.sweep.final.*
 sweep.report: vacsr.sweep.report.*

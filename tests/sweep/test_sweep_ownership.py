@@ -73,3 +73,12 @@ def test_a_used_folder_takes_only_resume_with_its_own_settings(tmp_path):
     # a new sweep under another name has a folder of its own
     second = claim("--name", "second")
     assert second.data.get("parent_run_id") is None
+    # a rehearsal never continues a real sweep, nor a real sweep a rehearsal
+    with pytest.raises(ConfigError, match=r"^--resume --rehearse: sweep 'base2novel' in .* is a "
+                                          r"real sweep; a rehearsal never continues one"):
+        claim("--resume", "--rehearse", "10")
+    claim("--name", "dry", "--rehearse", "10")
+    claim("--name", "dry", "--resume", "--rehearse", "20")  # another time scale: the same one
+    with pytest.raises(ConfigError, match=r"^--resume: sweep 'dry' in .* is a rehearsal; "
+                                          r"continue it with --rehearse"):
+        claim("--name", "dry", "--resume")

@@ -20,6 +20,8 @@ class PoolScorer:
     --actors`). `evaluate` gives a checkpoint's views' metrics; with one actor, they are all that
     actor sends back."""
 
+    trains_any_run = False  # a run of several workers trains on Ray Train (final/seeds.py)
+
     def __init__(self, actors: int, cpus_per_actor: float = 1) -> None:
         self.actors, self.cpus, self.pool = actors, cpus_per_actor, None
 

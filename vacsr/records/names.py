@@ -16,6 +16,8 @@ PARAMS_CHANGED_TAG = "vacsr.params_changed_on_resume"
 # when it restarts, instead of opening a second one beside it.
 RUN_KEY_TAG = "vacsr.run_key"
 METHOD_TAG = "vacsr.method"  # every run: the method it runs (its config's adapter.kind)
+# every run of a rehearsal (--rehearse, vacsr/sweep/rehearsal/): its time scale; never a result
+REHEARSAL_TAG = "vacsr.rehearsal"
 # The experiment kind MLflow 3.x's UI reads to choose between its GenAI views (traces) and its
 # model-training views (runs, charts). 3.17's UI follows its sidebar switch instead (a link can
 # carry `?workflowType=machine_learning`), but the tag still marks what the experiment holds.

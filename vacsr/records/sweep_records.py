@@ -21,7 +21,7 @@ from typing import Any
 from mlflow.entities import Metric, RunTag
 
 from vacsr.errors import ConfigError
-from vacsr.records.names import MAX_PARAM_VALUE_LENGTH, METHOD_TAG, PARENT_TAG
+from vacsr.records.names import MAX_PARAM_VALUE_LENGTH, METHOD_TAG, PARENT_TAG, REHEARSAL_TAG
 from vacsr.records.sweep_state import AVERAGES, SweepState, start_recorded_run
 from vacsr.records.tracker import MlflowTracker, open_tracker
 from vacsr.records.uri import redact_uri, resolve_tracking_uri
@@ -72,14 +72,15 @@ class SweepRecords:
 
     # ------------------------------------------------------------ the runs the driver opens
     def start_sweep_run(self, state: SweepState, sweep: str, kind: str,
-                        methods: tuple[str, ...] = ("vacsr",)) -> MlflowTracker:
+                        methods: tuple[str, ...] = ("vacsr",),
+                        tags: dict[str, Any] | None = None) -> MlflowTracker:
         """The sweep's own run, started or continued as sweep_state.json records it; the tracker
         that holds it (the driver logs the report to it and ends it). Its method tag names every
-        method it runs."""
+        method it runs; `tags`: the sweep's own (a rehearsal's REHEARSAL_TAG)."""
         tracker = open_tracker(self.tracking_uri)
         start_recorded_run(tracker, state, None, self.experiment, sweep,
                            tags={SWEEP_TAG: sweep, KIND_TAG: kind,
-                                 METHOD_TAG: ",".join(methods)})
+                                 METHOD_TAG: ",".join(methods), **(tags or {})})
         return tracker
 
     @staticmethod
@@ -89,15 +90,16 @@ class SweepRecords:
         tracker.set_tag(COSTS_MEASURED_TAG, costs_from["measured_at"])
 
     def start_dataset_run(self, state: SweepState, dataset: str, sweep: str,
-                          parent_run_id: str, method: str = "vacsr") -> str:
+                          parent_run_id: str, method: str = "vacsr",
+                          tags: dict[str, Any] | None = None) -> str:
         """A dataset's run under the sweep's, started or continued as sweep_state.json records
         it; its id (its Ray task continues it: `continue_run`). A run that failed before loses
-        its reason (`note_failure`) as it starts again."""
+        its reason (`note_failure`) as it starts again. `tags`: the sweep's own."""
         tracker = open_tracker(self.tracking_uri)
         run_id = start_recorded_run(tracker, state, dataset, self.experiment, dataset,
                                     parent_run_id=parent_run_id,
                                     tags={DATASET_TAG: dataset, SWEEP_TAG: sweep,
-                                          METHOD_TAG: method})
+                                          METHOD_TAG: method, **(tags or {})})
         if (state.dataset(dataset).get("failed")
                 and FAILED_TAG in tracker.client.get_run(run_id).data.tags):
             tracker.client.delete_tag(run_id, FAILED_TAG)
@@ -162,7 +164,8 @@ class SweepRecords:
     # ------------------------------------------------------------ reading the sweep back
     def sweep_run(self, sweep: str | None):
         """The sweep's own run (the newest sweep's when `sweep` is None); ConfigError when the
-        store holds none. Creates nothing."""
+        store holds none, or when it is a rehearsal's (REHEARSAL_TAG): its configs and numbers
+        are never results. Creates nothing."""
         found = self.store.client.get_experiment_by_name(self.experiment)
         if found is None:
             held = sorted(e.name for e in self.store.client.search_experiments()
@@ -178,6 +181,13 @@ class SweepRecords:
         if not runs:
             raise ConfigError(" ".join(f"no sweep {sweep or ''} in experiment "
                                        f"{self.experiment!r}".split()))
+        scale = runs[0].data.tags.get(REHEARSAL_TAG)
+        if scale is not None:
+            name = runs[0].data.tags.get(SWEEP_TAG)
+            raise ConfigError(f"sweep {name!r} in experiment {self.experiment!r} is a rehearsal "
+                              f"(--rehearse {scale}): nothing in it trained, so it has no "
+                              "results; run the sweep without --rehearse"
+                              + ("" if sweep else ", or name a real sweep with --sweep"))
         return runs[0]
 
     def dataset_runs(self, sweep_run) -> list:

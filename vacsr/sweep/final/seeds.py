@@ -96,11 +96,11 @@ def _log_test(config, metrics: dict, tags: dict) -> None:
     tracker.finish()
 
 
-def _train(scorer: PoolScorer, config, name: str) -> tuple[Path, tuple[str, ...]]:
+def _train(scorer, config, name: str) -> tuple[Path, tuple[str, ...]]:
     """The seed's run: in the scorer's first actor when one worker trains it, else on Ray Train
     under `name` (a run started again under it resumes from its last checkpoint); (its final
     checkpoint, the prefix cache's lines on damaged files it rebuilt)."""
-    if trains_in_trial(config.train):
+    if trains_in_trial(config.train) or scorer.trains_any_run:
         checkpoint, notes = scorer.train(config)
         return Path(checkpoint), notes
     # the evaluation actors' CPUs (or GPUs) are the run's: held across it, datasets finishing
@@ -112,12 +112,22 @@ def _train(scorer: PoolScorer, config, name: str) -> tuple[Path, tuple[str, ...]
     return trained.checkpoint, trained.notes
 
 
+def _scorer(plan: SweepPlan, dataset: str):
+    """The final phase's scorer: the sweep's evaluation actors, or a rehearsal's clock."""
+    cpus = plan.configs[dataset].train.cpus_per_worker
+    if plan.rehearse:
+        from vacsr.sweep.rehearsal.finals import RehearsalScorer
+
+        return RehearsalScorer(plan.clocks[dataset], cpus)
+    return PoolScorer(plan.eval_actors, cpus)
+
+
 def final_runs(plan: SweepPlan, dataset: str, best: dict, dataset_run_id: str,
                report: Callable[[dict], None] = lambda event: None) -> dict:
     """Every seed's test metrics (per_seed, in plan.seeds_of(dataset) order)."""
     cfg = best["config"]
     reused_seed = cfg.train.seed if best.get("checkpoint") else None
-    scorer = PoolScorer(plan.eval_actors, cfg.train.cpus_per_worker)
+    scorer = _scorer(plan, dataset)
     per_seed, reused_trial = [], None
     try:
         for seed in plan.seeds_of(dataset):
@@ -132,7 +142,7 @@ def final_runs(plan: SweepPlan, dataset: str, best: dict, dataset_run_id: str,
                     report({"event": "note", "dataset": dataset,
                             "text": f"final seed {seed}: prefix cache: {line}"})
             metrics, cache = test_metrics(plan, config, checkpoint, scorer, report)
-            _log_test(config, metrics, tags)
+            _log_test(config, metrics, {**tags, **plan.run_tags})
             per_seed.append({"seed": seed, **metrics})
             report({"event": "final", "dataset": dataset, "seed": seed, "metrics": metrics,
                     "cache": cache})

@@ -160,7 +160,8 @@ def _run_datasets(plan: SweepPlan, state: SweepState, parent_id: str,
 def _dataset_run(plan: SweepPlan, state: SweepState, dataset: str, parent_id: str) -> str:
     """The dataset's run, started crash-safely (vacsr/records/sweep_state.py) before its task."""
     return SweepRecords(plan.tracking_uri, plan.kind.experiment).start_dataset_run(
-        state, dataset, plan.name, parent_id, plan.method_of(dataset))
+        state, dataset, plan.name, parent_id, plan.method_of(dataset), tags=plan.run_tags)
+
 
 
 def _finish_dataset(plan: SweepPlan, state: SweepState, dataset: str, ref) -> str | None:
@@ -270,8 +271,12 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     try:
         check_optuna_storage(plan)  # the schema is created here once, not by racing dataset tasks
         cost = _measured_cost(plan, stop)
+        if plan.rehearse:  # the runs' clocks, from the costs just measured
+            from vacsr.sweep.rehearsal.clock import start_rehearsal
+
+            print(start_rehearsal(plan, cost), flush=True)
         parent = SweepRecords(plan.tracking_uri, plan.kind.experiment).start_sweep_run(
-            state, plan.name, plan.kind.name, plan.methods)
+            state, plan.name, plan.kind.name, plan.methods, tags=plan.run_tags)
     except BaseException:
         stop.restore()
         raise

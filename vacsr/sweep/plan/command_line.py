@@ -123,6 +123,9 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
     write the embedded profile's synthetic data. `check_memory(plan)`: the device-memory check
     of a layer above (vacsr/sweep/cost/memory.py's refuse_unfit)."""
     datasets = _datasets(kind, args.datasets)
+    if args.rehearse and args.workers > 1:  # a rehearsed run holds one worker's resources
+        raise ConfigError(f"--rehearse with --workers {args.workers}: a rehearsal rehearses runs "
+                          "of one worker; expected --workers 1")
     embedded = args.data_root is None
     profile = load_profile(kind) if embedded else {}
     model = pick(args.model, profile, "model")
@@ -166,7 +169,7 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
         ray_address=args.ray_address, eval_actors=args.eval_actors, verbose=args.verbose,
         device_memory_gib=args.device_memory_gib,
         synthetic_per_class=tuple(profile["synthetic_per_class"]) if embedded else None,
-        recalibrate=args.recalibrate, methods=methods)
+        recalibrate=args.recalibrate, methods=methods, rehearse=args.rehearse)
     _check_plan(plan, args, check_memory)
     if user_fixed:  # once per sweep, not per dataset
         print(f"--set fixes searched keys: {', '.join(user_fixed)}; every trial and final run "

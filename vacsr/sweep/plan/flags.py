@@ -163,6 +163,11 @@ def _add_plan_flags(p: argparse.ArgumentParser) -> None:
                    help="memory of a worker's device: a configuration whose estimated peak "
                         "exceeds it is refused before any trial (default: the GPU's, measured "
                         "where trials run; none on CPUs)")
+    p.add_argument("--rehearse", type=_positive(float), metavar="SCALE",
+                   help="rehearse the sweep: everything runs for real (Ray, Tune, Optuna, ASHA, "
+                        "MLflow, checkpoints, final seeds, reports, --resume) but training, "
+                        "which waits the cost model's seconds divided by SCALE and reports a "
+                        "synthetic curve; its records are marked and never results")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure the step costs again rather than reuse those kept in the sweep "
                         "folder or this machine's cache")

@@ -45,7 +45,9 @@ def sweep_settings(plan: SweepPlan) -> dict[str, Any]:
 
     # --methods is recorded where it is not VACSR alone, so a VACSR sweep's record is unchanged
     methods = {} if plan.methods == ("vacsr",) else {"methods": list(plan.methods)}
-    return {"datasets": plan.datasets, **methods, "trials": plan.trials,
+    # a rehearsal's records are never results: it never continues a real sweep, nor the reverse
+    rehearsal = {"rehearsal": True} if plan.rehearse else {}
+    return {"datasets": plan.datasets, **methods, **rehearsal, "trials": plan.trials,
             "seeds": list(plan.seeds), "seed": plan.sampler_seed,
             "concurrent-trials": plan.concurrent_trials,
             "configs": {d: config(d) for d in plan.datasets},
@@ -67,6 +69,14 @@ def _differences(recorded: dict, current: dict) -> list[str]:
             diffs.append(f"{dataset} {label} {', '.join(keys[:4])}"
                          + (f" (+{len(keys) - 4} more)" if len(keys) > 4 else ""))
     return diffs
+
+
+def _mixed_rehearsal(plan: SweepPlan, recorded: bool) -> str:
+    if recorded:
+        return (f"--resume: sweep {plan.name!r} in {plan.storage} is a rehearsal; continue it "
+                "with --rehearse, or run the real sweep with another --name or --storage")
+    return (f"--resume --rehearse: sweep {plan.name!r} in {plan.storage} is a real sweep; a "
+            "rehearsal never continues one: rehearse with another --name or --storage")
 
 
 def _studies_of(plan: SweepPlan) -> list[str]:
@@ -106,6 +116,8 @@ def claim_state(plan: SweepPlan,
         check_files(plan, state)  # a damaged file is named first, then an old format
         state.check_format()
         recorded = state.data.get("settings")
+        if recorded and recorded.get("rehearsal", False) != bool(plan.rehearse):
+            raise ConfigError(_mixed_rehearsal(plan, bool(recorded.get("rehearsal"))))
         diffs = _differences(recorded, settings) if recorded else []
         if diffs:
             raise ConfigError(f"--resume: sweep {plan.name!r} was started with other settings "

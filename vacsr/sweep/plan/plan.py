@@ -6,12 +6,13 @@ user's --set, each parsed once by the CLI), validated, and handed to the trials 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vacsr.config import Config, from_dict, set_value, validate
 from vacsr.methods.registry import method_of
+from vacsr.records.names import REHEARSAL_TAG
 from vacsr.sweep.plan.folders import join_storage, optuna_url
 from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.spec.space import Domain
@@ -47,6 +48,10 @@ class SweepPlan:
     synthetic_per_class: tuple[int, ...] | None = None
     recalibrate: bool = False  # measure the step costs even where kept (--recalibrate)
     methods: tuple[str, ...] = ("vacsr",)  # --methods (vacsr/methods/registry.py)
+    # --rehearse: the time scale of a rehearsal (training replaced by the cost model's waits,
+    # vacsr/sweep/rehearsal/); None: a real sweep
+    rehearse: float | None = None
+    clocks: dict[str, Any] = field(default_factory=dict)  # unit -> its rehearsal's UnitClock
 
     @property
     def datasets(self) -> list[str]:
@@ -76,6 +81,11 @@ class SweepPlan:
         """A unit's final seeds: the sweep's, or the first alone for a method that trains
         nothing (its one evaluation: no seed changes it)."""
         return self.seeds if method_of(self.method_of(unit)).trained else self.seeds[:1]
+
+    @property
+    def run_tags(self) -> dict[str, str]:
+        """The tags every MLflow run of the sweep carries: a rehearsal's time scale."""
+        return {REHEARSAL_TAG: f"{self.rehearse:g}"} if self.rehearse else {}
 
     @property
     def ray_root(self) -> str:

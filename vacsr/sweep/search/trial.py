@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
@@ -32,6 +32,7 @@ class TrialMeta:
     tracking_uri: str
     experiment: str
     parent_run_id: str
+    rehearsal: Optional[Any] = None  # a rehearsal's UnitClock (vacsr/sweep/rehearsal/clock.py)
 
 
 def with_suggestions(base: Config, suggested: dict[str, Any]) -> Config:
@@ -56,6 +57,11 @@ def run_trial(suggested: dict[str, Any], base: Config, meta: TrialMeta) -> None:
 
     place_child_run(config, tracking_uri=meta.tracking_uri, experiment=meta.experiment,
                     parent_run_id=meta.parent_run_id, run_name=f"{meta.dataset}-{trial_id}")
+    if meta.rehearsal is not None:  # the run's waits and curve instead of its training
+        from vacsr.sweep.rehearsal.trial import rehearse_in_trial
+
+        rehearse_in_trial(config, meta.rehearsal)
+        return
     if trains_in_trial(config.train):
         from vacsr.sweep.search.trial_run import (
             fit_in_trial,  # the model stack loads here, on demand

@@ -53,7 +53,8 @@ def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str) -> str:
     let a dataset's trials run another dataset's config."""
     meta = TrialMeta(dataset=dataset, trial_root=str(trial_folder(plan.storage, dataset)),
                      ray_storage=plan.ray_path(TRIALS, dataset), tracking_uri=plan.tracking_uri,
-                     experiment=plan.kind.experiment, parent_run_id=dataset_run_id)
+                     experiment=plan.kind.experiment, parent_run_id=dataset_run_id,
+                     rehearsal=plan.clocks.get(dataset))
     trainable = tune.with_parameters(run_trial, base=plan.configs[dataset], meta=meta)
     name = f"vacsr-{plan.name}-{dataset}"
     resources = trial_resources(plan.configs[dataset].train, plan.trial_cpus)
