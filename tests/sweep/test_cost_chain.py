@@ -115,6 +115,32 @@ def test_wall_seconds_and_sharing_by_hand(tmp_path):
     assert wall_seconds([10.0, 2.0, 2.0], 2, lambda active: float(active)) == pytest.approx(14.0)
 
 
+def test_the_phases_share_of_a_gpu_cluster_by_hand(tmp_path):
+    from vacsr.sweep.cost.utilisation import format_use, phase_use
+
+    plan = _hand_plan(tmp_path)
+    plan.trials = 24
+    plan.configs = {f"d{i}": plan.configs["dtd"] for i in range(11)}  # 11 units, a GPU a trial
+    plan.spaces = {unit: plan.spaces["dtd"] for unit in plan.configs}
+    plan.configs["d0"].train.gpus_per_worker = 1.0  # the units share the one config object
+    # 64 GPUs: 11 units at once, a trial each -> 11 held; 64 // 11 = 5 trials each fit -> 55
+    use = phase_use(plan, {"CPU": 128, "GPU": 64})
+    assert use == {"resource": "GPU", "capacity": 64.0, "search": 11.0, "final": 11.0,
+                   "fill": 5, "fill_search": 55.0}
+    assert format_use(use) == (
+        "busy: search 11 of 64 GPU(s) (17%) (--concurrent-trials 5: 55 of 64 GPU(s) (86%), with "
+        "ASHA's stops depending on which trial reports first); final seeds 11 of 64 GPU(s) "
+        "(17%), a unit's seeds one after another")
+    plan.concurrent_trials = 5  # the setting it names holds what it said
+    assert phase_use(plan, {"CPU": 128, "GPU": 64})["search"] == 55.0
+    # 8 GPUs hold 8 of the 11 units at once, and nothing more to fill
+    plan.concurrent_trials = 1
+    assert phase_use(plan, {"CPU": 128, "GPU": 8})["fill"] is None
+    # a trial of 2 workers of half a GPU each holds one GPU: the same shares
+    plan.configs["d0"].train.workers, plan.configs["d0"].train.gpus_per_worker = 2, 0.5
+    assert phase_use(plan, {"CPU": 128, "GPU": 64})["search"] == 11.0
+
+
 def test_the_whole_estimate_by_hand(tmp_path):
     cost = build_sweep_cost(_hand_plan(tmp_path), {"dtd": DTD, "eurosat": EUROSAT}, COSTS,
                             {"CPU": 2})

@@ -142,10 +142,16 @@ def test_plan_on_the_embedded_profile_prints_every_dataset_and_writes_nothing(tm
     assert plan["totals"]["search_device_s"] > 0 and "dtd" in printed and "eurosat" in printed
     # only vacsr's lines (Ray's token notice and the like go to its log), in units that read
     assert "WARNING" not in printed + captured.err and captured.err == ""
-    totals = printed.splitlines()[-3:-1]
+    totals = printed.splitlines()[-4:-1]
     assert re.fullmatch(r"search (\d+ s|\d+ min \d\d s|\d+ h \d\d min) of device time .*",
                         totals[0]), totals
     assert re.fullmatch(r"wall time (\d+ s|\d+ min \d\d s) \(at most .*\)", totals[1]), totals
+    # two datasets of a trial each at 0.5 CPU on 2 CPUs: half of them; a trial more each fills
+    assert totals[2] == ("busy: search 1 of 2 CPU(s) (50%) (--concurrent-trials 2: 2 of 2 CPU(s) "
+                         "(100%), with ASHA's stops depending on which trial reports first); "
+                         "final seeds 1 of 2 CPU(s) (50%), a unit's seeds one after another")
+    assert plan["busy"] == {"resource": "CPU", "capacity": 2.0, "search": 1.0, "final": 1.0,
+                            "fill": 2, "fill_search": 2.0}
 
 
 @pytest.mark.timeout(300)

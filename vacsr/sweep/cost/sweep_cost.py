@@ -13,6 +13,7 @@ from vacsr.sweep.cost import estimate as est
 from vacsr.sweep.cost.calibrate import StepCosts
 from vacsr.sweep.cost.counts import DatasetCounts
 from vacsr.sweep.cost.memory import check_memory, memory_peaks
+from vacsr.sweep.cost.utilisation import format_use, phase_use
 from vacsr.sweep.plan.plan import SweepPlan, sweep_parallelism, trains_in_trial, trial_resources
 from vacsr.sweep.spec.schedule import longest_epochs
 from vacsr.sweep.spec.space import start_point, tower_depths
@@ -125,6 +126,7 @@ def build_sweep_cost(plan: SweepPlan, counts: dict[str, DatasetCounts], costs: S
             "resources": {k: resources[k] for k in ("CPU", "GPU") if k in resources},
             "device_memory_gib": device_gib, "parallel_datasets": parallel,
             "concurrent_trials": per_dataset, "cpu_sharing": slow, "seeds": list(plan.seeds),
+            "busy": phase_use(plan, resources),
             "datasets": rows,
             "totals": {"search_device_s": total("search_s"),
                        "search_no_stop_device_s": total("search_no_stop_s"),
@@ -163,6 +165,8 @@ def format_sweep_cost(cost: dict) -> str:
                  f"stops ({duration(t['search_no_stop_device_s'])} without); final seeds "
                  f"{duration(t['final_device_s'])}")
     lines.append(f"wall time {duration(t['wall_s'])} (at most {duration(t['wall_no_stop_s'])})")
+    if "busy" in cost:  # a plan written before it was estimated has none
+        lines.append(format_use(cost["busy"]))
     return "\n".join(lines)
 
 
