@@ -54,6 +54,7 @@ def sweep_command(args, address: str, uri: str, studies: str, storage: Path, *ex
             str(storage), "--tracking-uri", uri, "--optuna-storage", studies, "--methods",
             args.methods, "--trials", str(args.trials), "--seeds", args.seeds,
             "--gpus-per-worker", "1", "--cpus-per-worker", "1", "--set", "train.device=cpu",
+            "--concurrent-trials", str(args.concurrent_trials),
             *(["--datasets", args.datasets] if args.datasets else []), *extra]
 
 
@@ -102,7 +103,7 @@ def report(args, runs: list, wall: float, plan_wall: float, peak: float, log: Pa
                          for r in runs)
     print(f"cluster: {args.nodes} node(s) x {args.gpus_per_node} logical GPUs = {gpus} GPUs; "
           f"methods {args.methods}, {args.trials} trials, seeds {args.seeds}, "
-          f"--rehearse {args.scale:g}")
+          f"--concurrent-trials {args.concurrent_trials}, --rehearse {args.scale:g}")
     for name, found in (("search", trials), ("final seeds", finals)):
         p = phase(found, gpus)
         if not p:
@@ -134,6 +135,7 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=24)
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--scale", type=float, default=200.0)
+    p.add_argument("--concurrent-trials", type=int, default=1)
     p.add_argument("--storage", type=Path, default=None)
     args = p.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="vacsr-scale-"))
