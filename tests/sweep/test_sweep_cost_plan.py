@@ -124,6 +124,31 @@ def test_the_eta_starts_from_the_plan_and_follows_measured_trials():
     assert "1/4 trials, ETA 2 min 00 s" in stream.getvalue().splitlines()[-1]
 
 
+def test_the_eta_of_a_long_unit_left_alone_is_its_own_length():
+    """ImageNet's trials are ten times dtd's: once dtd is done, ImageNet's rest is the ETA,
+    not the sweep's mean pace per trial times the trials left (found by a rehearsal of the 11
+    datasets: ETA 14 s with ten minutes of ImageNet to go)."""
+    stream = io.StringIO()
+    # 2 lanes; a trial and the final seeds: dtd 10 s and 10 s, imagenet 100 s and 100 s
+    progress = SweepProgress("demo", ["dtd", "imagenet"], 2, [], "val/acc", stream=stream,
+                             interval_s=0.0, trial_estimate_s=55.0,
+                             unit_costs={"dtd": (10.0, 10.0), "imagenet": (100.0, 100.0)},
+                             lanes=2)
+    progress.tick()  # imagenet's 2 x 100 + 100 is longer than both units' 330 over 2 lanes
+    assert "0/4 trials, ETA 5 min 00 s" in stream.getvalue()
+    for _ in range(2):
+        progress.event({"dataset": "dtd", "event": "trial", "status": "TERMINATED",
+                        "epochs": 1, "value": 50.0})
+    progress.finished("dtd")
+    progress.tick()
+    assert "2/4 trials, ETA 5 min 00 s" in stream.getvalue().splitlines()[-1]  # not 2 x 55 s
+    progress.start -= 200.0  # imagenet's first trial took 200 s, twice the plan's 100
+    progress.event({"dataset": "imagenet", "event": "trial", "status": "TERMINATED",
+                    "epochs": 1, "value": 50.0})
+    # 200 s of the plan's 300 left; 100 of them passed at half speed: 200 x (2/3 + 1/3 x 2)
+    assert "3/4 trials, ETA 4 min 26 s" in stream.getvalue().splitlines()[-1]
+
+
 @pytest.mark.timeout(300)
 def test_plan_on_the_embedded_profile_prints_every_dataset_and_writes_nothing(tmp_path, capsys):
     storage, out = tmp_path / "sweeps", tmp_path / "plan.json"

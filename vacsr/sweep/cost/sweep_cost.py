@@ -141,6 +141,15 @@ def trial_pace(cost: dict) -> float:
     return cost["totals"]["wall_s"] / max(trials, 1)
 
 
+def unit_paces(cost: dict) -> dict[str, tuple[float, float]]:
+    """Per unit the estimated wall seconds of a trial (its concurrent trials sharing the unit's
+    search) and of its final seeds, CPU sharing included: the progress ETA's units."""
+    share = cost.get("cpu_sharing", 1.0)
+    per_unit = max(1, cost.get("concurrent_trials", 1))
+    return {r["dataset"]: (r["trial_s"] * share / per_unit, r["final_s"] * share)
+            for r in cost["datasets"]}
+
+
 def format_sweep_cost(cost: dict) -> str:
     """The estimate as the console shows it: one row per dataset, then the totals."""
     m = cost["measured_on"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, TextIO
+from typing import Callable, Mapping, TextIO
 
 from tqdm import tqdm
 
@@ -19,7 +19,9 @@ class SweepProgress:
     def __init__(self, name: str, datasets: list[str], trials_per_dataset: int | Callable,
                  done: list[str],
                  metric: str, stream: TextIO | None = None, interval_s: float = 60.0,
-                 trial_estimate_s: float | None = None) -> None:
+                 trial_estimate_s: float | None = None,
+                 unit_costs: Mapping[str, tuple[float, float]] | None = None,
+                 lanes: int = 1) -> None:
         self.name, self.metric, self.stream = name, metric, stream or sys.stderr
         self.datasets = {d: "done" if d in done else "waiting" for d in datasets}
         # trials per dataset: one number, or a function of the dataset (SweepPlan.trials_of)
@@ -32,6 +34,10 @@ class SweepProgress:
         self.start, self.start_done = time.monotonic(), sum(self.trials.values())
         self.cache = [0, 0]  # evaluation inputs the prefix cache served, of all encoded
         self.trial_estimate_s = trial_estimate_s  # the plan's wall seconds per trial
+        # per unit the plan's wall seconds of a trial and of its final seeds, and the units
+        # searched at once: the ETA then follows the units' own lengths (`_units_left`)
+        self.unit_costs, self.lanes = dict(unit_costs or {}), max(1, lanes)
+        self.start_left = self._units_left() if self.unit_costs else 0.0
         self.bar = None
         if getattr(self.stream, "isatty", lambda: False)():
             self.bar = tqdm(total=self.total, initial=sum(self.trials.values()), unit="trial",
@@ -100,11 +106,29 @@ class SweepProgress:
             self.line(f"[{self.name}] progress: {done}/{self.total} trials, {self._eta(done)}; "
                       f"{self._summary()}")
 
+    def _units_left(self) -> float:
+        """The plan's wall seconds left: the longest unit's rest (its trials and final seeds run
+        one after another), or all units' rest over the lanes, whichever is longer."""
+        rests = [max(0, self.planned[d] - self.trials[d]) * trial
+                 + (0.0 if self.datasets[d] in ("done", "failed") else final)
+                 for d, (trial, final) in self.unit_costs.items() if d in self.planned]
+        return max(max(rests, default=0.0), sum(rests) / self.lanes)
+
     def _eta(self, done: int) -> str:
         """Time left at the plan's pace, corrected by this run's pace as trials finish (trials
-        restored by --resume do not count): the plan weighs as PLAN_WEIGHT measured trials."""
+        restored by --resume do not count): the plan weighs as PLAN_WEIGHT measured trials.
+        With the units' costs, the plan's time left of the units still to run (a long unit
+        left alone at the end is its own length, not the sweep's mean pace per trial), scaled
+        by this run's speed against the plan, weighed by how much of the plan has passed."""
         finished = done - self.start_done
         elapsed = time.monotonic() - self.start
+        if self.unit_costs:
+            planned_left = self._units_left()
+            passed = self.start_left - planned_left
+            speed = elapsed / passed if passed > 0 and elapsed > 0 else 1.0
+            weight = passed / self.start_left if self.start_left else 1.0
+            left = planned_left * ((1 - weight) + weight * speed)
+            return f"ETA {int(left // 60)} min {int(left % 60):02d} s"
         if self.trial_estimate_s is not None:
             pace = (self.trial_estimate_s * PLAN_WEIGHT + elapsed) / (PLAN_WEIGHT + finished)
         elif finished > 0:
