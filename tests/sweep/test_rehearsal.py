@@ -148,13 +148,15 @@ def test_a_rehearsed_run_imports_no_torch(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_rehearse_takes_runs_of_one_worker(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("flag, expected", [
+    ("--workers", "a rehearsal rehearses runs of one worker; expected --workers 1"),
+    ("--eval-actors", "a rehearsal rehearses one evaluation actor; expected --eval-actors 1")])
+def test_rehearse_takes_one_worker_and_one_evaluation_actor(tmp_path, capsys, flag, expected):
     from vacsr.sweep.cli import main
 
-    code = main(BASE2NOVEL, ["--storage", str(tmp_path), "--rehearse", "10", "--workers", "2"])
+    code = main(BASE2NOVEL, ["--storage", str(tmp_path), "--rehearse", "10", flag, "2"])
     line = error_line(code, capsys.readouterr().err)
-    assert line == ("vacsr: error: --rehearse with --workers 2: a rehearsal rehearses runs of "
-                    "one worker; expected --workers 1")
+    assert line == f"vacsr: error: --rehearse with {flag} 2: {expected}"
     assert not (tmp_path / "base2novel").exists()
 
 

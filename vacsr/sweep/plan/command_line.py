@@ -126,6 +126,9 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
     if args.rehearse and args.workers > 1:  # a rehearsed run holds one worker's resources
         raise ConfigError(f"--rehearse with --workers {args.workers}: a rehearsal rehearses runs "
                           "of one worker; expected --workers 1")
+    if args.rehearse and args.eval_actors > 1:  # its test evaluation holds one actor's
+        raise ConfigError(f"--rehearse with --eval-actors {args.eval_actors}: a rehearsal "
+                          "rehearses one evaluation actor; expected --eval-actors 1")
     embedded = args.data_root is None
     profile = load_profile(kind) if embedded else {}
     model = pick(args.model, profile, "model")
