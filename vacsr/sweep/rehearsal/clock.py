@@ -100,10 +100,10 @@ class UnitClock:
 
     def val(self, config: Config, epoch: int) -> float:
         """The validation metric after epoch `epoch` (0-based) of `config`'s run."""
-        seed = config.train.seed
+        seed, quality = config.train.seed, self.quality(config)
         ceiling = CEILING[self.task]
-        target = ceiling * (0.3 + 0.6 * self.quality(config))
-        rate = 1.5 + 3.0 * unit_hash(self.unit, "rate", round(self.quality(config), 6))
+        target = ceiling * (0.3 + 0.6 * quality)
+        rate = 1.5 + 3.0 * unit_hash(self.unit, "rate", round(quality, 6))
         noise = (unit_hash(self.unit, "noise", seed, epoch) - 0.5) * 0.02 * ceiling
         return round(max(0.0, target * (1 - math.exp(-(epoch + 1) / rate)) + noise), 4)
 

@@ -4,6 +4,8 @@ evaluation actor's, for the seconds the cost model gives. The same calls as the 
 PoolScorer (vacsr/distributed/pool_scorer.py), which vacsr/sweep/final/seeds.py makes."""
 from __future__ import annotations
 
+import time
+
 import ray
 
 from vacsr.distributed.eval_actor import ViewScores
@@ -17,8 +19,6 @@ def _rehearse_final(config, clock: UnitClock) -> tuple[str, tuple[str, ...]]:
 
 
 def _score(config, clock: UnitClock, views) -> list[ViewScores]:
-    import time
-
     time.sleep(clock.test_seconds())
     return [ViewScores(clock.test_metrics(config, tuple(view))) for view in views]
 
