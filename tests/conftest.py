@@ -298,10 +298,9 @@ def ray_local(request):
 
     from vacsr.distributed.cluster import ensure_ray
 
-    # no dashboard head: nothing a test checks through this instance needs it (the `ray job
-    # submit` test starts a cluster of its own), and its modules poll for the instance's life
-    settings = {"num_cpus": 2, "include_dashboard": False, **getattr(request.module, "RAY_LOCAL",
-                                                                      {})}
+    # no dashboard head (ensure_ray's default): nothing a test checks through this instance
+    # needs it (the `ray job submit` test starts a cluster of its own)
+    settings = {"num_cpus": 2, **getattr(request.module, "RAY_LOCAL", {})}
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     if ray.is_initialized():
         ray.shutdown()

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from typing import TYPE_CHECKING
 
 from vacsr.results import NOT_RESULTS
 
@@ -18,6 +15,9 @@ from vacsr.results import NOT_RESULTS
 # group is an evaluation split ("val/*", "test/*"), whose counts and times (NOT_RESULTS) are not
 # drawn: 1000 samples on the axis of a percentage flattens the accuracy to a line at 0.
 NON_EVAL_GROUPS = ("train", "lr")
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def _series(history: Sequence[Mapping], key: str) -> tuple[list[int], list[float]]:
@@ -37,6 +37,8 @@ def metric_groups(history: Sequence[Mapping]) -> tuple[list[str], list[str]]:
 
 
 def _draw(ax, history: Sequence[Mapping], keys: list[str], title: str, marker: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     for key in keys:
         epochs, values = _series(history, key)
         ax.plot(epochs, values, marker=marker, label=key)
@@ -51,6 +53,11 @@ def _draw(ax, history: Sequence[Mapping], keys: list[str], title: str, marker: s
 
 def training_curves_figure(history: Sequence[Mapping]) -> Figure:
     """Two panels: training loss parts per epoch (left), evaluation metrics per epoch (right)."""
+    # here, not at the top: every process that records a run imports this module, and most
+    # (a sweep's driver and dataset tasks) never draw (matplotlib: 0.6 CPU-s a process)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(11, 4), layout="constrained")
     FigureCanvasAgg(fig)  # attaches the Agg canvas that savefig renders through
     train_ax, eval_ax = fig.subplots(1, 2)

@@ -69,14 +69,16 @@ from vacsr.records.inputs import log_dataset_inputs
 from vacsr.sweep.final.seeds import final_runs
 from vacsr.sweep.search.tune import search_dataset
 from vacsr.distributed.pool_scorer import PoolScorer
-print(json.dumps([m for m in ("torch", "open_clip", "ray.train.torch") if m in sys.modules]))
+print(json.dumps([m for m in ("torch", "open_clip", "ray.train.torch", "matplotlib")
+                  if m in sys.modules]))
 """
 
 
 def test_a_sweep_dataset_task_imports_no_torch():
     """What a sweep dataset's task imports (vacsr/sweep/flow/dataset_task.py) brings no torch:
     its trials train in Tune's actors and its final checkpoints are encoded and scored on the
-    evaluation actors, which send back their metrics (PoolScorer.evaluate)."""
+    evaluation actors, which send back their metrics (PoolScorer.evaluate). Nor matplotlib:
+    only a process that draws a run's curves or the report's figures loads it."""
     out = subprocess.run([sys.executable, "-c", DATASET_TASK], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

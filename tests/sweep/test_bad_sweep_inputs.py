@@ -97,6 +97,13 @@ def test_an_unreachable_ray_address_fails_within_a_bounded_wait(tmp_path, capsys
     _nothing_written(tmp_path, data_root)
 
 
+def test_the_dashboard_flag_with_a_cluster_address_is_refused(tmp_path, capsys, data_root):
+    line = _refused(["--datasets", "eurosat", "--data-root", str(data_root), "--ray-address",
+                     "127.0.0.1:9", "--ray-dashboard"], tmp_path / "store", capsys)
+    assert "--ray-dashboard with --ray-address 127.0.0.1:9: the dashboard is the local" in line
+    _nothing_written(tmp_path, data_root)
+
+
 @pytest.mark.parametrize("argv,fragment", [
     (["--set", "train.device=cuda"], "cuda asked for, but no GPU is reserved"),
     (["--set", "train.device=cuda:1", "--gpus-per-worker", "1"], "names a device index"),

@@ -88,6 +88,13 @@ def test_cluster_settings_come_from_the_environment(tmp_path, monkeypatch):
     assert plan.storage == tmp_path / "base2novel"
 
 
+def test_the_local_instance_starts_its_dashboard_only_when_asked(tmp_path):
+    plain = sweep_plan(BASE2NOVEL, tmp_path / "a", ["--datasets", "eurosat"], data=tmp_path)
+    asked = sweep_plan(BASE2NOVEL, tmp_path / "b", ["--datasets", "eurosat", "--ray-dashboard"],
+                       data=tmp_path)
+    assert (plain.ray_dashboard, asked.ray_dashboard) == (False, True)
+
+
 def test_every_value_is_parsed_once_and_configs_are_resolved_in_the_driver(tmp_path,
                                                                            monkeypatch):
     """--set texts go through parse_override exactly once each however many datasets use them;

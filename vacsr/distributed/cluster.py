@@ -57,11 +57,12 @@ def quiet_logging(verbose: bool = False) -> None:
 
 
 def ensure_ray(num_cpus: int | None = None, num_gpus: int | None = None,
-               include_dashboard: bool = True, address: str | None = None,
+               include_dashboard: bool = False, address: str | None = None,
                log_to_driver: bool = True) -> None:
     """ray.init once. With `address` (or RAY_ADDRESS) join that cluster; otherwise start a local
     instance of our own (`address="local"`: a cluster recorded by `ray start` is not joined) with
-    explicit resources and the dashboard on loopback (Train/Tune use its state API)."""
+    explicit resources, and the dashboard on loopback only if asked: Tune and Train run without
+    it, and its head's modules take a few CPU-seconds a minute (about 8% of `make test`)."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -146,11 +146,15 @@ def _calibration_trial(params: dict) -> None:
 
 
 def _calibration_search(config, samples: tuple[str, ...], resources: dict[str, float],
-                        folder: str) -> StepCosts:
+                        folder: str, verbose: bool = False) -> StepCosts:
     """A search of one trial, as a dataset's task runs one (Tuner, trial actor, teardown), in
     `folder` (removed as it ends): the trial measures the costs; the search's start-up up to
     the model's build and its teardown after the trial are the fixed costs of a dataset."""
     from ray import tune
+
+    from vacsr.distributed.cluster import quiet_logging
+
+    quiet_logging(verbose)  # Tune's settings as a dataset's task has them (its loggers too)
 
     try:
         trainable = tune.with_resources(_calibration_trial, resources)
@@ -210,13 +214,13 @@ def run_calibration(config, samples: tuple[str, ...], resources: dict[str, float
     own = not ray.is_initialized()
     if own:
         quiet_logging(verbose)
-        ensure_ray(address=address, include_dashboard=False, log_to_driver=verbose)
+        ensure_ray(address=address, log_to_driver=verbose)
     folder = tempfile.mkdtemp(prefix=f"{CALIBRATION_PREFIX}{os.getpid()}-")
     task = None
     try:
         stop_check()  # a stop while Ray started
         task = ray.remote(num_cpus=0, max_retries=0)(_calibration_search).remote(
-            config, samples, resources, folder)
+            config, samples, resources, folder, verbose)
         while not ray.wait([task], timeout=POLL_S)[0]:
             stop_check()
         costs = ray.get(task)

@@ -75,7 +75,7 @@ def joined(address: str | None) -> Iterator[None]:
 
     from vacsr.distributed.cluster import ensure_ray
 
-    ensure_ray(address=address, include_dashboard=False, log_to_driver=False)
+    ensure_ray(address=address, log_to_driver=False)
     try:
         yield
     finally:

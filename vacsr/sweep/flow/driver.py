@@ -233,7 +233,8 @@ def _start(plan: SweepPlan, stop: StopRequest) -> SweepState:
         clear_scratch(*run_folders(plan.storage))
         state.update(weights=weights_record(plan.configs[plan.datasets[0]].model.pretrained))
         quiet_logging(plan.verbose)
-        ensure_ray(address=plan.ray_address, log_to_driver=plan.verbose)
+        ensure_ray(address=plan.ray_address, include_dashboard=plan.ray_dashboard,
+                   log_to_driver=plan.verbose)
         stop.check()
         return state
     except BaseException as exc:

@@ -136,6 +136,10 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
     if args.pretrained:
         check_pretrained(args.pretrained, model)
     if args.ray_address:  # a cluster that is not there: one line now, not a wait in ray.init
+        if args.ray_dashboard:  # a cluster's dashboard is its head's, started with it
+            raise ConfigError(f"--ray-dashboard with --ray-address {args.ray_address}: the "
+                              "dashboard is the local instance's; a cluster's is its head's "
+                              "(ray start --include-dashboard)")
         check_ray_address(args.ray_address)
     methods = parse_methods(args.methods, kind)
     user = _user_values(args)  # each --set parsed here, once
@@ -169,7 +173,8 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
         concurrent_trials=args.concurrent_trials,
         trial_cpus=pick(args.trial_cpus, profile, "trial_cpus"),
         ray_storage=check_ray_storage(args.ray_storage), optuna_url=args.optuna_storage or "",
-        ray_address=args.ray_address, eval_actors=args.eval_actors, verbose=args.verbose,
+        ray_address=args.ray_address, ray_dashboard=args.ray_dashboard,
+        eval_actors=args.eval_actors, verbose=args.verbose,
         device_memory_gib=args.device_memory_gib,
         synthetic_per_class=tuple(profile["synthetic_per_class"]) if embedded else None,
         recalibrate=args.recalibrate, methods=methods, rehearse=args.rehearse)

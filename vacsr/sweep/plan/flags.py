@@ -122,6 +122,10 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
     p.add_argument("--ray-address", type=nonempty, default=env("RAY_ADDRESS"),
                    help="Ray cluster to join (env RAY_ADDRESS, set by `ray job submit`; "
                         "default: start a local Ray of its own)")
+    p.add_argument("--ray-dashboard", action="store_true",
+                   help="start the local Ray with its dashboard on 127.0.0.1 (default: without "
+                        "it; the console and MLflow show the sweep, and the dashboard's "
+                        "processes take seconds of CPU a minute)")
     p.add_argument("--workers", type=_positive(int), default=1, help="Ray Train workers per trial")
     p.add_argument("--gpus-per-worker", type=float, default=0.0,
                    help="GPUs per Train worker (0.5 packs two trials on a GPU)")

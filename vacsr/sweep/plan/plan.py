@@ -40,6 +40,7 @@ class SweepPlan:
     ray_storage: str = ""  # Tune/Train experiments + checkpoints: path or s3:// gs:// URI
     optuna_url: str = ""  # Optuna RDB storage; default sqlite in the sweep folder
     ray_address: str | None = None  # None: RAY_ADDRESS, else a local Ray instance of its own
+    ray_dashboard: bool = False  # the local instance's dashboard (--ray-dashboard)
     eval_actors: int = 1  # EvalPool actors scoring each final checkpoint's test splits
     verbose: bool = False
     # the memory a worker's device has (--device-memory-gib); None: the calibration's GPU, if any
