@@ -16,6 +16,9 @@ artifacts="${MLFLOW_ARTIFACTS_DESTINATION:?set MLFLOW_ARTIFACTS_DESTINATION, e.g
 host="${MLFLOW_HOST:-127.0.0.1}"
 port="${MLFLOW_PORT:-5000}"
 mlflow="${MLFLOW_BIN:-mlflow}"
+# MLflow's job runner (GenAI evaluation jobs, periodic tasks) starts four more Python processes
+# that vacsr never uses: off unless the environment turns it on
+export MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}"
 
 # `postgresql://` names no driver, and SQLAlchemy's default for it is psycopg2: where only psycopg 3
 # is installed (vacsr's cluster extra), the URL names it

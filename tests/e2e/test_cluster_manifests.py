@@ -174,3 +174,23 @@ def test_mlflow_server_script_requires_its_settings(tmp_path, missing):
     out = subprocess.run([str(CLUSTER / "mlflow-server.sh")], env=env, capture_output=True,
                          text=True, timeout=30)
     assert out.returncode != 0 and missing in out.stderr
+
+
+@pytest.mark.parametrize("asked, runs", [(None, "false"), ("true", "true")])
+def test_mlflow_server_script_starts_no_job_runner_unless_asked(tmp_path, asked, runs):
+    """MLflow's job runner (four more processes vacsr never uses) is off unless the environment
+    turns it on; the server gets its workers and proxied artifacts."""
+    import subprocess
+
+    fake = tmp_path / "mlflow"  # stands in for the server: says what it was started with
+    fake.write_text('#!/bin/sh\necho "jobs=$MLFLOW_SERVER_ENABLE_JOB_EXECUTION $*"\n')
+    fake.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{tmp_path}/m.db",
+           "MLFLOW_ARTIFACTS_DESTINATION": str(tmp_path / "a"), "MLFLOW_BIN": str(fake)}
+    if asked:
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = asked
+    out = subprocess.run([str(CLUSTER / "mlflow-server.sh")], env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"jobs={runs} server --backend-store-uri sqlite:///"), out.stdout
+    assert "--serve-artifacts" in out.stdout and "--workers 2" in out.stdout

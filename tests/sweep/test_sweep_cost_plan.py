@@ -205,48 +205,23 @@ def test_plan_out_in_a_missing_folder_is_one_line(tmp_path, capsys):
     nothing_written(tmp_path / "sweeps")
 
 
-@pytest.mark.timeout(300)
-def test_a_run_refused_by_its_measured_plan_leaves_its_folder_unused(tmp_path, monkeypatch):
-    """The run's own check, after its calibration and before the first trial, against the GPU
-    memory the calibration measures (a CPU has none: the real calibration runs, and its figure
-    is stated as a 0.25 GiB GPU's). Its costs are measured here and kept in a machine cache of
-    its own: read from the test run's, they would skip the calibration the check depends on, and
-    kept there, they would hand every later test its stated GPU."""
-    import dataclasses
-
+@pytest.mark.timeout(400)
+def test_plan_twice_measures_once_and_a_recalibrated_run_refuses_on_what_it_measured(
+        tmp_path, capsys, monkeypatch):
+    """A machine cache of this test's own: the first --plan measures (a real calibration), the
+    second reads what it kept, says so, and plans with the same numbers. Then a run with
+    --recalibrate measures again though the costs are kept, and its own check, after the
+    calibration and before the first trial, refuses against the GPU memory it measured (a CPU
+    has none: the real calibration runs, and its figure is stated as a 0.25 GiB GPU's): its
+    folder stays unused. Read from the cache instead, the check would have nothing to refuse."""
     import ray
 
     from conftest import sweep_plan
     from vacsr.errors import ConfigError
-    from vacsr.sweep.cost import cost_store, measure
+    from vacsr.sweep.cost import measure
     from vacsr.sweep.flow.driver import run_sweep
     from vacsr.sweep.plan.folders import state_file
 
-    calibrate = measure.run_calibration
-
-    def on_a_small_gpu(*args):
-        costs, resources = calibrate(*args)
-        return dataclasses.replace(costs, memory_gib=0.25), resources
-
-    monkeypatch.setattr(measure, "run_calibration", on_a_small_gpu)
-    monkeypatch.setattr(cost_store, "machine_cache_dir", lambda: tmp_path / "costs")
-    plan = sweep_plan(BASE2NOVEL, tmp_path / "sweeps", ["--datasets", "dtd", "--range",
-                      "train.batch_size=choice:8,4096"], monkeypatch=monkeypatch)
-    try:
-        with pytest.raises(ConfigError, match="dtd: train.batch_size=4096 needs an estimated"):
-            run_sweep(plan)
-    finally:
-        ray.shutdown()
-    assert not state_file(plan.storage).exists()  # a fixed command may start the sweep there
-    assert not (plan.storage / "tune").exists()
-    assert list((tmp_path / "costs").glob("*.json"))  # measured, not read
-
-
-@pytest.mark.timeout(300)
-def test_plan_twice_measures_once_and_the_second_reuses_the_same_costs(tmp_path, capsys,
-                                                                       monkeypatch):
-    """A machine cache of this test's own: the first --plan measures (a real calibration), the
-    second reads what it kept, says so, and plans with the same numbers."""
     monkeypatch.setenv("VACSR_CACHE_DIR", str(tmp_path / "cache"))
     plans = []
     for run in range(2):
@@ -265,6 +240,21 @@ def test_plan_twice_measures_once_and_the_second_reuses_the_same_costs(tmp_path,
     for part in ("measured_on", "datasets", "totals"):  # the estimate is the same numbers
         assert second[part] == first[part], part
     nothing_written(tmp_path / "sweeps")
-    code = main(BASE2NOVEL, ["--plan", "--datasets", "eurosat", "--storage",
-                             str(tmp_path / "sweeps"), "--recalibrate"])
-    assert code == 0 and "costs: measured now" in capsys.readouterr().out
+
+    calibrate = measure.run_calibration
+
+    def on_a_small_gpu(*args):
+        costs, resources = calibrate(*args)
+        return dataclasses.replace(costs, memory_gib=0.25), resources
+
+    monkeypatch.setattr(measure, "run_calibration", on_a_small_gpu)
+    plan = sweep_plan(BASE2NOVEL, tmp_path / "sweeps", ["--datasets", "eurosat", "--range",
+                      "train.batch_size=choice:8,4096", "--recalibrate"], monkeypatch=monkeypatch)
+    try:
+        with pytest.raises(ConfigError, match="eurosat: train.batch_size=4096 needs an estimated"):
+            run_sweep(plan)
+    finally:
+        ray.shutdown()
+    assert "costs: measured now" in capsys.readouterr().out
+    assert not state_file(plan.storage).exists()  # a fixed command may start the sweep there
+    assert not (plan.storage / "tune").exists()
