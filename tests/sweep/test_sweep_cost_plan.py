@@ -115,13 +115,26 @@ def test_a_device_memory_that_is_not_a_finite_positive_number_is_one_line(tmp_pa
 def test_the_eta_starts_from_the_plan_and_follows_measured_trials():
     stream = io.StringIO()
     progress = SweepProgress("demo", ["dtd", "eurosat"], 2, [], "val/acc", stream=stream,
-                             interval_s=0.0, trial_estimate_s=30.0)
+                             interval_s=0.0, unit_costs={"dtd": (30.0, 0.0),
+                                                         "eurosat": (30.0, 0.0)})
     progress.tick()
     assert "0/4 trials, ETA 2 min 00 s" in stream.getvalue()  # 4 trials x 30 s, nothing run
-    progress.start -= 60.0  # one trial done after 60 s: pace (2 x 30 + 60) / 3 = 40 s
+    progress.start -= 60.0  # one trial done after 60 s, twice the plan's 30 s
     progress.event({"dataset": "dtd", "event": "trial", "status": "TERMINATED", "epochs": 1,
                     "value": 50.0})
-    assert "1/4 trials, ETA 2 min 00 s" in stream.getvalue().splitlines()[-1]
+    # 90 s of the plan's 120 left, a quarter passed at half speed: 90 x (3/4 + 1/4 x 2)
+    assert "1/4 trials, ETA 1 min 52 s" in stream.getvalue().splitlines()[-1]
+
+
+def test_without_the_plan_the_eta_is_the_measured_pace():
+    stream = io.StringIO()
+    progress = SweepProgress("demo", ["dtd"], 3, [], "val/acc", stream=stream, interval_s=0.0)
+    progress.tick()
+    assert "0/3 trials, ETA -" in stream.getvalue()
+    progress.start -= 40.0
+    progress.event({"dataset": "dtd", "event": "trial", "status": "TERMINATED", "epochs": 1,
+                    "value": 50.0})
+    assert "1/3 trials, ETA 1 min 20 s" in stream.getvalue().splitlines()[-1]  # 2 x 40 s
 
 
 def test_the_eta_of_a_long_unit_left_alone_is_its_own_length():
@@ -131,7 +144,7 @@ def test_the_eta_of_a_long_unit_left_alone_is_its_own_length():
     stream = io.StringIO()
     # 2 lanes; a trial and the final seeds: dtd 10 s and 10 s, imagenet 100 s and 100 s
     progress = SweepProgress("demo", ["dtd", "imagenet"], 2, [], "val/acc", stream=stream,
-                             interval_s=0.0, trial_estimate_s=55.0,
+                             interval_s=0.0,
                              unit_costs={"dtd": (10.0, 10.0), "imagenet": (100.0, 100.0)},
                              lanes=2)
     progress.tick()  # imagenet's 2 x 100 + 100 is longer than both units' 330 over 2 lanes

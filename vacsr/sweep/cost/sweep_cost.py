@@ -134,13 +134,6 @@ def build_sweep_cost(plan: SweepPlan, counts: dict[str, DatasetCounts], costs: S
                        "wall_s": wall("search_s"), "wall_no_stop_s": wall("search_no_stop_s")}}
 
 
-def trial_pace(cost: dict) -> float:
-    """Estimated wall seconds per trial of the whole sweep, final seeds included: the pace the
-    progress ETA starts from."""
-    trials = sum(r["trials"] for r in cost["datasets"])
-    return cost["totals"]["wall_s"] / max(trials, 1)
-
-
 def unit_paces(cost: dict) -> dict[str, tuple[float, float]]:
     """Per unit the estimated wall seconds of a trial (its concurrent trials sharing the unit's
     search) and of its final seeds, CPU sharing included: the progress ETA's units."""

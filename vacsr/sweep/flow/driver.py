@@ -35,7 +35,7 @@ from vacsr.records.view import runs_link
 from vacsr.results import table_spec
 from vacsr.stop import SignalNote, Stopped
 from vacsr.sweep.cost.measure import measure_sweep_cost
-from vacsr.sweep.cost.sweep_cost import trial_pace, unit_paces
+from vacsr.sweep.cost.sweep_cost import unit_paces
 from vacsr.sweep.flow.dataset_task import run_dataset
 from vacsr.sweep.flow.events import EventSink, start_event_log
 from vacsr.sweep.plan.folders import error_file, run_folders, state_file
@@ -291,8 +291,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     SweepRecords.note_costs_source(parent, cost["costs_from"])
     done = [d for d in plan.datasets if state.dataset(d).get("done")]
     progress = SweepProgress(plan.name, plan.datasets, plan.trials_of, done, plan.kind.metric,
-                             trial_estimate_s=trial_pace(cost), unit_costs=unit_paces(cost),
-                             lanes=cost["parallel_datasets"])
+                             unit_costs=unit_paces(cost), lanes=cost["parallel_datasets"])
     reserve = SpaceReserve(plan.storage)
     try:
         reserve.hold()  # room to close the records if the disk fills up (search/recovery.py)

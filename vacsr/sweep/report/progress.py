@@ -12,14 +12,11 @@ from typing import Callable, Mapping, TextIO
 
 from tqdm import tqdm
 
-PLAN_WEIGHT = 2  # measured trials the plan's estimate counts as in the ETA
-
 
 class SweepProgress:
     def __init__(self, name: str, datasets: list[str], trials_per_dataset: int | Callable,
                  done: list[str],
                  metric: str, stream: TextIO | None = None, interval_s: float = 60.0,
-                 trial_estimate_s: float | None = None,
                  unit_costs: Mapping[str, tuple[float, float]] | None = None,
                  lanes: int = 1) -> None:
         self.name, self.metric, self.stream = name, metric, stream or sys.stderr
@@ -33,7 +30,6 @@ class SweepProgress:
         self.interval_s, self.last_status = interval_s, time.monotonic()
         self.start, self.start_done = time.monotonic(), sum(self.trials.values())
         self.cache = [0, 0]  # evaluation inputs the prefix cache served, of all encoded
-        self.trial_estimate_s = trial_estimate_s  # the plan's wall seconds per trial
         # per unit the plan's wall seconds of a trial and of its final seeds, and the units
         # searched at once: the ETA then follows the units' own lengths (`_units_left`)
         self.unit_costs, self.lanes = dict(unit_costs or {}), max(1, lanes)
@@ -115,11 +111,11 @@ class SweepProgress:
         return max(max(rests, default=0.0), sum(rests) / self.lanes)
 
     def _eta(self, done: int) -> str:
-        """Time left at the plan's pace, corrected by this run's pace as trials finish (trials
-        restored by --resume do not count): the plan weighs as PLAN_WEIGHT measured trials.
-        With the units' costs, the plan's time left of the units still to run (a long unit
-        left alone at the end is its own length, not the sweep's mean pace per trial), scaled
-        by this run's speed against the plan, weighed by how much of the plan has passed."""
+        """With the units' costs (the plan's), the plan's time left of the units still to run
+        (a long unit left alone at the end is its own length, not the sweep's mean pace per
+        trial), scaled by this run's speed against the plan, weighed by how much of the plan
+        has passed; trials restored by --resume do not count. Without them, this run's pace
+        per trial so far."""
         finished = done - self.start_done
         elapsed = time.monotonic() - self.start
         if self.unit_costs:
@@ -128,14 +124,10 @@ class SweepProgress:
             speed = elapsed / passed if passed > 0 and elapsed > 0 else 1.0
             weight = passed / self.start_left if self.start_left else 1.0
             left = planned_left * ((1 - weight) + weight * speed)
-            return f"ETA {int(left // 60)} min {int(left % 60):02d} s"
-        if self.trial_estimate_s is not None:
-            pace = (self.trial_estimate_s * PLAN_WEIGHT + elapsed) / (PLAN_WEIGHT + finished)
         elif finished > 0:
-            pace = elapsed / finished
+            left = elapsed / finished * (self.total - done)
         else:
             return "ETA -"
-        left = pace * (self.total - done)
         return f"ETA {int(left // 60)} min {int(left % 60):02d} s"
 
     def close(self) -> None:
