@@ -112,6 +112,11 @@ def test_zero_shots_one_evaluation_pairs_with_every_seed_of_the_reference(tmp_pa
     text = write_comparison(SPEC, results, {}, {}, tmp_path)[1][0].read_text()
     assert f"| eurosat | zero_shot | 60.00 | 40.00 | 48.00 |  | 0 | {SINGLE_EVALUATION} |" \
         in text
+    # a preface (a rehearsal's header) opens the Markdown report alone, written with it
+    paths = write_comparison(SPEC, results, {}, {}, tmp_path / "marked", preface="**R**\n\n")[1]
+    assert paths[0].read_text() == f"**R**\n\n{text}"
+    assert [p.read_text() for p in paths[1:]] == [
+        (tmp_path / p.name).read_text() for p in paths[1:]]
 
 
 def test_failed_methods_and_datasets_are_reported_and_their_seeds_counted_as_left_out(

@@ -32,14 +32,15 @@ __all__ = ["Comparison", "build_comparison", "write_comparison"]
 def write_comparison(spec: dict, results: dict[str, dict], failed: dict[str, dict],
                      budget: dict[str, dict], folder: Path, reference: str = REFERENCE,
                      zero_shot: str = ZERO_SHOT, *, resamples: int = RESAMPLES,
-                     seed: int = BOOTSTRAP_SEED) -> tuple[list[dict], list[Path], str]:
-    """comparison.md, comparison.csv (row x method rows and each method's summary) and
-    comparison_differences.csv (the differences) in `folder`, each written whole; returns the
-    rows, the paths and a short console summary."""
+                     seed: int = BOOTSTRAP_SEED,
+                     preface: str = "") -> tuple[list[dict], list[Path], str]:
+    """comparison.md (`preface` before it: a rehearsal's header), comparison.csv (row x method
+    rows and each method's summary) and comparison_differences.csv (the differences) in
+    `folder`, each written whole; returns the rows, the paths and a short console summary."""
     found = build_comparison(spec, results, failed, budget, reference, zero_shot,
                              resamples=resamples, seed=seed)
     folder = Path(folder)
-    paths = [atomic_write_text(folder / COMPARISON_MD, comparison_markdown(spec, found)),
+    paths = [atomic_write_text(folder / COMPARISON_MD, preface + comparison_markdown(spec, found)),
              atomic_write_text(folder / COMPARISON_CSV,
                                comparison_csv(found.rows, found.shape.unit)),
              atomic_write_text(folder / COMPARISON_DIFFERENCES_CSV,

@@ -65,10 +65,11 @@ def by_method(info: dict, results: dict[str, dict], failed: dict[str, str]
 
 
 def write_method_reports(plan: SweepPlan, results: dict[str, dict], failed: dict[str, str],
-                         folder: Path) -> tuple[list[dict], list[Path], str, list[dict]]:
-    """Each method's tables, then the comparison; returns the units' rows (named by unit, for
-    their runs' table/* metrics; no average over methods), every path, the console text and the
-    comparison's rows (for its MLflow view)."""
+                         folder: Path, preface: str = ""
+                         ) -> tuple[list[dict], list[Path], str, list[dict]]:
+    """Each method's tables, then the comparison, each Markdown file opening with `preface`;
+    returns the units' rows (named by unit, for their runs' table/* metrics; no average over
+    methods), every path, the console text and the comparison's rows (for its MLflow view)."""
     rows, paths = [], []
     for method in plan.methods:
         units = [u for u in plan.datasets if plan.method_of(u) == method]
@@ -78,11 +79,11 @@ def write_method_reports(plan: SweepPlan, results: dict[str, dict], failed: dict
             continue
         method_rows, method_paths, _ = write_report(
             plan.kind, own, own_failed, folder / METHODS_FOLDER / method,
-            sections=importance_section(own, plan.kind.metric))
+            sections=importance_section(own, plan.kind.metric), preface=preface)
         rows += [r for r in method_rows if r["dataset"] != "average"]
         paths += method_paths
     info = comparison_info(plan)
     grouped, failed_by = by_method(info, results, failed)
     compared, comparison_paths, text = write_comparison(info["spec"], grouped, failed_by,
-                                                        info["budget"], folder)
+                                                        info["budget"], folder, preface=preface)
     return rows, paths + comparison_paths, text, compared

@@ -3,9 +3,6 @@ datasets' runs and the saved views (vacsr/records/view.py; a sweep of several me
 comparison's, vacsr/records/comparison_view.py)."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from vacsr.atomic import atomic_write_text
 from vacsr.records import MlflowTracker
 from vacsr.records.comparison_view import publish_comparison
 from vacsr.records.sweep_records import SweepRecords
@@ -27,13 +24,16 @@ def publish_sweep(plan: SweepPlan, state: SweepState, parent: MlflowTracker,
     rows and the console text."""
     results, folder = state.finished(plan.datasets), report_folder(plan.storage)
     compared = None
+    # a rehearsal's reports, and its console text, open with what it is
+    preface = f"{rehearsal_header(plan.rehearse)}\n\n" if plan.rehearse else ""
     if len(plan.methods) > 1:  # each method's table and their comparison
-        rows, paths, text, compared = write_method_reports(plan, results, failed, folder)
+        rows, paths, text, compared = write_method_reports(plan, results, failed, folder,
+                                                           preface)
+        text = preface + text
     else:
         rows, paths, text = write_report(plan.kind, results, failed, folder,
-                                         sections=importance_section(results, plan.kind.metric))
-    if plan.rehearse:
-        text = mark_rehearsal(paths, text, plan.rehearse)
+                                         sections=importance_section(results, plan.kind.metric),
+                                         preface=preface)
     for path in paths:  # each method's tables under methods/<method>/, as on disk
         where = path.parent.relative_to(folder).as_posix()
         parent.log_artifact(path, None if where == "." else where)
@@ -52,15 +52,6 @@ def rehearsal_header(scale: float) -> str:
     return (f"**Rehearsal** (--rehearse {scale:g}): no run trained; each waited the cost "
             f"model's seconds / {scale:g} and reported a synthetic curve. These numbers are not "
             "results.")
-
-
-def mark_rehearsal(paths: list[Path], text: str, scale: float) -> str:
-    """A rehearsal's reports open with its header: each Markdown file, and the console text."""
-    header = rehearsal_header(scale)
-    for path in paths:
-        if path.suffix == ".md":
-            atomic_write_text(path, f"{header}\n\n{path.read_text()}")
-    return f"{header}\n\n{text}"
 
 
 def view_rows(plan: SweepPlan, compared: list[dict]) -> tuple[list[dict], list[dict]]:

@@ -163,12 +163,13 @@ def plot_columns(spec: dict, rows: list[dict], path: Path) -> Path:
 
 
 def write_report(kind, results: dict[str, dict], failed: dict[str, str], folder: Path,
-                 sections: str = "") -> tuple[list[dict], list[Path], str]:
+                 sections: str = "", preface: str = "") -> tuple[list[dict], list[Path], str]:
     """results.md / results.csv / per_seed.csv (+ a chart when the kind names its columns);
-    `sections`: markdown appended to results.md after the table (the importance summary)."""
+    `sections`: markdown appended to results.md after the table (the importance summary);
+    `preface`: markdown before it (a rehearsal's header)."""
     spec = table_spec(kind.table)
     rows = table_rows(spec, results, failed)
-    text = to_markdown(spec, rows) + sections
+    text = preface + to_markdown(spec, rows) + sections
     paths = [atomic_write_text(folder / RESULTS_MD, text),
              atomic_write_text(folder / RESULTS_CSV, _csv(rows)),
              atomic_write_text(folder / PER_SEED_CSV, _csv(per_seed_rows(results)))]
