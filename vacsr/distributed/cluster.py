@@ -62,7 +62,7 @@ def ensure_ray(num_cpus: int | None = None, num_gpus: int | None = None,
     """ray.init once. With `address` (or RAY_ADDRESS) join that cluster; otherwise start a local
     instance of our own (`address="local"`: a cluster recorded by `ray start` is not joined) with
     explicit resources, and the dashboard on loopback only if asked: Tune and Train run without
-    it, and its head's modules take a few CPU-seconds a minute (about 8% of `make test`)."""
+    it, and its processes cost a one-dataset sweep 6 to 10 of its 30 CPU-s (docs/performance.md)."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
