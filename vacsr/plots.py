@@ -53,8 +53,9 @@ def _draw(ax, history: Sequence[Mapping], keys: list[str], title: str, marker: s
 
 def training_curves_figure(history: Sequence[Mapping]) -> Figure:
     """Two panels: training loss parts per epoch (left), evaluation metrics per epoch (right)."""
-    # here, not at the top: every process that records a run imports this module, and most
-    # (a sweep's driver and dataset tasks) never draw (matplotlib: 0.6 CPU-s a process)
+    # here, not at the top: every process that records a run imports this module, and one
+    # that stops before drawing (a dataset task stopped mid-search) needs no matplotlib
+    # (0.6 CPU-s a process)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -253,6 +253,8 @@ def test_plan_twice_measures_once_and_a_recalibrated_run_refuses_on_what_it_meas
     for part in ("measured_on", "datasets", "totals"):  # the estimate is the same numbers
         assert second[part] == first[part], part
     nothing_written(tmp_path / "sweeps")
+    [kept] = (tmp_path / "cache" / "costs").glob("*.json")
+    before = kept.read_text()
 
     calibrate = measure.run_calibration
 
@@ -269,5 +271,6 @@ def test_plan_twice_measures_once_and_a_recalibrated_run_refuses_on_what_it_meas
     finally:
         ray.shutdown()
     assert "costs: measured now" in capsys.readouterr().out
+    assert kept.read_text() != before  # measured again and kept, not read
     assert not state_file(plan.storage).exists()  # a fixed command may start the sweep there
     assert not (plan.storage / "tune").exists()

@@ -69,7 +69,8 @@ def write_method_reports(plan: SweepPlan, results: dict[str, dict], failed: dict
                          ) -> tuple[list[dict], list[Path], str, list[dict]]:
     """Each method's tables, then the comparison, each Markdown file opening with `preface`;
     returns the units' rows (named by unit, for their runs' table/* metrics; no average over
-    methods), every path, the console text and the comparison's rows (for its MLflow view)."""
+    methods), every path, the console text (after `preface`) and the comparison's rows (for its
+    MLflow view)."""
     rows, paths = [], []
     for method in plan.methods:
         units = [u for u in plan.datasets if plan.method_of(u) == method]
@@ -86,4 +87,4 @@ def write_method_reports(plan: SweepPlan, results: dict[str, dict], failed: dict
     grouped, failed_by = by_method(info, results, failed)
     compared, comparison_paths, text = write_comparison(info["spec"], grouped, failed_by,
                                                         info["budget"], folder, preface=preface)
-    return rows, paths + comparison_paths, text, compared
+    return rows, paths + comparison_paths, preface + text, compared

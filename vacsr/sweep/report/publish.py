@@ -29,7 +29,6 @@ def publish_sweep(plan: SweepPlan, state: SweepState, parent: MlflowTracker,
     if len(plan.methods) > 1:  # each method's table and their comparison
         rows, paths, text, compared = write_method_reports(plan, results, failed, folder,
                                                            preface)
-        text = preface + text
     else:
         rows, paths, text = write_report(plan.kind, results, failed, folder,
                                          sections=importance_section(results, plan.kind.metric),
