@@ -14,6 +14,11 @@ overhead per run (a run's wall time beyond its waits, `rehearsal/wait_s`); MLflo
 second; the driver's peak memory; failed units; the driver's error lines; and `--plan`'s wall
 time (scaled) against the rehearsal's. Linux only; a sweep folder under --storage (a temporary
 one unless given, removed after).
+
+`--against-free-running` rehearses the sweep a second time on the same cluster with
+`--free-running` (no waits, a table that depends on timing) and prints what the deterministic
+search costs: its search-phase wall time and GPU use against the free-running one's, at the same
+number of trials per dataset at once.
 """
 from __future__ import annotations
 
@@ -54,7 +59,8 @@ def sweep_command(args, address: str, uri: str, studies: str, storage: Path, *ex
             str(storage), "--tracking-uri", uri, "--optuna-storage", studies, "--methods",
             args.methods, "--trials", str(args.trials), "--seeds", args.seeds,
             "--gpus-per-worker", "1", "--cpus-per-worker", "1", "--set", "train.device=cpu",
-            "--concurrent-trials", str(args.concurrent_trials),
+            *(["--concurrent-trials", str(args.concurrent_trials)]
+              if args.concurrent_trials else []),
             *(["--datasets", args.datasets] if args.datasets else []), *extra]
 
 
@@ -82,12 +88,14 @@ def phase(runs: list, gpus: float) -> dict:
             "minimum_s": sum(waits) / gpus, "overhead_s": [w - t for w, t in zip(walls, waits)]}
 
 
-def read_runs(uri: str) -> list:
+def read_runs(uri: str, since: float = 0.0) -> list:
+    """The experiment's runs started at `since` (epoch seconds) or later."""
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("vacsr-base2novel")
-    runs = client.search_runs([experiment.experiment_id], max_results=50000)
+    runs = [r for r in client.search_runs([experiment.experiment_id], max_results=50000)
+            if r.info.start_time >= since * 1000]
     for run in runs:  # a run's waits: its history of rehearsal/wait_s
         if WAIT in run.data.metrics:
             history = client.get_metric_history(run.info.run_id, WAIT)
@@ -95,7 +103,7 @@ def read_runs(uri: str) -> list:
     return runs
 
 
-def report(args, runs: list, wall: float, plan_wall: float, peak: float, log: Path) -> None:
+def report(args, runs: list, wall: float, plan_wall: float, peak: float, log: Path) -> dict:
     gpus = args.nodes * args.gpus_per_node
     trials = [r for r in runs if WAIT in r.data.metrics and "final" not in r.info.run_name]
     finals = [r for r in runs if "final-seed" in (r.info.run_name or "")]
@@ -103,9 +111,11 @@ def report(args, runs: list, wall: float, plan_wall: float, peak: float, log: Pa
                          for r in runs)
     print(f"cluster: {args.nodes} node(s) x {args.gpus_per_node} logical GPUs = {gpus} GPUs; "
           f"methods {args.methods}, {args.trials} trials, seeds {args.seeds}, "
-          f"--concurrent-trials {args.concurrent_trials}, --rehearse {args.scale:g}")
+          f"--concurrent-trials {args.concurrent_trials or 'default'}, --rehearse "
+          f"{args.scale:g}")
+    phases = {}
     for name, found in (("search", trials), ("final seeds", finals)):
-        p = phase(found, gpus)
+        p = phases[name] = phase(found, gpus)
         if not p:
             continue
         overheads = sorted(p["overhead_s"])
@@ -123,6 +133,20 @@ def report(args, runs: list, wall: float, plan_wall: float, peak: float, log: Pa
           f"(ratio {plan_wall / wall:.2f})")
     for line in failed[:5]:
         print("  " + line[:200])
+    return phases.get("search") or {}
+
+
+def rehearse(args, address: str, uri: str, studies: str, storage: Path, env: dict,
+             plan_wall: float, folder: Path, *extra: str) -> tuple[int, dict]:
+    """One rehearsal; its exit status and its search phase."""
+    log = folder / f"rehearsal{len(list(folder.glob('rehearsal*.log')))}.log"
+    since = time.time()
+    code, wall, peak = run_driver(sweep_command(args, address, uri, studies, storage,
+                                                "--rehearse", f"{args.scale:g}", *extra), log, env)
+    search = report(args, read_runs(uri, since), wall, plan_wall, peak, log)
+    if code != 0:
+        print(log.read_text()[-3000:], file=sys.stderr)
+    return code, {**search, "rehearsal_s": wall}
 
 
 def main() -> int:
@@ -135,7 +159,10 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=24)
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--scale", type=float, default=200.0)
-    p.add_argument("--concurrent-trials", type=int, default=1)
+    p.add_argument("--concurrent-trials", type=int, default=None,
+                   help="default: the sweep's (the cluster's trial slots over the datasets)")
+    p.add_argument("--against-free-running", action="store_true",
+                   help="a second rehearsal with --free-running, and the ratios")
     p.add_argument("--storage", type=Path, default=None)
     args = p.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="vacsr-scale-"))
@@ -162,13 +189,19 @@ def main() -> int:
             print((folder / "plan.log").read_text()[-3000:], file=sys.stderr)
             return code
         plan_wall = json.loads(plan_out.read_text())["totals"]["wall_s"] / args.scale
-        log = folder / "rehearsal.log"
-        code, wall, peak = run_driver(sweep_command(args, cluster.address, uri, studies,
-                                                    storage, "--rehearse", f"{args.scale:g}"),
-                                      log, env)
-        report(args, read_runs(uri), wall, plan_wall, peak, log)
-        if code != 0:
-            print(log.read_text()[-3000:], file=sys.stderr)
+        code, ordered = rehearse(args, cluster.address, uri, studies, storage, env, plan_wall,
+                                 folder)
+        if code != 0 or not args.against_free_running:
+            return code
+        print("--free-running, the same cluster and trials at once:")
+        code, free = rehearse(args, cluster.address, uri, studies, storage, env, plan_wall,
+                              folder, "--free-running", "--name", "base2novel-free")
+        if code == 0 and free.get("wall_s"):
+            print(f"SUMMARY deterministic / free-running: search wall {ordered['wall_s']:.0f} s "
+                  f"/ {free['wall_s']:.0f} s = {ordered['wall_s'] / free['wall_s']:.2f}; search "
+                  f"GPU use {100 * ordered['use']:.0f}% / {100 * free['use']:.0f}%; rehearsal "
+                  f"{ordered['rehearsal_s']:.0f} s / {free['rehearsal_s']:.0f} s = "
+                  f"{ordered['rehearsal_s'] / free['rehearsal_s']:.2f}")
         return code
     finally:
         if cluster is not None:

@@ -123,14 +123,16 @@ def test_the_phases_share_of_a_gpu_cluster_by_hand(tmp_path):
     plan.configs = {f"d{i}": plan.configs["dtd"] for i in range(11)}  # 11 units, a GPU a trial
     plan.spaces = {unit: plan.spaces["dtd"] for unit in plan.configs}
     plan.configs["d0"].train.gpus_per_worker = 1.0  # the units share the one config object
-    # 64 GPUs: 11 units at once, a trial each -> 11 held; 64 // 11 = 5 trials each fit -> 55
+    # the default divides the slots: 64 GPUs, 11 units at once, 5 trials each -> 55 held
+    assert phase_use(plan, {"CPU": 128, "GPU": 64})["search"] == 55.0
+    # --concurrent-trials 1: a trial each -> 11 held; 64 // 11 = 5 trials each fit -> 55
+    plan.concurrent_trials = 1
     use = phase_use(plan, {"CPU": 128, "GPU": 64})
     assert use == {"resource": "GPU", "capacity": 64.0, "search": 11.0, "final": 11.0,
                    "fill": 5, "fill_search": 55.0}
     assert format_use(use) == (
-        "busy: search 11 of 64 GPU(s) (17%) (--concurrent-trials 5: 55 of 64 GPU(s) (86%), with "
-        "ASHA's stops depending on which trial reports first); final seeds 11 of 64 GPU(s) "
-        "(17%), a unit's seeds one after another")
+        "busy: search 11 of 64 GPU(s) (17%) (--concurrent-trials 5: 55 of 64 GPU(s) (86%)); "
+        "final seeds 11 of 64 GPU(s) (17%), a unit's seeds one after another")
     plan.concurrent_trials = 5  # the setting it names holds what it said
     assert phase_use(plan, {"CPU": 128, "GPU": 64})["search"] == 55.0
     # 8 GPUs hold 8 of the 11 units at once, and nothing more to fill

@@ -184,12 +184,13 @@ def test_plan_on_the_embedded_profile_prints_every_dataset_and_writes_nothing(tm
     assert re.fullmatch(r"search (\d+ s|\d+ min \d\d s|\d+ h \d\d min) of device time .*",
                         totals[0]), totals
     assert re.fullmatch(r"wall time (\d+ s|\d+ min \d\d s) \(at most .*\)", totals[1]), totals
-    # two datasets of a trial each at 0.5 CPU on 2 CPUs: half of them; a trial more each fills
-    assert totals[2] == ("busy: search 1 of 2 CPU(s) (50%) (--concurrent-trials 2: 2 of 2 CPU(s) "
-                         "(100%), with ASHA's stops depending on which trial reports first); "
-                         "final seeds 1 of 2 CPU(s) (50%), a unit's seeds one after another")
-    assert plan["busy"] == {"resource": "CPU", "capacity": 2.0, "search": 1.0, "final": 1.0,
-                            "fill": 2, "fill_search": 2.0}
+    # two datasets at 0.5 CPU a trial on 2 CPUs: the default gives each 2 trials at once
+    assert "2 dataset(s) at a time, 2 trial(s) each (of 4 trial slots; the table depends on " \
+        "the trials at once), on 2 CPU" in printed
+    assert totals[2] == ("busy: search 2 of 2 CPU(s) (100%); final seeds 1 of 2 CPU(s) (50%), "
+                         "a unit's seeds one after another")
+    assert plan["busy"] == {"resource": "CPU", "capacity": 2.0, "search": 2.0, "final": 1.0,
+                            "fill": None, "fill_search": None}
 
 
 @pytest.mark.timeout(300)

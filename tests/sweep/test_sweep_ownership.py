@@ -68,6 +68,8 @@ def test_a_used_folder_takes_only_resume_with_its_own_settings(tmp_path):
     # a key --set fixes is out of the recorded space: the Optuna study holds no param for it
     with pytest.raises(ConfigError, match=r"config loss.beta.*search range loss.beta"):
         claim("--resume", "--set", "loss.beta=0.5")
+    with pytest.raises(ConfigError, match=r"--free-running not set -> set"):
+        claim("--resume", "--free-running")
     # resources do not change results: a resume may place the runs differently
     claim("--resume", "--cpus-per-worker", "2")
     # a new sweep under another name has a folder of its own
@@ -82,3 +84,34 @@ def test_a_used_folder_takes_only_resume_with_its_own_settings(tmp_path):
     with pytest.raises(ConfigError, match=r"^--resume: sweep 'dry' in .* is a rehearsal; "
                                           r"continue it with --rehearse"):
         claim("--name", "dry", "--resume")
+
+
+def test_the_trials_at_once_are_fixed_at_the_start_and_kept_by_resume(tmp_path):
+    """Without --concurrent-trials the cluster chooses how many trials of a dataset run at once
+    (N), and the table depends on N: the first start records it, --resume takes the recorded N
+    on any cluster that holds N trials, and a cluster that holds fewer is refused in one line."""
+    from vacsr.sweep.plan.ownership import fixed_concurrency
+
+    def plan(*argv):
+        built = sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat", "--trials", "8",
+                                                  *argv], data=tmp_path / "data")
+        built.configs["eurosat"].train.gpus_per_worker = 1.0  # a GPU a trial
+        return built
+
+    first = plan()
+    state = claim_state(first, check_resume_files)
+    assert first.concurrent_trials is None
+    fixed = fixed_concurrency(first, state, {"CPU": 64, "GPU": 6})
+    assert fixed.concurrent_trials == 6 and state.data["concurrent_trials"] == 6
+    resumed = claim_state(plan("--resume"), check_resume_files)
+    assert fixed_concurrency(plan("--resume"), resumed, {"CPU": 64, "GPU": 16}) \
+        .concurrent_trials == 6  # a larger cluster: the recorded N
+    with pytest.raises(ConfigError, match=r"^--resume: the sweep runs 6 trials of a dataset at "
+                                          r"once \(fixed at its start\), and this cluster holds "
+                                          r"4; resume it on a cluster that holds 6$"):
+        fixed_concurrency(plan("--resume"), resumed, {"CPU": 64, "GPU": 4})
+    # asked for more than the cluster holds: refused, not run with fewer (another table)
+    other = plan("--name", "other", "--concurrent-trials", "8")
+    with pytest.raises(ConfigError, match=r"^--concurrent-trials 8: this cluster holds 6 trials "
+                                          r"at once"):
+        fixed_concurrency(other, claim_state(other, check_resume_files), {"CPU": 64, "GPU": 6})

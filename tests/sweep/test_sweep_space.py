@@ -175,6 +175,12 @@ def test_storage_paths_and_copies_for_paths_and_uris(tmp_path):
     (64, 1, 1.0, 1.0, None, 16, (4, 16)),  # 16 trials each: as many datasets as that leaves
     (8, 2, 1.0, 1.0, 20, 1, (2, 1)),     # 2 workers: the actor's CPU counts; never more datasets
     (3, 2, 1.0, 1.0, None, 4, (1, 1)),   # than slots (no starved trials)
+    # without --concurrent-trials: the datasets the slots allow, then the slots divided
+    (64, 1, 1.0, 1.0, None, None, (11, 5)),  # 11 datasets at once, 5 trials each: 55 of 64
+    (64, 1, 1.0, 1.0, 4, None, (4, 16)),     # --parallel-datasets 4: 16 each
+    (64, 1, 4.0, 1.0, None, None, (11, 1)),  # 16 slots: every dataset, a trial each
+    (2, 1, 0.5, 0.1, None, None, (4, 1)),    # the embedded default's 4 slots
+    (8, 2, 1.0, 1.0, None, None, (2, 1)),    # 2 workers, 3 CPUs a trial: 2 slots
 ])
 def test_parallel_plan_never_oversubscribes(cpus, workers, cpw, trial_cpus, parallel, concurrent,
                                             expected):
@@ -183,6 +189,7 @@ def test_parallel_plan_never_oversubscribes(cpus, workers, cpw, trial_cpus, para
 
     config = load_config(overrides=[f"train.workers={workers}", f"train.cpus_per_worker={cpw}"])
     plan = built_plan(BASE2NOVEL, Path("/tmp"), configs={f"d{i}": config for i in range(11)},
+                      spaces={f"d{i}": {"loss.beta": LogFloat(0.1, 10.0)} for i in range(11)},
                       parallel=parallel, trial_cpus=trial_cpus, concurrent_trials=concurrent)
     datasets_at_once, trials_each = sweep_parallelism(plan, {"CPU": cpus})
     assert (datasets_at_once, trials_each) == expected
@@ -436,32 +443,6 @@ def test_a_recorded_selection_is_read_back_and_a_damaged_one_refused(tmp_path):
         (tmp_path / "selection.json").write_text(damaged)
         with pytest.raises(ConfigError, match=r"selection.json: not a selection record"):
             read_selection(tmp_path)
-
-
-def test_asha_notes_the_rung_and_the_values_each_stopped_trial_was_compared_with(tmp_path):
-    """What the sweep records on a stopped trial's MLflow run: ASHA's own decision, with the
-    rung and the values reported there before it (their order decides the stop)."""
-    from types import SimpleNamespace
-
-    from vacsr.sweep.search.tune import AshaStops, RecordingASHA
-    from vacsr.sweep.spec.schedule import AshaSchedule
-
-    stops = AshaStops(tmp_path / "asha_stops.json")
-    halving = AshaSchedule(grace_period=1, reduction_factor=2)
-    asha = RecordingASHA(stops, halving, 8, time_attr="epoch")  # rungs 1, 2, 4, 8 (max_t 9)
-    assert halving.rungs(8) == [1, 2, 4, 8] and list(asha.rungs) == [8, 4, 2, 1]
-    asha.set_search_properties("val/acc", "max")
-    decisions = {}
-    for tid, value in (("a", 50.0), ("b", 40.0), ("c", 10.0)):
-        trial = SimpleNamespace(trial_id=tid)
-        asha.on_trial_add(None, trial)
-        decisions[tid] = asha.on_trial_result(None, trial, {"epoch": 1, "val/acc": value})
-    assert decisions["c"] == RecordingASHA.STOP and decisions["a"] == RecordingASHA.CONTINUE
-    recorded = stops.read()
-    assert recorded["c"] == {"rung": 1, "value": 10.0, "compared": [40.0, 50.0]}
-    assert set(recorded) == {tid for tid, d in decisions.items() if d == RecordingASHA.STOP}
-    (tmp_path / "asha_stops.json").write_text("[")  # informative only: damage reads as none
-    assert stops.read() == {}
 
 
 def test_each_trial_run_records_the_value_selection_compared(tmp_path):

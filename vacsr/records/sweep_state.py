@@ -27,7 +27,7 @@ FORMAT = 2  # the record format this vacsr writes and resumes
 # the types each recorded field may hold (a field not yet written is absent)
 DATASETS, AVERAGES = "datasets", "averages"  # the sections that record runs, by name
 TOP_FIELDS = {"format": int, DATASETS: dict, AVERAGES: dict, "settings": dict,
-              "parent_run_id": str, "parent_run_key": str}
+              "parent_run_id": str, "parent_run_key": str, "concurrent_trials": int}
 DATASET_FIELDS = {"run_id": str, "run_key": str, "done": bool, "result": dict,
                   "failed": (str, type(None))}
 

@@ -16,7 +16,7 @@ and teardown (its trials reuse one actor; runs of 2+ Train workers start their o
 start-up), its final runs another start-up.
 
 The search's epochs follow ASHA as the sweep configures it (vacsr/sweep/spec/schedule.py, the
-schedule Tune's RecordingASHA is built from: rungs at the grace period times powers of the
+schedule the sweep's OrderedASHA decides on: rungs at the grace period times powers of the
 reduction factor, below the largest epoch count + 1; trials one after the other): the expected
 epochs come from simulating it with trials of independent, fixed rank (`asha_epochs`); the upper
 bound is no stopping.

@@ -14,7 +14,13 @@ from vacsr.sweep.cost.calibrate import StepCosts
 from vacsr.sweep.cost.counts import DatasetCounts
 from vacsr.sweep.cost.memory import check_memory, memory_peaks
 from vacsr.sweep.cost.utilisation import format_use, phase_use
-from vacsr.sweep.plan.plan import SweepPlan, sweep_parallelism, trains_in_trial, trial_resources
+from vacsr.sweep.plan.plan import (
+    SweepPlan,
+    sweep_parallelism,
+    trains_in_trial,
+    trial_resources,
+    trial_slots,
+)
 from vacsr.sweep.spec.schedule import longest_epochs
 from vacsr.sweep.spec.space import start_point, tower_depths
 
@@ -125,7 +131,8 @@ def build_sweep_cost(plan: SweepPlan, counts: dict[str, DatasetCounts], costs: S
             "measured_on": costs.as_dict(),
             "resources": {k: resources[k] for k in ("CPU", "GPU") if k in resources},
             "device_memory_gib": device_gib, "parallel_datasets": parallel,
-            "concurrent_trials": per_dataset, "cpu_sharing": slow, "seeds": list(plan.seeds),
+            "concurrent_trials": per_dataset, "trial_slots": trial_slots(plan, resources),
+            "cpu_sharing": slow, "seeds": list(plan.seeds),
             "busy": phase_use(plan, resources),
             "datasets": rows,
             "totals": {"search_device_s": total("search_s"),
@@ -152,7 +159,8 @@ def format_sweep_cost(cost: dict) -> str:
     lines = [f"plan of sweep {cost['sweep']} ({cost['kind']}, {cost['model']}), costs measured "
              f"on {m['device']}",
              f"{cost['parallel_datasets']} dataset(s) at a time, {cost['concurrent_trials']} "
-             f"trial(s) each, on {resources}",
+             f"trial(s) each (of {cost.get('trial_slots', '?')} trial slots; the table depends "
+             f"on the trials at once), on {resources}",
              f"{'dataset':<{width}}{'train':>7}{'val':>6}{'test':>7}{_other(cost):>7}{'steps/ep':>10}"
              f"{'trials':>7}{'epochs':>8}{'trial s':>9}{'final s':>9}{'peak GiB':>9}"]
     for r in cost["datasets"]:

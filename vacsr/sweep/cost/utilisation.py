@@ -41,6 +41,5 @@ def format_use(use: dict) -> str:
 
     line = f"busy: search {share(use['search'])}"
     if use["fill"]:
-        line += (f" (--concurrent-trials {use['fill']}: {share(use['fill_search'])}, with "
-                 "ASHA's stops depending on which trial reports first)")
+        line += f" (--concurrent-trials {use['fill']}: {share(use['fill_search'])})"
     return line + f"; final seeds {share(use['final'])}, a unit's seeds one after another"

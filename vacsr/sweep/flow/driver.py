@@ -39,7 +39,7 @@ from vacsr.sweep.cost.sweep_cost import unit_paces
 from vacsr.sweep.flow.dataset_task import run_dataset
 from vacsr.sweep.flow.events import EventSink, start_event_log
 from vacsr.sweep.plan.folders import error_file, run_folders, state_file
-from vacsr.sweep.plan.ownership import claim_state
+from vacsr.sweep.plan.ownership import claim_state, fixed_concurrency
 from vacsr.sweep.plan.plan import SweepPlan, short_of, sweep_parallelism, trial_needs
 from vacsr.sweep.plan.studies import (
     check_optuna_storage,
@@ -120,11 +120,10 @@ def _run_datasets(plan: SweepPlan, state: SweepState, parent_id: str,
                   f"{per_dataset} concurrent trial(s) each, {plan.trials} trials per dataset"
                   + ("" if len(set(map(plan.trials_of, plan.datasets))) == 1
                      else " (1 where nothing is searched)"))
-    if per_dataset > 1:
-        progress.line(f"[{plan.name}] note: with {per_dataset} trials of a dataset at once, "
-                      "ASHA's early stops depend on which trial reports first, so two runs of "
-                      "this sweep may select differently (each stop's rung and compared values "
-                      "are tags of the trial's MLflow run)")
+    if plan.free_running and per_dataset > 1:
+        progress.line(f"[{plan.name}] note: --free-running with {per_dataset} trials of a "
+                      "dataset at once: Optuna's draws and ASHA's stops depend on which trial "
+                      "reports first, so two runs of this sweep may select differently")
     events = start_event_log(plan.name)
     task = ray.remote(num_cpus=0, max_retries=0)(run_dataset)
     running: dict = {}
@@ -270,6 +269,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     stop = StopRequest()  # first: a stop while Ray starts is the sweep's too, said in one line
     state = _start(plan, stop)
     try:
+        plan = fixed_concurrency(plan, state, ray.cluster_resources())
         check_optuna_storage(plan)  # the schema is created here once, not by racing dataset tasks
         cost = _measured_cost(plan, stop)
         if plan.rehearse:  # the runs' clocks, from the costs just measured

@@ -139,10 +139,14 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
                    help="Ray actors scoring each final checkpoint's test splits (EvalPool)")
     p.add_argument("--parallel-datasets", type=_positive(int),
                    help="datasets searched at once (default: as many as the cluster holds)")
-    p.add_argument("--concurrent-trials", type=_positive(int), default=1,
-                   help="trials of one dataset run at once (default 1: the same table on every "
-                        "run; more fills a cluster sooner, but ASHA's stops then depend on which "
-                        "trial reports first)")
+    p.add_argument("--concurrent-trials", type=_positive(int),
+                   help="trials of one dataset run at once (default: the cluster's trial slots "
+                        "divided among the datasets searched at once, fixed at the sweep's "
+                        "start); the table depends on it, not on timing")
+    p.add_argument("--free-running", action="store_true",
+                   help="draw and stop a dataset's trials as their results arrive (Optuna and "
+                        "asynchronous ASHA with no waits): busier GPUs, but with 2+ trials at "
+                        "once the table then depends on timing")
     p.add_argument("--range", action="append", default=[], metavar="KEY=KIND:LOW:HIGH",
                    help="override a search range, e.g. loss.beta=log:0.5:2")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

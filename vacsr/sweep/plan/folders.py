@@ -8,7 +8,7 @@ checkpoints: the sweep folder, or --ray-storage as a local path or an s3:// gs:/
       mlflow.db                       the runs, unless --tracking-uri (vacsr/records/uri.py)
       driver.lock, .space-reserve     the running driver's lock and room to close its records
       trials/<dataset>/               trial_folder: the trials' run folders, selection.json,
-                                      asha_stops.json
+                                      asha_rungs.json
       final/<dataset>/seed<N>/        final_run_folder: the final seed runs
       best/<dataset>/                 best_folder: best_config.yaml
       report/                         report_folder: results.md .csv .png, per_seed.csv,
@@ -36,7 +36,7 @@ LOCK_FILE = "driver.lock"
 RESERVE_FILE = ".space-reserve"
 COSTS_FILE = "costs.json"
 SELECTION_FILE = "selection.json"  # in a trial folder
-ASHA_STOPS_FILE = "asha_stops.json"  # in a trial folder
+ASHA_RUNGS_FILE = "asha_rungs.json"  # in a trial folder
 RESULTS_MD, RESULTS_CSV, PER_SEED_CSV, RESULTS_PNG = (
     "results.md", "results.csv", "per_seed.csv", "results.png")  # in the report folder
 COMPARISON_MD, COMPARISON_CSV, COMPARISON_DIFFERENCES_CSV = (
@@ -64,9 +64,9 @@ def trial_folder(storage: Path, dataset: str) -> Path:
     return Path(storage) / TRIALS / dataset
 
 
-def asha_stops_file(storage: Path, dataset: str) -> Path:
-    """ASHA's recorded early stops of the dataset's search (vacsr/sweep/search/asha.py)."""
-    return trial_folder(storage, dataset) / ASHA_STOPS_FILE
+def asha_rungs_file(storage: Path, dataset: str) -> Path:
+    """ASHA's rungs, decisions and stops of the dataset's search (vacsr/sweep/search/rungs.py)."""
+    return trial_folder(storage, dataset) / ASHA_RUNGS_FILE
 
 
 def final_run_folder(storage: Path, dataset: str, seed: int) -> Path:

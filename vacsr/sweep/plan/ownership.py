@@ -10,9 +10,12 @@
 - `--resume` continues the sweep as it was started: the settings that decide its results
   (datasets, trials, seeds, sampler seed, every dataset's config and search space) are recorded
   in sweep_state.json at the start, and a resume with other values stops with one line naming them.
+  So is the number of a dataset's trials run at once where the cluster chose it
+  (`fixed_concurrency`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,7 +24,7 @@ from vacsr.errors import ConfigError
 from vacsr.folder_lock import FolderLock
 from vacsr.records.sweep_state import SweepState
 from vacsr.sweep.plan.folders import LOCK_FILE, state_file
-from vacsr.sweep.plan.plan import SweepPlan
+from vacsr.sweep.plan.plan import SweepPlan, sweep_parallelism, trial_slots
 
 # config keys that place or pace a run but do not change its results
 RESOURCE_KEYS = ("train.cpus_per_worker", "train.progress", "data.num_workers")
@@ -47,9 +50,10 @@ def sweep_settings(plan: SweepPlan) -> dict[str, Any]:
     methods = {} if plan.methods == ("vacsr",) else {"methods": list(plan.methods)}
     # a rehearsal's records are never results: it never continues a real sweep, nor the reverse
     rehearsal = {"rehearsal": True} if plan.rehearse else {}
+    free = {"free-running": True} if plan.free_running else {}  # recorded where set
     return {"datasets": plan.datasets, **methods, **rehearsal, "trials": plan.trials,
             "seeds": list(plan.seeds), "seed": plan.sampler_seed,
-            "concurrent-trials": plan.concurrent_trials,
+            "concurrent-trials": plan.concurrent_trials, **free,
             "configs": {d: config(d) for d in plan.datasets},
             "spaces": {d: {k: repr(v) for k, v in plan.spaces[d].items()} for d in plan.datasets}}
 
@@ -60,6 +64,9 @@ def _differences(recorded: dict, current: dict) -> list[str]:
              f"{shown(current[key], joined=True)}"
              for key in ("datasets", "methods", "trials", "seeds", "seed", "concurrent-trials")
              if key in recorded and recorded[key] != current.get(key, ["vacsr"])]
+    if recorded.get("free-running", False) != current.get("free-running", False):
+        diffs.append("--free-running " + ("set -> not set" if recorded.get("free-running")
+                                          else "not set -> set"))
     for part, label in (("configs", "config"), ("spaces", "search range")):
         for dataset, values in current[part].items():
             old = recorded.get(part, {}).get(dataset)
@@ -125,3 +132,26 @@ def claim_state(plan: SweepPlan,
                               "with, or start a new sweep with another --name")
     state.update(settings=settings)
     return state
+
+
+def fixed_concurrency(plan: SweepPlan, state: SweepState, resources: dict) -> SweepPlan:
+    """The plan with its trials per dataset at once (N) fixed: chosen from the cluster at the
+    sweep's first start (`sweep_parallelism`) and recorded, the recorded N on --resume. The
+    table is a function of the command and N, so a resume never changes it; one on a cluster
+    that holds fewer than N trials is refused (trial drivers could hold what their Train
+    workers wait for), and so is a --concurrent-trials the cluster cannot hold."""
+    recorded = state.entry(None).get("concurrent_trials")
+    slots = trial_slots(plan, resources)
+    if recorded is None:
+        if plan.concurrent_trials is not None and plan.concurrent_trials > slots:
+            raise ConfigError(f"--concurrent-trials {plan.concurrent_trials}: this cluster "
+                              f"holds {slots} trials at once, and the table depends on the "
+                              "number; ask for at most that, or leave it out to have the "
+                              "cluster choose")
+        recorded = sweep_parallelism(plan, resources)[1]
+        state.update(concurrent_trials=recorded)
+    if recorded > slots:
+        raise ConfigError(f"--resume: the sweep runs {recorded} trials of a dataset at once "
+                          f"(fixed at its start), and this cluster holds {slots}; resume it on "
+                          f"a cluster that holds {recorded}")
+    return replace(plan, concurrent_trials=recorded)

@@ -33,9 +33,11 @@ class SweepPlan:
     sampler_seed: int = 0
     resume: bool = False
     parallel: int | None = None  # datasets searched at once; None: as many as the cluster holds
-    # trials of one dataset at once: 1 keeps ASHA's stops, and so the table, independent of
-    # timing; more fills a large cluster sooner, with stops that depend on arrival order
-    concurrent_trials: int = 1
+    # trials of one dataset at once (N). The table is a function of the command and N
+    # (vacsr/sweep/search/asha.py, optuna_searcher.py); None: the cluster's trial slots divided
+    # among the units searched at once, fixed at the sweep's start (`sweep_parallelism`)
+    concurrent_trials: int | None = None
+    free_running: bool = False  # --free-running: no waits, a table that depends on timing
     trial_cpus: float = 1.0  # a trial actor that only drives a TorchTrainer (runs of 2+ workers)
     ray_storage: str = ""  # Tune/Train experiments + checkpoints: path or s3:// gs:// URI
     optuna_url: str = ""  # Optuna RDB storage; default sqlite in the sweep folder
@@ -180,14 +182,24 @@ def concurrency(resources: dict, workers: int, cpus_per_worker: float, gpus_per_
     return max(1, int(limit))
 
 
+def trial_slots(plan: SweepPlan, resources: dict) -> int:
+    """Trials of the sweep that `resources` (Ray's cluster resources) hold at once."""
+    train = plan.configs[plan.datasets[0]].train
+    return concurrency(resources, train.workers, train.cpus_per_worker, train.gpus_per_worker,
+                       0.0 if trains_in_trial(train) else plan.trial_cpus)
+
+
 def sweep_parallelism(plan: SweepPlan, resources: dict) -> tuple[int, int]:
     """(datasets searched at once, concurrent trials per dataset). Their product never exceeds the
-    trials the cluster holds, so no trial actor waits forever for its Train workers; a dataset
-    runs at most `plan.concurrent_trials` trials at once, and slots beyond what the datasets
-    take stay idle."""
-    train = plan.configs[plan.datasets[0]].train
-    slots = concurrency(resources, train.workers, train.cpus_per_worker, train.gpus_per_worker,
-                        0.0 if trains_in_trial(train) else plan.trial_cpus)
+    trials the cluster holds, so no trial actor waits forever for its Train workers. Without
+    --concurrent-trials, as many datasets as the slots allow are searched at once and the slots
+    are divided among them (no more than a dataset's trials each); with it, a dataset runs at
+    most that many trials at once, and slots beyond what the datasets take stay idle."""
+    slots = trial_slots(plan, resources)
+    if plan.concurrent_trials is None:
+        parallel = max(1, min(plan.parallel or slots, slots, len(plan.datasets)))
+        most = max(plan.trials_of(d) for d in plan.datasets)
+        return parallel, max(1, min(slots // parallel, most))
     per_dataset = max(1, min(plan.concurrent_trials, slots))
     parallel = max(1, min(plan.parallel or slots, slots // per_dataset, len(plan.datasets)))
     return parallel, per_dataset

@@ -1,62 +1,135 @@
-"""ASHA early stopping that records why it stopped a trial (paper sec. 4.1 searches with ASHA;
-the stops land on the trial's MLflow run as tags, so a researcher sees which trials were cut).
+"""ASHA early stopping whose decisions do not depend on timing (paper sec. 4.1 searches with
+ASHA): a Tune scheduler over the rung ledger of vacsr/sweep/search/rungs.py.
+
+A trial whose comparison at a rung is not complete (a trial created before it has neither reached
+the rung nor ended) is paused there: Tune keeps its last checkpoint and frees its resources. Once
+the comparison is complete the trial is stopped where it waits, or goes on from its checkpoint
+when a slot is free. The decision and the trial's checkpoint are the same whichever trial reported
+first, so the stops, the values selection compares and the table are too. Each stop is recorded
+with its rung and the values it was compared with, for the trial's MLflow run.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from ray.tune.schedulers import ASHAScheduler
+from vacsr.sweep.search.rungs import RungLedger
 
-from vacsr.atomic import atomic_write_json
-from vacsr.sweep.spec.schedule import AshaSchedule
-
-
-class AshaStops:
-    """Each trial ASHA stopped: the rung (epoch), its value there and the values it was compared
-    with, kept in the sweep folder for the trial's MLflow run (`record_selection_values`)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-
-    def read(self) -> dict[str, dict]:
-        try:  # informative only: a damaged file loses the note, never a result
-            stops = json.loads(self.path.read_text())
-        except (OSError, ValueError, UnicodeDecodeError):
-            return {}
-        return stops if isinstance(stops, dict) else {}
-
-    def add(self, trial_id: str, entry: dict) -> None:
-        atomic_write_json(self.path, {**self.read(), trial_id: entry})
+_WAITING = (Trial.PAUSED, Trial.PENDING)  # a trial that holds no resources
 
 
-class RecordingASHA(ASHAScheduler):
-    """ASHA (one bracket) that notes why it stops a trial. The rungs and the record per rung
-    mirror ASHA's own bookkeeping (Li et al. 2020, Alg. 2): a trial's value is compared, at the
-    first rung it reaches, with the values trials reported there before it. With several trials
-    of one dataset running at once, which trials reported before depends on timing."""
+class OrderedASHA(FIFOScheduler):
+    """ASHA (one bracket) deciding each trial against the trials created before it, in the
+    searcher's creation order (vacsr/sweep/search/optuna_searcher.py)."""
 
-    def __init__(self, stops: AshaStops, schedule: AshaSchedule, max_epochs: int, *,
-                 time_attr: str) -> None:
-        super().__init__(time_attr=time_attr, max_t=schedule.max_t(max_epochs),
-                         grace_period=schedule.grace_period,
-                         reduction_factor=schedule.reduction_factor)
-        self.stops, self.time_key = stops, time_attr
-        rungs = schedule.rungs(max_epochs)
-        self.rungs: dict[int, dict[str, float]] = {m: {} for m in reversed(rungs)}
+    _supports_buffered_results = False  # every epoch's report reaches the rungs
 
-    def on_trial_result(self, *args) -> str:  # (controller, trial, result), as Tune calls it
-        decision = super().on_trial_result(*args)
-        trial, result = args[-2], args[-1]
-        now, value = result.get(self.time_key), result.get(self.metric)
+    def __init__(self, ledger: RungLedger, searcher, *, time_attr: str,
+                 ordered: bool = True) -> None:
+        super().__init__()
+        self.ledger, self.searcher, self.time_key = ledger, searcher, time_attr
+        self.creation_index = searcher.creation_index
+        self.ordered = ordered  # False (--free-running): Ray's ASHA, arrival order, no waits
+        self._settling = False
+
+    def set_search_properties(self, metric, mode, **spec) -> bool:
+        super().set_search_properties(metric, mode, **spec)
+        return True
+
+    # ------------------------------------------------------------ what Tune tells it
+    def on_trial_result(self, controller, trial, result: dict) -> str:
+        now, value = result.get(self.time_key), result.get(self._metric)
         if not isinstance(now, (int, float)) or not isinstance(value, (int, float)):
-            return decision
-        for milestone, recorded in self.rungs.items():  # highest rung first
-            if now < milestone or trial.trial_id in recorded:
-                continue
-            if decision == ASHAScheduler.STOP:
-                self.stops.add(trial.trial_id, {"rung": milestone, "value": value,
-                                                "compared": sorted(recorded.values())})
-            recorded[trial.trial_id] = value
-            break
-        return decision
+            return TrialScheduler.CONTINUE
+        if self.ledger.stopped(trial.trial_id):  # decided while it was not running
+            return TrialScheduler.STOP
+        self.ledger.record(trial.trial_id, now, float(value))
+        self._settle(controller)  # this trial's open rungs, and others' its value completes
+        if self.ledger.stopped(trial.trial_id):
+            return TrialScheduler.STOP
+        if self.ledger.undecided(trial.trial_id) is not None:
+            return TrialScheduler.PAUSE  # Tune keeps its checkpoint; it goes on once decided
+        return TrialScheduler.CONTINUE
+
+    def on_trial_complete(self, controller, trial, result: dict) -> None:
+        self._ended(controller, trial, (result or {}).get(self.time_key))
+
+    def on_trial_error(self, controller, trial) -> None:
+        self._ended(controller, trial, (trial.last_result or {}).get(self.time_key))
+
+    def on_trial_remove(self, controller, trial) -> None:
+        self._ended(controller, trial, (trial.last_result or {}).get(self.time_key))
+
+    def _ended(self, controller, trial, epoch) -> None:
+        self.ledger.end(trial.trial_id, epoch if isinstance(epoch, (int, float)) else None)
+        self._settle(controller)
+
+    def choose_trial_to_run(self, controller):
+        """A paused trial whose rung decided CONTINUE first (the oldest), else the next new
+        trial; never one that still waits for its decision."""
+        self._settle(controller)
+        trials = self._ordered(controller)
+        for status in (Trial.PAUSED, Trial.PENDING):
+            for trial in trials:
+                if trial.status == status and self.ledger.undecided(trial.trial_id) is None \
+                        and not self.ledger.stopped(trial.trial_id):
+                    return trial
+        return None
+
+    def debug_string(self) -> str:
+        return f"OrderedASHA: {len(self.ledger.stops())} trial(s) stopped"
+
+    # ------------------------------------------------------------ decisions
+    def _ordered(self, controller) -> list:
+        return sorted(controller.get_trials(), key=lambda t: self.creation_index(t.trial_id))
+
+    def _earlier(self, controller, trial, rung: int) -> list[str]:
+        """The trials the trial is compared with at `rung`: those created before it; free-running,
+        those that reported there before it (asynchronous ASHA)."""
+        if not self.ordered:
+            return [tid for tid, entry in self.ledger.trials.items()
+                    if tid != trial.trial_id and rung in entry["rungs"]]
+        index = self.creation_index(trial.trial_id)
+        return [t.trial_id for t in controller.get_trials()
+                if self.creation_index(t.trial_id) < index]
+
+    def _settle(self, controller) -> None:
+        """Decide every trial that waits at a rung and whose comparison is now complete, oldest
+        first, until nothing changes: a stop ends a trial below the higher rungs, which can
+        complete a later trial's comparison there. A stopped trial that holds no resources is
+        ended at once; a running one stops at its next report."""
+        if self._settling:  # stop_trial calls back into on_trial_remove
+            return
+        self._settling = True
+        try:
+            changed = True
+            while changed:
+                changed = False
+                for trial in self._ordered(controller):
+                    if trial.status in (Trial.TERMINATED, Trial.ERROR):
+                        changed |= self._ended_unseen(trial)
+                        continue
+                    if self.ledger.stopped(trial.trial_id):
+                        if trial.status in _WAITING or trial.is_saving:
+                            controller.stop_trial(trial)
+                            changed = True
+                        continue
+                    rung = self.ledger.undecided(trial.trial_id)
+                    if rung is not None and self.ledger.decide(
+                            trial.trial_id, rung, self._earlier(controller, trial, rung)) \
+                            is not None:
+                        changed = True
+        finally:
+            self._settling = False
+
+    def _ended_unseen(self, trial) -> bool:
+        """Whether `trial` ended without Tune telling the scheduler and the searcher (a trial
+        whose reused actor failed to reset is set ERROR directly): it is ended here, and the
+        searcher is told it failed, or the trials after it would wait for it forever."""
+        entry = self.ledger.trials.get(trial.trial_id)
+        if entry is not None and entry["ended"] is not None:
+            return False
+        self.ledger.end(trial.trial_id, (trial.last_result or {}).get(self.time_key))
+        self.searcher.on_trial_complete(trial.trial_id, error=trial.status == Trial.ERROR,
+                                        result=trial.last_result or None)
+        return True

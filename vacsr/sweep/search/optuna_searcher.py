@@ -22,6 +22,15 @@ it: each index draws from a TPE sampler seeded for that index (not from one rand
 position the restored searcher would not share), and the start points are enqueued by index. The
 replacement also gets the lost trial's index, and selection's order with it.
 
+With N trials of a dataset at once (Tune's max_concurrent_trials), trial k is drawn only once
+trials 0..k-N have ended, and the study is told the trials' values in creation order, trial j's
+only after trial j+N-1 was drawn: so trial k's draw sees trials 0..k-N, whatever order they ended
+in, and the study numbers its trials in creation order. A trial that ends early waits, untold,
+until those created before it are told. On --resume the trials the stopped driver left FAIL are
+opened again at once, in creation order, before anything is drawn: the study then holds their
+values in the order an uninterrupted search gave them (Optuna's TPE sorts trials by value, ties
+in trial-number order).
+
 Why not Ray's `OptunaSearch`, which takes `storage=`, `study_name=` and `points_to_evaluate=`
 too: restored on `--resume`, it reports a continued trial to the Optuna trial the stopped driver
 marked FAIL, which raises, and its final value never reaches the study (so the resumed search
@@ -79,7 +88,8 @@ class OptunaStudySearch(Searcher):
 
     def __init__(self, space: Callable[[optuna.Trial], Any], *, metric: str, mode: str,
                  storage, study_name: str, seed: int,
-                 points_to_evaluate: list[dict] | None = None) -> None:
+                 points_to_evaluate: list[dict] | None = None,
+                 num_samples: int | None = None, ordered: bool = True) -> None:
         from vacsr.sweep.plan.studies import remember_storage
 
         super().__init__(metric=metric, mode=mode)
@@ -96,6 +106,13 @@ class OptunaStudySearch(Searcher):
         self._told: set[str] = set()  # Tune trials whose final value the study has
         self._max_concurrent = 0  # Tune's max_concurrent_trials (set_max_concurrency); 0: none
         self._running: set[str] = set()  # Tune trials suggested here and not ended yet
+        self._num_samples = num_samples  # the trials the search draws; None: unknown
+        self._index: dict[str, int] = {}  # Tune trial id -> its creation index
+        self._ended: dict[str, tuple] = {}  # ended, not told yet: id -> (value or None, error)
+        self._last: dict[str, float] = {}  # each trial's last reported metric
+        self._errored: set[str] = set()  # told FAIL on an error: opened again only if resumed
+        self._reopened = True  # a restored searcher opens its FAIL trials again first
+        self._ordered = ordered  # False (--free-running): draw and tell as trials end
 
     def _sampler(self, index: int) -> optuna.samplers.TPESampler:
         return optuna.samplers.TPESampler(seed=zlib.crc32(f"{self._seed}:{index}".encode()))
@@ -109,10 +126,16 @@ class OptunaStudySearch(Searcher):
         self._max_concurrent = max_concurrent
         return True
 
+    def creation_index(self, trial_id: str) -> int:
+        """The trial's place in the creation order (OrderedASHA decides in it)."""
+        return self._index[trial_id]
+
     def suggest(self, trial_id: str) -> dict | None:
-        if self._max_concurrent and len(self._running) >= self._max_concurrent:
-            return None  # Tune asks again once a trial ends
+        self._reopen_stopped()
         index = self._created
+        self._tell_ended()
+        if self._max_concurrent and self._waits(index):
+            return None  # Tune asks again
         self._study.sampler = self._sampler(index)
         if index < len(self._points):  # taken by the ask right after (no other trial waits:
             self._study.enqueue_trial(self._points[index])  # fail_running_trials)
@@ -121,27 +144,76 @@ class OptunaStudySearch(Searcher):
         self._space(trial)
         self._created += 1
         self._trials[trial_id] = trial
+        self._index[trial_id] = index
         self._running.add(trial_id)
         return nest(trial.params)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
+        self._reopen_stopped()
+        self._ended.pop(trial_id, None)  # a failed trial --resume continues
+        self._errored.discard(trial_id)
         trial = self._live_trial(trial_id)
         if trial is not None and isinstance(result.get(self.metric), (int, float)):
+            self._last[trial_id] = float(result[self.metric])
             trial.report(float(result[self.metric]), int(result["training_iteration"]))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None,
                           error: bool = False) -> None:
+        """Noted; told once every trial created before it is (`_tell_ended`). A trial Tune stops
+        while it is paused (vacsr/sweep/search/asha.py) ends without a result: its value is the
+        last it reported, as for one stopped at its report."""
+        self._reopen_stopped()
         self._running.discard(trial_id)
+        if trial_id in self._told or trial_id not in self._trials:
+            return
+        value = result.get(self.metric) if result is not None \
+            else None if error else self._last.get(trial_id)
+        self._ended[trial_id] = (value, error)
+        self._tell_ended()
+
+    # ------------------------------------------------------------ telling in creation order
+    def _waits(self, index: int) -> bool:
+        """Whether the trial of creation index `index` must wait: trials 0..index-N have not all
+        been told; free-running, N trials run."""
+        if not self._ordered:
+            return len(self._running) >= self._max_concurrent
+        return self._untold_below(index - self._max_concurrent + 1)
+
+    def _untold_below(self, stop: int) -> bool:
+        """Whether a trial created before index `stop` has not been told."""
+        return any(i < stop and tid not in self._told and tid not in self._errored
+                   for tid, i in self._index.items())
+
+    def _tell_ended(self) -> None:
+        """Tell the ended trials in creation order, up to the first that has not ended, and
+        while more trials are to be drawn, none created after index created-N: the next draw
+        (index created) must see exactly trials 0..created-N. Free-running, or without a limit
+        (none set), each is told as it ends: what a draw sees depends on timing then anyway."""
+        if not self._max_concurrent or not self._ordered:
+            for trial_id in list(self._ended):
+                self._tell(trial_id, *self._ended.pop(trial_id))
+            return
+        limit = math.inf
+        if self._num_samples is None or self._created < self._num_samples:
+            limit = self._created - self._max_concurrent
+        for trial_id in sorted(self._index, key=self._index.get):
+            if trial_id in self._told or trial_id in self._errored:
+                continue
+            if self._index[trial_id] > limit or trial_id not in self._ended:
+                return
+            self._tell(trial_id, *self._ended.pop(trial_id))
+
+    def _tell(self, trial_id: str, value, error: bool) -> None:
         trial = self._live_trial(trial_id)
         if trial is None:
             return
-        value = (result or {}).get(self.metric)
         if isinstance(value, (int, float)) and math.isfinite(value):
             self._study.tell(trial, float(value))
         elif isinstance(value, (int, float)) or error:  # a nan metric: the run diverged
             # not noted as told: a trial that errored on a full disk or a tracking outage is
             # resumed (search/recovery.py), and its results then go to a fresh Optuna trial
             self._study.tell(trial, state=TrialState.FAIL)
+            self._errored.add(trial_id)
             return
         else:
             self._study.tell(trial, state=TrialState.PRUNED)  # stopped before reporting it
@@ -178,6 +250,18 @@ class OptunaStudySearch(Searcher):
                             for tid, number in state["_trials"].items()}
         state["_storage"], state["_study"] = storage, study
         self.__dict__.update(state)
+        self._reopened = False
+
+    def _reopen_stopped(self) -> None:
+        """Once, in a restored searcher: the trials a stop left FAIL (not those that failed on
+        an error) get their new Optuna trials now, in creation order, before any other trial
+        is created or told."""
+        if self._reopened:
+            return
+        self._reopened = True
+        for trial_id in sorted(self._index, key=self._index.get):
+            if trial_id not in self._errored:
+                self._live_trial(trial_id)
 
     # ------------------------------------------------------------ reopening
     def _live_trial(self, trial_id: str) -> optuna.Trial | None:

@@ -9,6 +9,7 @@ epoch's report to Tune. Either way every epoch reaches Tune, so ASHA can stop th
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -48,6 +49,11 @@ def run_trial(suggested: dict[str, Any], base: Config, meta: TrialMeta) -> None:
     itself (bad data, a diverged loss) raises here, so the trial ends in ERROR. A trial that Tune
     stops (ASHA) ends inside its tune.report (SystemExit in the trial's thread; its MLflow run
     closes as KILLED), and only then may Tune reuse the actor for the next trial."""
+    # Tune reuses this actor for the next trial once this one's thread has ended, and waits
+    # TUNE_FUNCTION_THREAD_TIMEOUT_S (2 s by default) for that: a stopped or paused trial closes
+    # its MLflow run on the way out, which a loaded tracking server can take longer to answer,
+    # and a reset that times out fails the next trial before it starts
+    os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", "120")
     config = with_suggestions(base, suggested)
     trial_id = tune.get_context().get_trial_id()
     config.train.output_dir = str(Path(meta.trial_root) / trial_id)

@@ -16,12 +16,13 @@ from vacsr.distributed.storage_fs import ray_storage
 from vacsr.errors import VacsrError
 from vacsr.records.sweep_records import SweepRecords
 from vacsr.results import PREFIX_CACHE_REBUILT
-from vacsr.sweep.plan.folders import TRIALS, TUNE, asha_stops_file, join_storage, trial_folder
+from vacsr.sweep.plan.folders import TRIALS, TUNE, asha_rungs_file, join_storage, trial_folder
 from vacsr.sweep.plan.plan import SweepPlan, trains_in_trial, trial_resources
 from vacsr.sweep.plan.studies import fail_running_trials, open_optuna_storage, study_name
-from vacsr.sweep.search.asha import AshaStops, RecordingASHA
+from vacsr.sweep.search.asha import OrderedASHA
 from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
 from vacsr.sweep.search.recovery import TRACKING_DOWN_NOTE, repair_experiment, tracking_failure
+from vacsr.sweep.search.rungs import RungLedger
 from vacsr.sweep.search.selection import (
     creation_order,
     read_selection,
@@ -62,8 +63,15 @@ def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str) -> str:
     return name
 
 
+def rung_ledger(plan: SweepPlan, dataset: str) -> RungLedger:
+    """The dataset's ASHA rungs and decisions, in its trial folder."""
+    base, space = plan.configs[dataset], plan.spaces[dataset]
+    return RungLedger(asha_rungs_file(plan.storage, dataset), ASHA,
+                      longest_epochs(space, base.train.epochs), plan.kind.mode)
+
+
 def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: int,
-           callbacks: list, stops: AshaStops) -> tune.Tuner:
+           callbacks: list) -> tune.Tuner:
     """A new Tuner, or the restored one when --resume finds this dataset's experiment."""
     storage_path, filesystem = ray_storage(plan.ray_path(TUNE))  # whole files (storage_fs.py)
     folder = join_storage(storage_path, dataset)
@@ -78,8 +86,8 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
     search = OptunaStudySearch(DefineByRun(space), metric=plan.kind.metric, mode=plan.kind.mode,
                                storage=storage, study_name=study_name(plan.name, dataset),
                                seed=sampler_seed(plan.sampler_seed, plan.dataset_of(dataset)),
-                               points_to_evaluate=[start_point(space, base)])
-    max_epochs = longest_epochs(space, base.train.epochs)
+                               points_to_evaluate=[start_point(space, base)],
+                               num_samples=plan.trials_of(dataset), ordered=not plan.free_running)
     # a trial that trains in its actor is restarted by Tune when the actor is lost (Ray Train
     # restarts the workers of the others); its own errors end at once
     # (vacsr/sweep/search/trial_run.py)
@@ -90,8 +98,10 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
         tune_config=tune.TuneConfig(
             metric=plan.kind.metric, mode=plan.kind.mode, search_alg=search,
             num_samples=plan.trials_of(dataset),
-            # the schedule the cost estimate reads too (vacsr/sweep/spec/schedule.py)
-            scheduler=RecordingASHA(stops, ASHA, max_epochs, time_attr="epoch"),
+            # the schedule the cost estimate reads too (vacsr/sweep/spec/schedule.py), each
+            # decision in the searcher's creation order (vacsr/sweep/search/rungs.py)
+            scheduler=OrderedASHA(rung_ledger(plan, dataset), search, time_attr="epoch",
+                                  ordered=not plan.free_running),
             max_concurrent_trials=max_concurrent,
             # the next trial trains in the actor (and process) the last one ended in: no second
             # start-up of Python, torch, open_clip and MLflow. Tune resets an actor only once its
@@ -163,9 +173,8 @@ def _search(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: 
     """The search itself, its trials' MLflow runs closed and marked; the selection record."""
     storage = open_optuna_storage(plan)
     study = study_name(plan.name, dataset)
-    stops = AshaStops(asha_stops_file(plan.storage, dataset))
     tuner = _tuner(plan, dataset, _trainable(plan, dataset, dataset_run_id), storage,
-                   max_concurrent, [TrialEvents(dataset, plan.kind.metric, report)], stops)
+                   max_concurrent, [TrialEvents(dataset, plan.kind.metric, report)])
     results = tuner.fit()
     fail_running_trials(storage, study)  # a trial Tune restarted afresh leaves its old one behind
     for result in results:  # selecting among the trials the outage left would choose otherwise
@@ -180,7 +189,7 @@ def _search(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: 
               for r in results]
     SweepRecords(plan.tracking_uri, plan.kind.experiment).close_children(dataset_run_id)
     record_selection_values(plan.tracking_uri, plan.kind.experiment, dataset_run_id, dataset,
-                            trials, plan.kind.metric, stops.read())
+                            trials, plan.kind.metric, rung_ledger(plan, dataset).stops())
     best = select_best(trials, plan.kind.metric, plan.kind.mode)
     metrics = best["metrics"]
     epochs = with_suggestions(plan.configs[dataset], best["config"]).train.epochs

@@ -1,0 +1,132 @@
+"""Optuna's draws in creation order (vacsr/sweep/search/optuna_searcher.py): with N trials at once,
+trial k's config depends on trials 0..k-N only, whatever order the trials end in, and across a
+stop and --resume; the study holds the trials' values in creation order."""
+from __future__ import annotations
+
+import math
+import random
+
+import optuna
+import pytest
+
+from vacsr.sweep.plan.studies import fail_running_trials
+from vacsr.sweep.search.optuna_searcher import CREATION_ATTR, OptunaStudySearch
+from vacsr.sweep.spec.space import Choice, DefineByRun, LogFloat
+
+pytestmark = pytest.mark.timeout(300)
+
+TRIALS, AT_ONCE = 14, 3  # beyond TPE's 10 start-up trials: the last draws read the study
+SPACE = DefineByRun({"loss.beta": LogFloat(0.1, 10.0), "adapter.K": Choice([1, 2, 3, 4])})
+
+
+def _value(config: dict) -> float:
+    """A trial's val: a function of its config, with ties."""
+    return round(-abs(math.log(config["loss"]["beta"])) * 2) / 2 + config["adapter"]["K"] / 4
+
+
+def _searcher(storage) -> OptunaStudySearch:
+    search = OptunaStudySearch(SPACE, metric="val/acc", mode="max", storage=storage,
+                               study_name="s-dtd", seed=4, num_samples=TRIALS,
+                               points_to_evaluate=[{"loss.beta": 1.0, "adapter.K": 2}])
+    assert search.set_max_concurrency(AT_ONCE)  # as Tune sets max_concurrent_trials
+    return search
+
+
+class Search:
+    """Tune's side: asks for a trial whenever fewer than N run (a None: asked again later, with
+    a new id), and ends a random running trial with its value."""
+
+    def __init__(self, search: OptunaStudySearch, rng: random.Random) -> None:
+        self.search, self.rng = search, rng
+        self.live: dict[str, dict] = {}  # trial id -> config
+        self.configs: dict[int, dict] = {}  # creation index -> config
+        self.asked = 0
+
+    def step(self) -> bool:
+        if len(self.configs) < TRIALS and len(self.live) < AT_ONCE and self.rng.random() < 0.6:
+            self.asked += 1
+            trial_id = f"a{self.asked}"
+            config = self.search.suggest(trial_id)
+            if config is not None:
+                self.live[trial_id] = config
+                self.configs[self.search.creation_index(trial_id)] = config
+            return True
+        if not self.live:
+            return len(self.configs) < TRIALS
+        trial_id = self.rng.choice(sorted(self.live))
+        config = self.live.pop(trial_id)
+        self.search.on_trial_result(trial_id, {"val/acc": _value(config) - 1,
+                                               "training_iteration": 1})
+        self.search.on_trial_complete(trial_id, {"val/acc": _value(config),
+                                                 "training_iteration": 2})
+        return True
+
+
+def _study(storage) -> list[tuple]:
+    """The study's told trials in number order: (creation index, params, value)."""
+    study = optuna.load_study(study_name="s-dtd", storage=storage)
+    return [(t.user_attrs[CREATION_ATTR], t.params, t.value) for t in study.trials
+            if t.state.name == "COMPLETE"]
+
+
+def _run(tmp_path, name: str, rng: random.Random) -> tuple[dict, list]:
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / name}")
+    tuning = Search(_searcher(storage), rng)
+    while tuning.step():
+        pass
+    return tuning.configs, _study(storage)
+
+
+def test_the_draws_do_not_depend_on_the_order_trials_end_in(tmp_path):
+    """Five searches whose trials end in different orders draw the same config for each creation
+    index, and their studies hold the same values in the same (creation) order; a draw waits
+    until trial k-N has been told."""
+    first = _run(tmp_path, "0.db", random.Random(0))
+    assert len(first[0]) == TRIALS and [i for i, _, _ in first[1]] == list(range(TRIALS))
+    for seed in range(1, 5):
+        assert _run(tmp_path, f"{seed}.db", random.Random(seed)) == first, seed
+
+
+def test_a_draw_waits_for_trial_k_minus_n(tmp_path):
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'o.db'}")
+    search = _searcher(storage)
+    for i in range(AT_ONCE):
+        assert search.suggest(f"t{i}") is not None
+    assert search.suggest("x") is None  # N running
+    search.on_trial_complete("t2", {"val/acc": 1.0})  # ended, but trial 0 has not
+    assert search.suggest("x") is None and _study(storage) == []  # t2 waits, untold
+    search.on_trial_complete("t0", {"val/acc": 0.5})
+    assert [i for i, _, _ in _study(storage)] == [0]  # told: t0; t2 only after trial 4's draw
+    assert search.suggest("t3") is not None
+    assert [i for i, _, _ in _study(storage)] == [0]
+
+
+def test_a_stopped_and_resumed_search_draws_what_an_uninterrupted_one_draws(tmp_path):
+    """The driver stops at a random point (running trials, and ended ones not told yet, are
+    marked FAIL); the searcher is restored from its last save, taken a few steps earlier (Tune
+    saves now and then), and the trials Tune had then go on. Each creation index gets the
+    uninterrupted search's config, and the study's told trials come in creation order."""
+    clean_configs, clean_study = _run(tmp_path, "clean.db", random.Random(0))
+    rng = random.Random(8)
+    for attempt in range(4):
+        storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / f'stop{attempt}.db'}")
+        tuning = Search(_searcher(storage), rng)
+        saved, stop_at = None, rng.randint(5, 30)
+        for step in range(stop_at):
+            if step % 4 == 0:  # Tune's save: the searcher's state with the trials it knew
+                tuning.search.save(str(tmp_path / "searcher.pkl"))
+                saved = (dict(tuning.live), dict(tuning.configs))
+            if not tuning.step():
+                break
+        fail_running_trials(storage, "s-dtd")
+        live, configs = saved
+        restored = _searcher(storage)
+        restored.restore(str(tmp_path / "searcher.pkl"))
+        resumed = Search(restored, rng)
+        resumed.live, resumed.configs, resumed.asked = live, configs, 1000 + attempt * 100
+        while resumed.step():
+            pass
+        assert resumed.configs == clean_configs, attempt
+        told = [(i, p, v) for i, p, v in _study(storage)]
+        assert sorted(told) == sorted(clean_study)
+        assert [i for i, _, _ in told] == sorted(i for i, _, _ in told), told
