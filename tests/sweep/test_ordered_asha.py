@@ -16,7 +16,7 @@ from vacsr.sweep.search.asha import OrderedASHA
 from vacsr.sweep.search.rungs import RungLedger
 from vacsr.sweep.spec.schedule import ASHA, AshaSchedule
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.ray_api, pytest.mark.timeout(120)]
 
 
 def _index(trial_id: str) -> int:
@@ -35,6 +35,9 @@ class Order:
 
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
         self.told[trial_id] = error
+
+    def note_stop(self, trial_id: str, value: float) -> None:
+        pass
 
 
 def _scheduler(path, max_epochs: int, schedule: AshaSchedule = ASHA) -> OrderedASHA:

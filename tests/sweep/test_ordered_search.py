@@ -130,3 +130,16 @@ def test_a_stopped_and_resumed_search_draws_what_an_uninterrupted_one_draws(tmp_
         told = [(i, p, v) for i, p, v in _study(storage)]
         assert sorted(told) == sorted(clean_study)
         assert [i for i, _, _ in told] == sorted(i for i, _, _ in told), told
+
+
+def test_a_trial_asha_stopped_is_told_its_value_at_the_stop(tmp_path):
+    """A trial Tune restarted on --resume before its stop was decided reports an epoch past the
+    rung; the study is told its value at the stop rung, as an uninterrupted search told it."""
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'o.db'}")
+    search = _searcher(storage)
+    for i in range(AT_ONCE):  # trial 0 is told once trial N-1 was drawn
+        search.suggest(f"t{i}")
+    search.note_stop("t0", 0.25)  # the rung's value, from the scheduler's ledger
+    search.on_trial_complete("t0", {"val/acc": 0.75})  # the report an epoch later
+    [(index, _, value)] = _study(storage)
+    assert (index, value) == (0, 0.25)

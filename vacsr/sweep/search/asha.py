@@ -42,11 +42,11 @@ class OrderedASHA(FIFOScheduler):
         if not isinstance(now, (int, float)) or not isinstance(value, (int, float)):
             return TrialScheduler.CONTINUE
         if self.ledger.stopped(trial.trial_id):  # decided while it was not running
-            return TrialScheduler.STOP
+            return self._stop(trial)
         self.ledger.record(trial.trial_id, now, float(value))
         self._settle(controller)  # this trial's open rungs, and others' its value completes
         if self.ledger.stopped(trial.trial_id):
-            return TrialScheduler.STOP
+            return self._stop(trial)
         if self.ledger.undecided(trial.trial_id) is not None:
             return TrialScheduler.PAUSE  # Tune keeps its checkpoint; it goes on once decided
         return TrialScheduler.CONTINUE
@@ -111,6 +111,7 @@ class OrderedASHA(FIFOScheduler):
                         continue
                     if self.ledger.stopped(trial.trial_id):
                         if trial.status in _WAITING or trial.is_saving:
+                            self._stop(trial)
                             controller.stop_trial(trial)
                             changed = True
                         continue
@@ -121,6 +122,13 @@ class OrderedASHA(FIFOScheduler):
                         changed = True
         finally:
             self._settling = False
+
+    def _stop(self, trial) -> str:
+        """STOP, the searcher told the trial's value at its stop rung: Tune tells it the last
+        result, which is an epoch beyond the rung for a trial Tune restarted on --resume before
+        its stop was decided (Tune starts restored trials without asking the scheduler)."""
+        self.searcher.note_stop(trial.trial_id, self.ledger.trials[trial.trial_id]["stop"]["value"])
+        return TrialScheduler.STOP
 
     def _ended_unseen(self, trial) -> bool:
         """Whether `trial` ended without Tune telling the scheduler and the searcher (a trial

@@ -113,6 +113,7 @@ class OptunaStudySearch(Searcher):
         self._errored: set[str] = set()  # told FAIL on an error: opened again only if resumed
         self._reopened = True  # a restored searcher opens its FAIL trials again first
         self._ordered = ordered  # False (--free-running): draw and tell as trials end
+        self._stop_values: dict[str, float] = {}  # trials ASHA stopped: their value there
 
     def _sampler(self, index: int) -> optuna.samplers.TPESampler:
         return optuna.samplers.TPESampler(seed=zlib.crc32(f"{self._seed}:{index}".encode()))
@@ -125,6 +126,11 @@ class OptunaStudySearch(Searcher):
         the study."""
         self._max_concurrent = max_concurrent
         return True
+
+    def note_stop(self, trial_id: str, value: float) -> None:
+        """ASHA stopped the trial at a rung with `value` there: the value it is told, even if a
+        resumed trial reported an epoch more before its stop reached it."""
+        self._stop_values[trial_id] = value
 
     def creation_index(self, trial_id: str) -> int:
         """The trial's place in the creation order (OrderedASHA decides in it)."""
@@ -168,6 +174,8 @@ class OptunaStudySearch(Searcher):
             return
         value = result.get(self.metric) if result is not None \
             else None if error else self._last.get(trial_id)
+        if not error and trial_id in self._stop_values:
+            value = self._stop_values[trial_id]
         self._ended[trial_id] = (value, error)
         self._tell_ended()
 

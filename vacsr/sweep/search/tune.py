@@ -156,6 +156,14 @@ def _with_checkpoint_path(result) -> dict:
     return metrics
 
 
+def _at_stop(result, stops: dict[str, dict], metric: str) -> dict:
+    """A trial's last metrics; for one ASHA stopped, its value and epoch at the stop rung (a
+    trial restarted on --resume may report an epoch more before its stop reaches it)."""
+    metrics = _with_checkpoint_path(result)
+    stop = stops.get(str(metrics.get("trial_id")))
+    return {**metrics, metric: stop["value"], "epoch": stop["rung"]} if stop else metrics
+
+
 def search_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: int = 1,
                    report: Callable[[dict], None] = lambda event: None) -> dict:
     """Run (or resume) the dataset's search; the best trial's config, val metric and checkpoint.
@@ -183,13 +191,14 @@ def _search(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: 
             raise TrackingUnavailable(f"{dataset}: a trial stopped: {TRACKING_DOWN_NOTE} ({down})")
     order = creation_order(storage, study)
     storage.engine.dispose()
-    trials = [{"config": r.config or {}, "metrics": _with_checkpoint_path(r),
+    stops = rung_ledger(plan, dataset).stops()
+    trials = [{"config": r.config or {}, "metrics": _at_stop(r, stops, plan.kind.metric),
                "error": _error_line(r.error), "trial_id": (r.metrics or {}).get("trial_id"),
                "order": order.get((r.metrics or {}).get("trial_id"), math.inf)}
               for r in results]
     SweepRecords(plan.tracking_uri, plan.kind.experiment).close_children(dataset_run_id)
     record_selection_values(plan.tracking_uri, plan.kind.experiment, dataset_run_id, dataset,
-                            trials, plan.kind.metric, rung_ledger(plan, dataset).stops())
+                            trials, plan.kind.metric, stops)
     best = select_best(trials, plan.kind.metric, plan.kind.mode)
     metrics = best["metrics"]
     epochs = with_suggestions(plan.configs[dataset], best["config"]).train.epochs
