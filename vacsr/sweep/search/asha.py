@@ -28,7 +28,6 @@ class OrderedASHA(FIFOScheduler):
                  ordered: bool = True) -> None:
         super().__init__()
         self.ledger, self.searcher, self.time_key = ledger, searcher, time_attr
-        self.creation_index = searcher.creation_index
         self.ordered = ordered  # False (--free-running): Ray's ASHA, arrival order, no waits
         self._settling = False
 
@@ -81,7 +80,8 @@ class OrderedASHA(FIFOScheduler):
 
     # ------------------------------------------------------------ decisions
     def _ordered(self, controller) -> list:
-        return sorted(controller.get_trials(), key=lambda t: self.creation_index(t.trial_id))
+        index = self.searcher.creation_index
+        return sorted(controller.get_trials(), key=lambda t: index(t.trial_id))
 
     def _earlier(self, controller, trial, rung: int) -> list[str]:
         """The trials the trial is compared with at `rung`: those created before it; free-running,
@@ -89,9 +89,9 @@ class OrderedASHA(FIFOScheduler):
         if not self.ordered:
             return [tid for tid, entry in self.ledger.trials.items()
                     if tid != trial.trial_id and rung in entry["rungs"]]
-        index = self.creation_index(trial.trial_id)
+        index = self.searcher.creation_index(trial.trial_id)
         return [t.trial_id for t in controller.get_trials()
-                if self.creation_index(t.trial_id) < index]
+                if self.searcher.creation_index(t.trial_id) < index]
 
     def _settle(self, controller) -> None:
         """Decide every trial that waits at a rung and whose comparison is now complete, oldest
