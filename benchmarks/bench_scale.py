@@ -119,10 +119,12 @@ def report(args, runs: list, wall: float, plan_wall: float, peak: float, log: Pa
         if not p:
             continue
         overheads = sorted(p["overhead_s"])
+        # runs that record no waits (under a second in all) have no minimum to compare with
+        ratio = f"{p['wall_s'] / p['minimum_s']:.2f}" if p["minimum_s"] >= 1 else "n/a"
         print(f"{name}: {p['runs']} runs over {p['wall_s']:.0f} s; GPU-s held "
               f"{p['held_gpu_s']:.0f} of {gpus * p['wall_s']:.0f} ({100 * p['use']:.0f}%); its "
               f"minimum (waits / GPUs) {p['minimum_s']:.0f} s, wall / minimum "
-              f"{p['wall_s'] / max(p['minimum_s'], 1e-9):.2f}; overhead per run median "
+              f"{ratio}; overhead per run median "
               f"{overheads[len(overheads) // 2]:.2f} s, max {overheads[-1]:.2f} s")
     failed = [line for line in log.read_text().splitlines() if "FAILED" in line
               or "error" in line.lower()]

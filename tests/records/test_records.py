@@ -57,8 +57,8 @@ def test_the_state_carries_its_record_format(tmp_path):
 
 
 @pytest.mark.parametrize("recorded,fragment", [
-    (None, "written by an older vacsr (before record format 2)"),
-    (3, "record format 3, this vacsr resumes format 2"),
+    (None, "written by an older vacsr (before record format 3)"),
+    (2, "record format 2, this vacsr resumes format 3"),
 ])
 def test_a_resume_of_a_sweep_of_another_record_format_is_refused_in_one_line(
         tmp_path, capsys, recorded, fragment):

@@ -59,13 +59,19 @@ def _records(root: Path) -> dict:
     import optuna
     from mlflow import MlflowClient
 
-    from vacsr.sweep.search.optuna_searcher import CREATION_ATTR, TUNE_TRIAL_ATTR
+    from vacsr.sweep.search.optuna_searcher import CREATION_ATTR
+    from vacsr.sweep.search.selection import creation_order
 
-    study = optuna.load_study(study_name=f"base2novel-{DATASET}",
-                              storage=f"sqlite:///{root / 'optuna.db'}")
-    told = {t.user_attrs[CREATION_ATTR]: (t.params, t.value) for t in study.trials
-            if t.state.name == "COMPLETE"}
-    index = {t.user_attrs[TUNE_TRIAL_ATTR]: t.user_attrs[CREATION_ATTR] for t in study.trials}
+    storage = optuna.storages.RDBStorage(f"sqlite:///{root / 'optuna.db'}")
+    study = optuna.load_study(study_name=f"base2novel-{DATASET}", storage=storage)
+    told = [(t.user_attrs[CREATION_ATTR], t.params, t.value) for t in study.trials
+            if t.state.name == "COMPLETE"]
+    assert len({i for i, _, _ in told}) == len(told), told  # each trial told once
+    told = {i: (params, value) for i, params, value in told}
+    # Tune trial id -> creation index; a trial repeated on --resume (Tune lost it after the
+    # study was told its value) is found in the study's attributes
+    index = creation_order(storage, study.study_name)
+    storage.engine.dispose()
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("vacsr-base2novel")
     stops = {}

@@ -40,7 +40,7 @@ def _stop_while_calibrating(tmp_path: Path, temp: Path, signum: int) -> None:
         stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     # calibrating: the calibration's Tune experiment exists in its folder
-    while not list(temp.glob(f"{CALIBRATION_PREFIX}*/calibration")):
+    while not list(temp.glob(f"{CALIBRATION_PREFIX}*/calibration*")):
         assert plan.poll() is None and time.time() < deadline, plan.communicate()
         time.sleep(0.1)
     plan.send_signal(signum)

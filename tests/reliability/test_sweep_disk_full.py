@@ -168,7 +168,9 @@ def test_a_full_disk_stops_the_sweep_in_one_line_and_resume_completes(small_disk
     runs, states = _open_records(sweep)  # closed in the room the driver's reserve freed
     assert runs and "RUNNING" not in {r.info.status for r in runs.values()}
     assert states and "RUNNING" not in states
-    for state in (sweep / "tune" / "eurosat").glob("experiment_state-*.json"):
+    states = list((sweep / "tune").glob("eurosat-*/experiment_state-*.json"))
+    assert states  # the dataset's experiment (folders.tune_experiment)
+    for state in states:
         json.loads(state.read_text())  # whole: Ray wrote it through storage_fs
     started = _created_trials(sweep)
 

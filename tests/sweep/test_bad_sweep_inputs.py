@@ -181,15 +181,17 @@ def test_a_resume_without_its_sweep_state_is_refused_where_the_studies_remain(tm
     assert not (root / "sweep_state.json").exists()
 
 
-@pytest.mark.parametrize("where", ["tune/eurosat/experiment_state-2026-12-02.json",
+@pytest.mark.parametrize("where", ["tune/eurosat-0123456789ab/experiment_state-2026-12-02.json",
                                    "trials/eurosat/selection.json"])
 def test_a_damaged_tune_state_or_selection_record_stops_the_resume(tmp_path, capsys, data_root,
                                                                    where):
+    """The dataset's Tune experiment is named by its MLflow run's id (folders.tune_experiment)."""
     root = tmp_path / "store" / "base2novel"
     damaged = root / where
     damaged.parent.mkdir(parents=True)
     damaged.write_text('{"trials": [')
-    (root / "sweep_state.json").write_text('{"datasets": {}}')
+    (root / "sweep_state.json").write_text(
+        '{"format": 3, "datasets": {"eurosat": {"run_id": "0123456789abcdef"}}}')
     line, _ = _resume_refused(tmp_path, capsys, data_root)
     assert str(damaged) in line
     assert damaged.read_text() == '{"trials": ['

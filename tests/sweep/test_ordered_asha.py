@@ -47,14 +47,29 @@ def _scheduler(path, max_epochs: int, schedule: AshaSchedule = ASHA) -> OrderedA
     return scheduler
 
 
+class Gate:
+    """The verdicts the scheduler posts to the dataset's gate actor
+    (vacsr/sweep/search/rung_gate.py), as trial id -> {rung: verdict}."""
+
+    def __init__(self) -> None:
+        self.verdicts: dict[str, dict[int, str]] = {}
+
+    def post(self, trial_id: str, rung: int, verdict: str) -> None:
+        assert rung not in self.verdicts.setdefault(trial_id, {}), "a rung decided twice"
+        self.verdicts[trial_id][rung] = verdict
+
+
 class Tuning:
     """Tune's side of the scheduler protocol, as its TuneController drives it: `slots` trials
     run at once, the next result comes from a running trial picked at random, a paused trial
-    holds no slot and goes on from its last epoch, a stop ends a trial where it is."""
+    holds no slot and goes on from its last epoch, a stop ends a trial where it is. With a
+    gate, a trial told CONTINUE at a rung waits in its actor (running, no result) until the
+    gate holds its verdict there."""
 
     def __init__(self, scheduler: OrderedASHA, curves: list[list[float]], slots: int,
-                 rng: random.Random) -> None:
+                 rng: random.Random, gate: Gate | None = None) -> None:
         self.scheduler, self.curves, self.slots, self.rng = scheduler, curves, slots, rng
+        self.gate = scheduler.gate = gate
         self.trials = [SimpleNamespace(trial_id=f"t{i}", status=Trial.PENDING, is_saving=False,
                                        last_result=None, epoch=0) for i in range(len(curves))]
         for trial in self.trials:
@@ -78,7 +93,7 @@ class Tuning:
                 break
             assert chosen.status in (Trial.PENDING, Trial.PAUSED)
             chosen.status = Trial.RUNNING
-        running = [t for t in self.trials if t.status == Trial.RUNNING]
+        running = [t for t in self.trials if t.status == Trial.RUNNING and not self._blocked(t)]
         if not running:
             assert all(t.status in (Trial.TERMINATED, Trial.ERROR) for t in self.trials), \
                 "a trial waits forever"
@@ -95,10 +110,19 @@ class Tuning:
         if decision == TrialScheduler.PAUSE:
             trial.status = Trial.PAUSED
         elif decision == TrialScheduler.STOP or trial.epoch == len(
-                self.curves[_index(trial.trial_id)]):
+                self.curves[_index(trial.trial_id)]) and not self._blocked(trial):
             self.scheduler.on_trial_complete(self, trial, trial.last_result)
             trial.status = Trial.TERMINATED
         return True
+
+
+    def _blocked(self, trial) -> bool:
+        """A trial waiting in its actor for the verdict at the rung it reported last."""
+        if self.gate is None or trial.epoch not in self.scheduler.ledger.rungs:
+            return False
+        verdict = self.gate.verdicts.get(trial.trial_id, {}).get(trial.epoch)
+        assert verdict != "stop", "a trial told STOP is still running"  # stop_trial ends it
+        return verdict is None
 
 
 def _curves(rng: random.Random, max_epochs: int, count: int) -> list[list[float]]:
@@ -157,6 +181,43 @@ def test_any_order_of_arrival_gives_the_same_stops(tmp_path):
             paused += sum(t.status == Trial.PAUSED for t in tuning.trials)
         assert _stops(tuning.scheduler) == _rays_stops(curves, max_epochs), (search, curves)
     assert paused > 0  # trials waited at rungs
+
+
+def test_trials_waiting_in_their_actors_give_the_same_stops_and_never_pause(tmp_path):
+    """With the gate, a trial waits for its verdict in its actor: the same stops as one trial
+    at a time, every rung a trial reached decided once, no trial waits forever, and none is
+    paused (the oldest trials start first, so those a trial waits for run)."""
+    rng, waited = random.Random(13), 0
+    for search in range(80):
+        max_epochs = rng.choice((4, 8, 16))
+        curves = _curves(rng, max_epochs, rng.randint(4, 14))
+        tuning = Tuning(_scheduler(tmp_path / f"s{search}.json", max_epochs), curves,
+                        rng.randint(2, len(curves)), rng, gate=Gate())
+        while tuning.step():
+            assert not any(t.status == Trial.PAUSED for t in tuning.trials), (search, curves)
+            waited += sum(tuning._blocked(t) for t in tuning.trials if t.status == Trial.RUNNING)
+        assert _stops(tuning.scheduler) == _rays_stops(curves, max_epochs), (search, curves)
+        posted = {(tid, rung) for tid, rungs in tuning.gate.verdicts.items() for rung in rungs}
+        assert posted == {(tid, rung) for tid, entry in tuning.scheduler.ledger.trials.items()
+                          for rung in entry["rungs"]}
+    assert waited > 0  # trials waited in their actors
+
+
+def test_a_trial_waits_in_its_actor_only_while_those_it_waits_for_run(tmp_path):
+    """A trial whose comparison needs a trial that holds no resources (pending, paused) is
+    paused instead: waiting in its actor, it could hold the slot that trial needs."""
+    scheduler = _scheduler(tmp_path / "asha_rungs.json", 4)
+    tuning = Tuning(scheduler, [[1.0] * 4] * 3, 3, random.Random(0), gate=Gate())
+    t0, t1, t2 = tuning.trials
+    t0.status, t1.status, t2.status = Trial.PAUSED, Trial.RUNNING, Trial.RUNNING
+    result = {"epoch": 1, "val/acc": 1.0}
+    assert scheduler.on_trial_result(tuning, t2, result) == TrialScheduler.PAUSE
+    t0.status = Trial.RUNNING
+    assert scheduler.on_trial_result(tuning, t1, result) == TrialScheduler.CONTINUE
+    assert tuning.gate.verdicts == {}  # t1 waits for t0 in its actor
+    assert scheduler.on_trial_result(tuning, t0, result) == TrialScheduler.CONTINUE
+    assert tuning.gate.verdicts == {"t0": {1: "continue"}, "t1": {1: "continue"},
+                                    "t2": {1: "continue"}}
 
 
 def test_free_running_it_decides_as_rays_asha_in_the_order_results_arrive(tmp_path):

@@ -143,3 +143,35 @@ def test_a_trial_asha_stopped_is_told_its_value_at_the_stop(tmp_path):
     search.on_trial_complete("t0", {"val/acc": 0.75})  # the report an epoch later
     [(index, _, value)] = _study(storage)
     assert (index, value) == (0, 0.25)
+
+
+def test_a_trial_told_before_the_stop_but_lost_by_tune_is_repeated_not_told_again(tmp_path):
+    """Tune's last save predates trial 3, which was drawn, ended and told before the stop: the
+    resumed Tune asks for a trial in its place. It gets trial 3's config on trial 3's Optuna
+    trial, the study holds each creation index once, as the uninterrupted search's does, and
+    selection's creation order gives the repeat index 3."""
+    from vacsr.sweep.search.selection import creation_order
+
+    clean_configs, clean_study = _run(tmp_path, "clean.db", random.Random(0))
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'stop.db'}")
+    search = _searcher(storage)
+    configs = {i: search.suggest(f"t{i}") for i in range(AT_ONCE)}
+    search.save(str(tmp_path / "searcher.pkl"))  # Tune's last save: trials 0..2 running
+    ends = [("t0", None), ("t1", "t3"), ("t2", "t4"), ("t3", "t5"), ("t4", None)]
+    for ended, drawn in ends:
+        search.on_trial_complete(ended, {"val/acc": _value(configs[int(ended[1:])])})
+        if drawn:
+            configs[int(drawn[1:])] = search.suggest(drawn)
+    assert 3 in [i for i, _, _ in _study(storage)]  # told before the stop
+    fail_running_trials(storage, "s-dtd")
+    restored = _searcher(storage)
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    resumed = Search(restored, random.Random(1))
+    resumed.live = {f"t{i}": configs[i] for i in range(AT_ONCE)}  # Tune continues these
+    resumed.configs = {i: configs[i] for i in range(AT_ONCE)}
+    while resumed.step():
+        pass
+    assert resumed.configs == clean_configs
+    told = _study(storage)
+    assert sorted(told) == sorted(clean_study)  # index 3 once, no second COMPLETE trial
+    assert creation_order(storage, "s-dtd")["a1"] == 3  # the first trial Tune asks for

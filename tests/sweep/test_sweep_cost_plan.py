@@ -103,6 +103,17 @@ def test_a_tiny_device_memory_is_refused_with_figures_that_compare(tmp_path, cap
     nothing_written(tmp_path / "s")
 
 
+def test_plan_refuses_more_trials_at_once_than_the_machine_holds_before_measuring(
+        tmp_path, capsys):
+    """--plan with a --concurrent-trials the sweep would refuse: the same line, before any
+    calibration starts Ray, and nothing written (the table depends on N: no quiet lowering)."""
+    line = one_line(["--plan", "--concurrent-trials", "999", "--datasets", "dtd", "--storage",
+                     tmp_path / "s"], capsys, entry=lambda argv: main(BASE2NOVEL, argv))
+    assert line.startswith("vacsr: error: --concurrent-trials 999: this cluster holds "), line
+    assert "the table depends on the number" in line
+    nothing_written(tmp_path / "s")
+
+
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-1", "abc"])
 def test_a_device_memory_that_is_not_a_finite_positive_number_is_one_line(tmp_path, capsys,
                                                                         value):

@@ -174,7 +174,7 @@ def test_storage_paths_and_copies_for_paths_and_uris(tmp_path):
     (64, 1, 1.0, 1.0, 4, 16, (4, 16)),   # asked for: 4 datasets at once, 16 trials each
     (64, 1, 1.0, 1.0, None, 16, (4, 16)),  # 16 trials each: as many datasets as that leaves
     (8, 2, 1.0, 1.0, 20, 1, (2, 1)),     # 2 workers: the actor's CPU counts; never more datasets
-    (3, 2, 1.0, 1.0, None, 4, (1, 1)),   # than slots (no starved trials)
+    (3, 2, 1.0, 1.0, None, 1, (1, 1)),   # than slots (no starved trials)
     # without --concurrent-trials: the datasets the slots allow, then the slots divided
     (64, 1, 1.0, 1.0, None, None, (11, 5)),  # 11 datasets at once, 5 trials each: 55 of 64
     (64, 1, 1.0, 1.0, 4, None, (4, 16)),     # --parallel-datasets 4: 16 each
@@ -195,6 +195,22 @@ def test_parallel_plan_never_oversubscribes(cpus, workers, cpw, trial_cpus, para
     assert (datasets_at_once, trials_each) == expected
     actor_cpus = 0 if workers == 1 else trial_cpus  # a one-worker trial's actor is its worker
     assert datasets_at_once * trials_each * (actor_cpus + workers * cpw) <= cpus
+
+
+def test_more_trials_at_once_than_the_cluster_holds_is_refused_not_lowered():
+    """--concurrent-trials decides the table: --plan and the sweep refuse one the cluster cannot
+    hold, in one line, instead of planning or running fewer."""
+    from vacsr.config import load_config
+    from vacsr.errors import ConfigError
+    from vacsr.sweep.plan.plan import sweep_parallelism
+
+    config = load_config(overrides=["train.workers=2", "train.cpus_per_worker=1.0"])
+    plan = built_plan(BASE2NOVEL, Path("/tmp"), configs={"d0": config},
+                      spaces={"d0": {"loss.beta": LogFloat(0.1, 10.0)}}, trial_cpus=1.0,
+                      concurrent_trials=4)
+    with pytest.raises(ConfigError, match=r"^--concurrent-trials 4: this cluster holds 1 trials "
+                                          r"at once, and the table depends on the number"):
+        sweep_parallelism(plan, {"CPU": 3})
 
 
 def test_the_first_trial_is_the_base_config_clamped_into_the_space():

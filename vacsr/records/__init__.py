@@ -15,7 +15,7 @@ mlflow is installed, without importing it).
   its training folder's mlflow_run.json records its run.
 - `sweep_records`: `SweepRecords`, what vacsr/sweep does in MLflow (its runs, their children,
   closing what a stop left, reading a sweep back); `place_child_run` for trials and seed runs.
-- `sweep_state`: sweep_state.json, which records the sweep's runs and results (format 2).
+- `sweep_state`: sweep_state.json, which records the sweep's runs and results (format 3).
 - `artifacts`: the names of a sweep's artifacts; `view`: the sweep's saved view in the MLflow UI
   (`comparison_view`: a sweep of several methods' comparison);
   `inputs`: a run's datasets as MLflow dataset inputs.

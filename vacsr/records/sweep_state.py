@@ -7,10 +7,10 @@ Only the driver's main thread changes and writes it (datasets report back to it)
 A file of another shape (edited by hand, or not this file at all) stops the resume with one
 line: read as empty, it would make the resume open every MLflow run a second time.
 
-The state carries its record format (`"format": 2`). A sweep folder whose state has none was
-written by an older vacsr, whose Tune and Optuna pickles name modules this one no longer has
-(vacsr.sweep.searcher, vacsr.sweep.trial, ...): `--resume` of it stops with one line
-(`check_format`) instead of failing inside Ray's restore."""
+The state carries its record format (`"format": 3`). A sweep folder whose state has none or
+another was written by another vacsr, whose Tune and Optuna pickles name classes this one does
+not have (format 2: the scheduler RecordingASHA, Tune experiments named by the dataset alone):
+`--resume` of it stops with one line (`check_format`) instead of failing inside Ray's restore."""
 from __future__ import annotations
 
 import json
@@ -23,7 +23,7 @@ from vacsr.errors import ConfigError
 if TYPE_CHECKING:
     from vacsr.records.tracker import MlflowTracker
 
-FORMAT = 2  # the record format this vacsr writes and resumes
+FORMAT = 3  # the record format this vacsr writes and resumes
 # the types each recorded field may hold (a field not yet written is absent)
 DATASETS, AVERAGES = "datasets", "averages"  # the sections that record runs, by name
 TOP_FIELDS = {"format": int, DATASETS: dict, AVERAGES: dict, "settings": dict,

@@ -160,7 +160,10 @@ def _calibration_search(config, samples: tuple[str, ...], resources: dict[str, f
         trainable = tune.with_resources(_calibration_trial, resources)
         params = {"config": config, "samples": samples, "submitted": time.time()}
         tuner = tune.Tuner(trainable, param_space=params,
-                           run_config=tune.RunConfig(name="calibration", storage_path=folder,
+                           # a name of its own: Ray stages an experiment's files by name
+                           # and second on the node (vacsr/sweep/plan/folders.py)
+                           run_config=tune.RunConfig(name=f"calibration-{Path(folder).name}",
+                                                     storage_path=folder,
                                                      verbose=0))
         result = tuner.fit()[0]
         if result.error is not None:

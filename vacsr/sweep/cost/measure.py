@@ -24,7 +24,12 @@ from vacsr.sweep.cost.cost_store import CostSource, obtain_costs, source_line
 from vacsr.sweep.cost.counts import SAMPLES, DatasetCounts, count_dataset, synthetic_counts
 from vacsr.sweep.cost.sweep_cost import build_sweep_cost
 from vacsr.sweep.plan.folders import costs_file
-from vacsr.sweep.plan.plan import SweepPlan, local_resources, trial_resources
+from vacsr.sweep.plan.plan import (
+    SweepPlan,
+    local_resources,
+    sweep_parallelism,
+    trial_resources,
+)
 
 GENERATED = ".generated"  # the embedded profile's mark of finished synthetic data
 
@@ -107,6 +112,8 @@ def plan_step_costs(plan: SweepPlan, samples: tuple[str, ...], keep_in_folder: b
         return costs
 
     with joined(plan.ray_address):
+        # a --concurrent-trials the cluster cannot hold: refused before any calibration
+        sweep_parallelism(plan, cluster_resources(resources))
         start = time.perf_counter()
         key = cost_key(first, samples, resources, plan.ray_address)
         keyed = time.perf_counter() - start

@@ -64,6 +64,15 @@ def trial_folder(storage: Path, dataset: str) -> Path:
     return Path(storage) / TRIALS / dataset
 
 
+def tune_experiment(dataset: str, dataset_run_id: str) -> str:
+    """The name of the dataset's Tune experiment, its folder under the sweep's tune/: the
+    dataset and its MLflow run's id, which no other sweep has. Ray stages an experiment's files
+    on its node in <Ray session>/artifacts/<the second its Tuner was made>/<name>: two sweeps on
+    one cluster whose Tuners of one name were made in one second would each write, and resume
+    from, the other's experiment state."""
+    return f"{dataset}-{dataset_run_id[:12]}"
+
+
 def asha_rungs_file(storage: Path, dataset: str) -> Path:
     """ASHA's rungs, decisions and stops of the dataset's search (vacsr/sweep/search/rungs.py)."""
     return trial_folder(storage, dataset) / ASHA_RUNGS_FILE

@@ -142,12 +142,7 @@ def fixed_concurrency(plan: SweepPlan, state: SweepState, resources: dict) -> Sw
     workers wait for), and so is a --concurrent-trials the cluster cannot hold."""
     recorded = state.entry(None).get("concurrent_trials")
     slots = trial_slots(plan, resources)
-    if recorded is None:
-        if plan.concurrent_trials is not None and plan.concurrent_trials > slots:
-            raise ConfigError(f"--concurrent-trials {plan.concurrent_trials}: this cluster "
-                              f"holds {slots} trials at once, and the table depends on the "
-                              "number; ask for at most that, or leave it out to have the "
-                              "cluster choose")
+    if recorded is None:  # a --concurrent-trials beyond the slots is refused there
         recorded = sweep_parallelism(plan, resources)[1]
         state.update(concurrent_trials=recorded)
     if recorded > slots:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vacsr.config import Config, from_dict, set_value, validate
+from vacsr.errors import ConfigError
 from vacsr.methods.registry import method_of
 from vacsr.records.names import REHEARSAL_TAG
 from vacsr.sweep.plan.folders import join_storage, optuna_url
@@ -194,12 +195,18 @@ def sweep_parallelism(plan: SweepPlan, resources: dict) -> tuple[int, int]:
     trials the cluster holds, so no trial actor waits forever for its Train workers. Without
     --concurrent-trials, as many datasets as the slots allow are searched at once and the slots
     are divided among them (no more than a dataset's trials each); with it, a dataset runs at
-    most that many trials at once, and slots beyond what the datasets take stay idle."""
+    most that many trials at once, and slots beyond what the datasets take stay idle. A
+    --concurrent-trials the cluster cannot hold is refused (ConfigError, one line), by --plan as
+    by the sweep: the table depends on the number, so it is never lowered quietly."""
     slots = trial_slots(plan, resources)
+    if plan.concurrent_trials is not None and plan.concurrent_trials > slots:
+        raise ConfigError(f"--concurrent-trials {plan.concurrent_trials}: this cluster holds "
+                          f"{slots} trials at once, and the table depends on the number; ask "
+                          "for at most that, or leave it out to have the cluster choose")
     if plan.concurrent_trials is None:
         parallel = max(1, min(plan.parallel or slots, slots, len(plan.datasets)))
         most = max(plan.trials_of(d) for d in plan.datasets)
         return parallel, max(1, min(slots // parallel, most))
-    per_dataset = max(1, min(plan.concurrent_trials, slots))
+    per_dataset = max(1, plan.concurrent_trials)
     parallel = max(1, min(plan.parallel or slots, slots // per_dataset, len(plan.datasets)))
     return parallel, per_dataset

@@ -20,7 +20,9 @@ it, and Tune asks for a new trial in its place. So that the new trial is the los
 trial's values depend only on the sampler seed, its creation index and the trials finished before
 it: each index draws from a TPE sampler seeded for that index (not from one random stream, whose
 position the restored searcher would not share), and the start points are enqueued by index. The
-replacement also gets the lost trial's index, and selection's order with it.
+replacement also gets the lost trial's index, and selection's order with it. Where the lost trial
+was told before the stop, the replacement takes its Optuna trial (its values) and is not told
+again: the study holds each index's value once, as an uninterrupted search's does.
 
 With N trials of a dataset at once (Tune's max_concurrent_trials), trial k is drawn only once
 trials 0..k-N have ended, and the study is told the trials' values in creation order, trial j's
@@ -60,6 +62,9 @@ from vacsr.redact import redact_uri
 # the searcher created before it
 TUNE_TRIAL_ATTR = "tune_trial_id"
 CREATION_ATTR = "creation_index"
+# Study user attribute prefix: a Tune trial that repeats one a stop lost after the study was told
+# its value -> the creation index it shares with it (its Optuna trial is the lost one's)
+REPEAT_ATTR = "creation_index_of:"
 
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
@@ -142,6 +147,9 @@ class OptunaStudySearch(Searcher):
         self._tell_ended()
         if self._max_concurrent and self._waits(index):
             return None  # Tune asks again
+        told = self._told_at(index)
+        if told is not None:
+            return self._repeat(trial_id, index, told)
         self._study.sampler = self._sampler(index)
         if index < len(self._points):  # taken by the ask right after (no other trial waits:
             self._study.enqueue_trial(self._points[index])  # fail_running_trials)
@@ -153,6 +161,31 @@ class OptunaStudySearch(Searcher):
         self._index[trial_id] = index
         self._running.add(trial_id)
         return nest(trial.params)
+
+    def _told_at(self, index: int) -> optuna.trial.FrozenTrial | None:
+        """The study's told (COMPLETE or PRUNED) trial of creation index `index`, if any: Tune's
+        saved state, and this searcher's with it, predates the stop, which came after that
+        trial was created and told; Tune asks for a new trial in the lost one's place."""
+        for frozen in self._study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,
+                                                                     TrialState.PRUNED)):
+            if frozen.user_attrs.get(CREATION_ATTR) == index:
+                return frozen
+        return None
+
+    def _repeat(self, trial_id: str, index: int, told: optuna.trial.FrozenTrial) -> dict:
+        """The lost trial again, on its Optuna trial, told already: the study holds each
+        creation index's value once, as an uninterrupted search's does (a second COMPLETE trial
+        would count twice in the sampler and the importance analysis). Its Tune trial id goes
+        to the study's user attributes, for selection's creation order."""
+        self._study.set_user_attr(f"{REPEAT_ATTR}{trial_id}", index)
+        study_id = self._storage.get_study_id_from_name(self._study.study_name)
+        self._created += 1
+        number = self._storage.get_trial_id_from_study_id_trial_number(study_id, told.number)
+        self._trials[trial_id] = optuna.Trial(self._study, number)
+        self._index[trial_id] = index
+        self._told.add(trial_id)
+        self._running.add(trial_id)
+        return nest(told.params)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         self._reopen_stopped()

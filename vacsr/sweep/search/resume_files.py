@@ -7,7 +7,7 @@ from pathlib import Path
 
 from vacsr.errors import ConfigError
 from vacsr.records.sweep_state import SweepState
-from vacsr.sweep.plan.folders import TUNE, trial_folder
+from vacsr.sweep.plan.folders import TUNE, trial_folder, tune_experiment
 from vacsr.sweep.plan.plan import SweepPlan
 from vacsr.sweep.search.selection import read_selection
 
@@ -20,8 +20,11 @@ def check_resume_files(plan: SweepPlan, state: SweepState) -> None:
         if state.dataset(dataset).get("done"):
             continue
         read_selection(trial_folder(plan.storage, dataset))  # ConfigError when damaged
-        folder = Path(plan.ray_path(TUNE, dataset))
-        if "://" in str(plan.ray_root) or not folder.is_dir():
+        run_id = state.dataset(dataset).get("run_id")
+        if not run_id or "://" in str(plan.ray_root):
+            continue
+        folder = Path(plan.ray_path(TUNE, tune_experiment(dataset, run_id)))
+        if not folder.is_dir():
             continue
         for file in sorted(folder.glob("experiment_state-*.json")):
             try:

@@ -138,6 +138,11 @@ class RungLedger:
                                   (1 - 1 / self.schedule.reduction_factor) * 100)
         return bool(sign * value < cutoff)
 
+    def verdicts(self) -> list[tuple[str, int, str]]:
+        """Every decision made so far: (trial id, rung, CONTINUE or STOP)."""
+        return [(tid, rung, CONTINUE) for tid, e in self.trials.items() for rung in e["passed"]] \
+            + [(tid, e["stop"]["rung"], STOP) for tid, e in self.trials.items() if e["stop"]]
+
     def stops(self) -> dict[str, dict]:
         """Each stopped trial's note, as the trial's MLflow run records it
         (vacsr/sweep/search/tune.py, `record_selection_values`)."""

@@ -30,8 +30,9 @@ def creation_order(storage, study_name: str) -> dict[str, int]:
     """Tune trial id -> its creation index (the searcher tags each Optuna trial with its Tune
     trial and index, vacsr/sweep/search/optuna_searcher.py): a trial continued after a stop on a
     new Optuna trial keeps its index, and a trial that replaces one a stop lost takes the lost
-    one's. Optuna's trial number where a trial has no index."""
-    from vacsr.sweep.search.optuna_searcher import CREATION_ATTR, TUNE_TRIAL_ATTR
+    one's (a study attribute where that one was told before the stop). Optuna's trial number
+    where a trial has no index."""
+    from vacsr.sweep.search.optuna_searcher import CREATION_ATTR, REPEAT_ATTR, TUNE_TRIAL_ATTR
 
     try:
         study_id = storage.get_study_id_from_name(study_name)
@@ -43,6 +44,9 @@ def creation_order(storage, study_name: str) -> dict[str, int]:
         index = trial.user_attrs.get(CREATION_ATTR, trial.number)
         if isinstance(trial_id, str):
             order[trial_id] = min(order.get(trial_id, index), index)
+    for key, index in storage.get_study_user_attrs(study_id).items():
+        if key.startswith(REPEAT_ATTR):
+            order[key.removeprefix(REPEAT_ATTR)] = index
     return order
 
 

@@ -19,6 +19,8 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from vacsr.config import Config, flat_dict, set_value, validate
 from vacsr.sweep.plan.plan import trains_in_trial
+from vacsr.sweep.search import rung_gate
+from vacsr.sweep.search.rung_gate import GateSpec
 
 CHECKPOINT_PATH_KEY = "checkpoint_path"  # the key TuneReportCallback gives the checkpoint's path
 
@@ -34,6 +36,7 @@ class TrialMeta:
     experiment: str
     parent_run_id: str
     rehearsal: Optional[Any] = None  # a rehearsal's UnitClock (vacsr/sweep/rehearsal/clock.py)
+    gate: Optional[GateSpec] = None  # where it waits for its rungs' decisions (rung_gate.py)
 
 
 def with_suggestions(base: Config, suggested: dict[str, Any]) -> Config:
@@ -55,6 +58,7 @@ def run_trial(suggested: dict[str, Any], base: Config, meta: TrialMeta) -> None:
     # and a reset that times out fails the next trial before it starts
     os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", "120")
     config = with_suggestions(base, suggested)
+    rung_gate.enter(meta.gate)
     trial_id = tune.get_context().get_trial_id()
     config.train.output_dir = str(Path(meta.trial_root) / trial_id)
     config.train.storage_path = meta.ray_storage
@@ -66,7 +70,8 @@ def run_trial(suggested: dict[str, Any], base: Config, meta: TrialMeta) -> None:
     if meta.rehearsal is not None:  # the run's waits and curve instead of its training
         from vacsr.sweep.rehearsal.trial import rehearse_in_trial
 
-        rehearse_in_trial(config, meta.rehearsal)
+        rehearse_in_trial(config, meta.rehearsal, rung_gate.report_and_wait,
+                          rung_gate.await_verdict)
         return
     if trains_in_trial(config.train):
         from vacsr.sweep.search.trial_run import (

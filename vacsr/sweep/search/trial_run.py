@@ -24,6 +24,7 @@ from vacsr.distributed.ray_hooks import RayRun
 from vacsr.errors import RunFailed, VacsrError
 from vacsr.records.logger import mlflow_logger
 from vacsr.sweep.search.recovery import outage
+from vacsr.sweep.search.rung_gate import await_verdict, report_and_wait
 from vacsr.train.failure import clear_run_failure, read_run_failure, record_run_failure
 
 
@@ -46,8 +47,13 @@ class TuneTrialRun(RayRun):
     def reported_checkpoint(self):
         return tune.get_checkpoint()
 
+    def restore(self, trainer) -> None:
+        super().restore(trainer)
+        if 0 < trainer.start_epoch < trainer.config.train.epochs:
+            await_verdict(trainer.start_epoch)  # restarted at a rung: not past it undecided
+
     def send(self, metrics: dict, folder: str | None) -> None:
-        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
+        report_and_wait(metrics, tune.Checkpoint.from_directory(folder))
 
     def after_epoch(self, trainer, epoch: int, metrics: dict) -> None:
         return None  # the checkpoint goes to Tune with the report, after the epoch is logged

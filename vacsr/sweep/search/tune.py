@@ -10,18 +10,27 @@ import math
 import zlib
 from typing import Any, Callable
 
+import ray
 from ray import tune
 
 from vacsr.distributed.storage_fs import ray_storage
 from vacsr.errors import VacsrError
 from vacsr.records.sweep_records import SweepRecords
 from vacsr.results import PREFIX_CACHE_REBUILT
-from vacsr.sweep.plan.folders import TRIALS, TUNE, asha_rungs_file, join_storage, trial_folder
+from vacsr.sweep.plan.folders import (
+    TRIALS,
+    TUNE,
+    asha_rungs_file,
+    join_storage,
+    trial_folder,
+    tune_experiment,
+)
 from vacsr.sweep.plan.plan import SweepPlan, trains_in_trial, trial_resources
 from vacsr.sweep.plan.studies import fail_running_trials, open_optuna_storage, study_name
 from vacsr.sweep.search.asha import OrderedASHA
 from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
 from vacsr.sweep.search.recovery import TRACKING_DOWN_NOTE, repair_experiment, tracking_failure
+from vacsr.sweep.search.rung_gate import GateSpec, gate_name, open_gate, wait_note
 from vacsr.sweep.search.rungs import RungLedger
 from vacsr.sweep.search.selection import (
     creation_order,
@@ -55,7 +64,8 @@ def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str) -> str:
     meta = TrialMeta(dataset=dataset, trial_root=str(trial_folder(plan.storage, dataset)),
                      ray_storage=plan.ray_path(TRIALS, dataset), tracking_uri=plan.tracking_uri,
                      experiment=plan.kind.experiment, parent_run_id=dataset_run_id,
-                     rehearsal=plan.clocks.get(dataset))
+                     rehearsal=plan.clocks.get(dataset),
+                     gate=rung_gate_spec(plan, dataset, tune_experiment(dataset, dataset_run_id)))
     trainable = tune.with_parameters(run_trial, base=plan.configs[dataset], meta=meta)
     name = f"vacsr-{plan.name}-{dataset}"
     resources = trial_resources(plan.configs[dataset].train, plan.trial_cpus)
@@ -70,11 +80,20 @@ def rung_ledger(plan: SweepPlan, dataset: str) -> RungLedger:
                       longest_epochs(space, base.train.epochs), plan.kind.mode)
 
 
-def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: int,
-           callbacks: list) -> tune.Tuner:
-    """A new Tuner, or the restored one when --resume finds this dataset's experiment."""
+def rung_gate_spec(plan: SweepPlan, dataset: str, experiment: str) -> GateSpec | None:
+    """Where the dataset's trials wait for their rungs' decisions in their actors; None where a
+    waiting trial is paused instead: free-running ASHA never waits, and a trial of several Ray
+    Train workers reports from them, not from its actor (vacsr/sweep/search/rung_gate.py)."""
+    if plan.free_running or not trains_in_trial(plan.configs[dataset].train):
+        return None
+    return GateSpec(gate_name(experiment), tuple(rung_ledger(plan, dataset).rungs))
+
+
+def _tuner(plan: SweepPlan, dataset: str, experiment: str, trainable, storage,
+           max_concurrent: int, callbacks: list) -> tune.Tuner:
+    """A new Tuner, or the restored one when --resume finds this dataset's `experiment`."""
     storage_path, filesystem = ray_storage(plan.ray_path(TUNE))  # whole files (storage_fs.py)
-    folder = join_storage(storage_path, dataset)
+    folder = join_storage(storage_path, experiment)
     storage_failed = plan.resume and repair_experiment(folder)  # what a full disk left
     if plan.resume and tune.Tuner.can_restore(folder, storage_filesystem=filesystem):
         # errored trials stay failed, their errors are deterministic (worker loss is retried by
@@ -83,6 +102,7 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
                                   resume_errored=storage_failed, restart_errored=False,
                                   storage_filesystem=filesystem)
     base, space = plan.configs[dataset], plan.spaces[dataset]
+    gate = rung_gate_spec(plan, dataset, experiment)
     search = OptunaStudySearch(DefineByRun(space), metric=plan.kind.metric, mode=plan.kind.mode,
                                storage=storage, study_name=study_name(plan.name, dataset),
                                seed=sampler_seed(plan.sampler_seed, plan.dataset_of(dataset)),
@@ -101,14 +121,14 @@ def _tuner(plan: SweepPlan, dataset: str, trainable, storage, max_concurrent: in
             # the schedule the cost estimate reads too (vacsr/sweep/spec/schedule.py), each
             # decision in the searcher's creation order (vacsr/sweep/search/rungs.py)
             scheduler=OrderedASHA(rung_ledger(plan, dataset), search, time_attr="epoch",
-                                  ordered=not plan.free_running),
+                                  ordered=not plan.free_running, gate=gate and gate.name),
             max_concurrent_trials=max_concurrent,
             # the next trial trains in the actor (and process) the last one ended in: no second
             # start-up of Python, torch, open_clip and MLflow. Tune resets an actor only once its
             # trial's thread has ended (a stopped trial ends inside tune.report); a trial of
             # TorchTrainer workers gets an actor of its own
             reuse_actors=in_actor),
-        run_config=tune.RunConfig(name=dataset, storage_path=storage_path,
+        run_config=tune.RunConfig(name=experiment, storage_path=storage_path,
                                   storage_filesystem=filesystem, verbose=0, callbacks=callbacks,
                                   failure_config=tune.FailureConfig(max_failures=retries),
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=2)))
@@ -181,9 +201,19 @@ def _search(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: 
     """The search itself, its trials' MLflow runs closed and marked; the selection record."""
     storage = open_optuna_storage(plan)
     study = study_name(plan.name, dataset)
-    tuner = _tuner(plan, dataset, _trainable(plan, dataset, dataset_run_id), storage,
+    experiment = tune_experiment(dataset, dataset_run_id)
+    tuner = _tuner(plan, dataset, experiment, _trainable(plan, dataset, dataset_run_id), storage,
                    max_concurrent, [TrialEvents(dataset, plan.kind.metric, report)])
-    results = tuner.fit()
+    gate = rung_gate_spec(plan, dataset, experiment)
+    gate_actor = gate and open_gate(gate, rung_ledger(plan, dataset).verdicts())
+    try:
+        results = tuner.fit()
+        note = gate_actor and wait_note(ray.get(gate_actor.stats.remote()))
+        if note:
+            report({"event": "note", "dataset": dataset, "text": note})
+    finally:
+        if gate_actor is not None:
+            ray.kill(gate_actor)
     fail_running_trials(storage, study)  # a trial Tune restarted afresh leaves its old one behind
     for result in results:  # selecting among the trials the outage left would choose otherwise
         down = result.error is not None and tracking_failure(result.error)
