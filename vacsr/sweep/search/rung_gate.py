@@ -13,8 +13,8 @@ stops it in Tune. A trial Tune restarts from a checkpoint taken at a rung (a los
 --resume) asks before its next epoch too, so no trial trains past a rung undecided.
 
 The decision does not depend on how a trial waited, so the records are those of a paused one.
-Nothing here is pickled with Tune's state but the gate's name: the driver of each run (first or
-resumed) creates the gate and posts the decisions its ledger already holds.
+Nothing here is pickled with Tune's state but the gate's name: each run's search of the dataset
+(first or resumed) creates the gate, holding the decisions the ledger already has.
 """
 from __future__ import annotations
 
