@@ -321,3 +321,28 @@ def test_a_trial_tune_ends_without_telling_is_not_waited_for(tmp_path):
         pass
     assert scheduler.searcher.told == {"t0": True}
     assert scheduler.ledger.trials["t1"]["passed"] == [1, 4]  # it went on
+
+
+@pytest.mark.parametrize("concurrent, trials, workers, free_running, gate", [
+    (4, 8, 1, False, True),  # trials side by side, each in its actor: they wait at the gate
+    (1, 8, 1, False, False),  # one at a time: every decision is there when a trial reports
+    (4, 1, 1, False, False),  # a single trial has nobody to wait for
+    (4, 8, 2, False, False),  # Ray Train workers report, not the actor: paused instead
+    (4, 8, 1, True, False),  # free-running ASHA never waits
+])
+def test_a_gate_is_started_only_where_a_trial_can_wait_in_its_actor(tmp_path, concurrent, trials,
+                                                                    workers, free_running, gate):
+    from conftest import built_plan
+    from sweeps.base2novel import SWEEP
+    from vacsr.config import load_config
+    from vacsr.sweep.search.tune import rung_gate_spec
+    from vacsr.sweep.spec.space import Int
+
+    config = load_config(overrides=[f"train.workers={workers}", "train.epochs=5"])
+    plan = built_plan(SWEEP, tmp_path, configs={"dtd": config},
+                      spaces={"dtd": {"train.epochs": Int(3, 5)}}, trials=trials,
+                      free_running=free_running)
+    spec = rung_gate_spec(plan, "dtd", "dtd-0123456789ab", concurrent)
+    assert (spec is not None) == gate
+    if gate:  # named after the search's Tune experiment, with the ledger's rungs (1, 4)
+        assert spec.rungs == (1, 4) and "dtd-0123456789ab" in spec.name

@@ -57,7 +57,7 @@ def sampler_seed(sweep_seed: int, dataset: str) -> int:
     return zlib.crc32(f"{sweep_seed}:{dataset}".encode()) % 2**31
 
 
-def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str) -> str:
+def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: int) -> str:
     """The dataset's trial function, registered under a name of its own: Tune keeps trainables
     per job and name, and the datasets' tasks share the driver's job, so one shared name would
     let a dataset's trials run another dataset's config."""
@@ -65,7 +65,8 @@ def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str) -> str:
                      ray_storage=plan.ray_path(TRIALS, dataset), tracking_uri=plan.tracking_uri,
                      experiment=plan.kind.experiment, parent_run_id=dataset_run_id,
                      rehearsal=plan.clocks.get(dataset),
-                     gate=rung_gate_spec(plan, dataset, tune_experiment(dataset, dataset_run_id)))
+                     gate=rung_gate_spec(plan, dataset, tune_experiment(dataset, dataset_run_id),
+                                         max_concurrent))
     trainable = tune.with_parameters(run_trial, base=plan.configs[dataset], meta=meta)
     name = f"vacsr-{plan.name}-{dataset}"
     resources = trial_resources(plan.configs[dataset].train, plan.trial_cpus)
@@ -80,11 +81,16 @@ def rung_ledger(plan: SweepPlan, dataset: str) -> RungLedger:
                       longest_epochs(space, base.train.epochs), plan.kind.mode)
 
 
-def rung_gate_spec(plan: SweepPlan, dataset: str, experiment: str) -> GateSpec | None:
-    """Where the dataset's trials wait for their rungs' decisions in their actors; None where a
-    waiting trial is paused instead: free-running ASHA never waits, and a trial of several Ray
-    Train workers reports from them, not from its actor (vacsr/sweep/search/rung_gate.py)."""
+def rung_gate_spec(plan: SweepPlan, dataset: str, experiment: str,
+                   max_concurrent: int) -> GateSpec | None:
+    """Where the dataset's trials wait for their rungs' decisions in their actors; None where no
+    trial waits in its actor: free-running ASHA never waits, a trial of several Ray Train workers
+    reports from them, not from its actor (it is paused instead), and one trial at a time finds
+    every earlier trial ended, so each rung's decision is there when it reports (no gate actor,
+    no process of its own to start; vacsr/sweep/search/rung_gate.py)."""
     if plan.free_running or not trains_in_trial(plan.configs[dataset].train):
+        return None
+    if min(max_concurrent, plan.trials_of(dataset)) <= 1:
         return None
     return GateSpec(gate_name(experiment), tuple(rung_ledger(plan, dataset).rungs))
 
@@ -102,7 +108,7 @@ def _tuner(plan: SweepPlan, dataset: str, experiment: str, trainable, storage,
                                   resume_errored=storage_failed, restart_errored=False,
                                   storage_filesystem=filesystem)
     base, space = plan.configs[dataset], plan.spaces[dataset]
-    gate = rung_gate_spec(plan, dataset, experiment)
+    gate = rung_gate_spec(plan, dataset, experiment, max_concurrent)
     search = OptunaStudySearch(DefineByRun(space), metric=plan.kind.metric, mode=plan.kind.mode,
                                storage=storage, study_name=study_name(plan.name, dataset),
                                seed=sampler_seed(plan.sampler_seed, plan.dataset_of(dataset)),
@@ -202,9 +208,10 @@ def _search(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: 
     storage = open_optuna_storage(plan)
     study = study_name(plan.name, dataset)
     experiment = tune_experiment(dataset, dataset_run_id)
-    tuner = _tuner(plan, dataset, experiment, _trainable(plan, dataset, dataset_run_id), storage,
-                   max_concurrent, [TrialEvents(dataset, plan.kind.metric, report)])
-    gate = rung_gate_spec(plan, dataset, experiment)
+    trainable = _trainable(plan, dataset, dataset_run_id, max_concurrent)
+    tuner = _tuner(plan, dataset, experiment, trainable, storage, max_concurrent,
+                   [TrialEvents(dataset, plan.kind.metric, report)])
+    gate = rung_gate_spec(plan, dataset, experiment, max_concurrent)
     gate_actor = gate and open_gate(gate, rung_ledger(plan, dataset).verdicts())
     try:
         results = tuner.fit()
