@@ -92,7 +92,7 @@ def ray_cluster(tmp_path):
              f"--dashboard-agent-listen-port={free_port()}", f"--temp-dir={temps[1]}"],
             worker_log))
         _wait_started(nodes[1], worker_log)
-        yield f"http://127.0.0.1:{dashboard}"
+        yield f"http://127.0.0.1:{dashboard}", f"127.0.0.1:{gcs}"
     finally:
         for node in reversed(nodes):
             # SIGTERM lets `ray start --block` stop its node's processes; whatever is left in
@@ -100,6 +100,25 @@ def ray_cluster(tmp_path):
             stop_session(node, leader_only=True)
         for temp in temps:
             shutil.rmtree(temp, ignore_errors=True)
+
+
+def _refuses_a_driver_without_the_token(gcs: str, tmp_path: Path, weights: Path) -> None:
+    """A sweep joining the token-auth cluster without its token, or with another, is refused in
+    one line before it writes anything (ray.init would retry for about 20 s, then fail with a
+    traceback)."""
+    wrong = {"RAY_AUTH_MODE": "disabled"}, {"RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    for change, why in zip(wrong, ("asks for a Ray auth token, and this machine sends none",
+                                   "refuses this machine's Ray auth token")):
+        out = subprocess.run(
+            [sys.executable, "sweeps/base2novel.py", "--datasets", "eurosat", "--plan",
+             "--storage", str(tmp_path / "refused"), "--ray-address", gcs,
+             "--pretrained", str(weights)],
+            cwd=REPO, env={**_env(), **change}, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and out.stderr == (
+            f"vacsr: error: --ray-address {gcs}: the cluster {why}; set RAY_AUTH_MODE=token and "
+            "the cluster's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token), as "
+            "on its nodes\n"), out.stderr[-2000:]
+        assert not (tmp_path / "refused").exists()
 
 
 @pytest.fixture
@@ -193,7 +212,8 @@ def _failure(logs: str) -> str:
 
 def test_sweep_job_resumes_and_records_everything(tmp_path, ray_cluster, mlflow_server,
                                                   postgresql, weights):
-    ray_head, (uri, artifacts) = ray_cluster, mlflow_server
+    (ray_head, gcs), (uri, artifacts) = ray_cluster, mlflow_server
+    _refuses_a_driver_without_the_token(gcs, tmp_path, weights)
     storage = tmp_path / "sweeps"  # shared by both nodes (one machine)
     studies = create_database(postgresql, "optuna")
     args = ["--storage", str(storage), "--name", "smoke", "--tracking-uri", uri,

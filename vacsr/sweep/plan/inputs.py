@@ -166,6 +166,62 @@ def check_ray_address(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) ->
         why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
         raise ConfigError(f"--ray-address {address}: no Ray cluster reachable there ({why} "
                           f"within {timeout_s:g} s); start it, or check RAY_ADDRESS") from None
+    refusal = None if "://" in address else _token_refusal(f"{host}:{port}", timeout_s)
+    if refusal:
+        raise ConfigError(f"--ray-address {address}: {refusal}; set RAY_AUTH_MODE=token and the "
+                          "cluster's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+                          "~/.ray/auth_token), as on its nodes")
+
+
+# A GCS call every head answers (Ray >= 2.52 checks the token on it first); its reply is not
+# read: only a refusal of the token counts, any other answer leaves the judgement to ray.init
+_GCS_PROBE = "/ray.rpc.NodeInfoGcsService/GetClusterId"
+
+
+def _ray_auth_token() -> str | None:
+    """The token Ray sends (docs.ray.io, "Ray token authentication"): none unless
+    RAY_AUTH_MODE=token, then RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names, or
+    ~/.ray/auth_token, in that order ("" where none of them holds one)."""
+    import os
+
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return None
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _token_refusal(target: str, timeout_s: float) -> str | None:
+    """Why the head node at `target` (its GCS) refuses this process, or None: ray.init would
+    retry for about 20 s, then fail with a traceback."""
+    import grpc  # Ray's own dependency
+
+    token = _ray_auth_token()
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary(_GCS_PROBE, request_serializer=lambda data: data,
+                                   response_deserializer=lambda data: data)
+        try:
+            call(b"", timeout=timeout_s, metadata=metadata)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                return ("the cluster refuses this machine's Ray auth token" if token else
+                        "the cluster asks for a Ray auth token, and this machine sends none")
+    return None
+    import grpc  # Ray's own dependency
+
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary(_GCS_PROBE, request_serializer=lambda data: data,
+                                   response_deserializer=lambda data: data)
+        try:
+            call(b"", timeout=timeout_s)
+        except grpc.RpcError as exc:
+            return exc.code() == grpc.StatusCode.UNAUTHENTICATED
+    return False
 
 
 def check_ray_storage(text: str | None) -> str:
