@@ -24,10 +24,11 @@ def _value(config: dict) -> float:
     return round(-abs(math.log(config["loss"]["beta"])) * 2) / 2 + config["adapter"]["K"] / 4
 
 
-def _searcher(storage) -> OptunaStudySearch:
+def _searcher(storage, **settings) -> OptunaStudySearch:
     search = OptunaStudySearch(SPACE, metric="val/acc", mode="max", storage=storage,
                                study_name="s-dtd", seed=4, num_samples=TRIALS,
-                               points_to_evaluate=[{"loss.beta": 1.0, "adapter.K": 2}])
+                               points_to_evaluate=[{"loss.beta": 1.0, "adapter.K": 2}],
+                               **settings)
     assert search.set_max_concurrency(AT_ONCE)  # as Tune sets max_concurrent_trials
     return search
 
@@ -69,9 +70,9 @@ def _study(storage) -> list[tuple]:
             if t.state.name == "COMPLETE"]
 
 
-def _run(tmp_path, name: str, rng: random.Random) -> tuple[dict, list]:
+def _run(tmp_path, name: str, rng: random.Random, **settings) -> tuple[dict, list]:
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / name}")
-    tuning = Search(_searcher(storage), rng)
+    tuning = Search(_searcher(storage, **settings), rng)
     while tuning.step():
         pass
     return tuning.configs, _study(storage)
@@ -87,18 +88,44 @@ def test_the_draws_do_not_depend_on_the_order_trials_end_in(tmp_path):
         assert _run(tmp_path, f"{seed}.db", random.Random(seed)) == first, seed
 
 
-def test_a_draw_waits_for_trial_k_minus_n(tmp_path):
+def test_a_draw_waits_for_trial_k_minus_n_once_tpe_reads_the_study(tmp_path):
+    """Past TPE's random start-up (2 told trials here), trial k's draw waits until trials
+    0..k-N are told; before it a draw reads nothing, and waits only while N trials run."""
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'o.db'}")
-    search = _searcher(storage)
+    search = _searcher(storage, startup_trials=2)
     for i in range(AT_ONCE):
         assert search.suggest(f"t{i}") is not None
     assert search.suggest("x") is None  # N running
     search.on_trial_complete("t2", {"val/acc": 1.0})  # ended, but trial 0 has not
-    assert search.suggest("x") is None and _study(storage) == []  # t2 waits, untold
+    # trial 3's draw would see trial 0 alone, fewer than TPE's start-up: drawn at once
+    assert search.suggest("t3") is not None and _study(storage) == []  # t2 waits, untold
+    search.on_trial_complete("t3", {"val/acc": 0.2})
+    assert search.suggest("x") is None  # trial 4's draw reads trials 0 and 1: not told yet
     search.on_trial_complete("t0", {"val/acc": 0.5})
-    assert [i for i, _, _ in _study(storage)] == [0]  # told: t0; t2 only after trial 4's draw
-    assert search.suggest("t3") is not None
-    assert [i for i, _, _ in _study(storage)] == [0]
+    assert [i for i, _, _ in _study(storage)] == [0] and search.suggest("x") is None
+    search.on_trial_complete("t1", {"val/acc": 0.7})
+    assert [i for i, _, _ in _study(storage)] == [0, 1]  # t2 only after trial 4's draw
+    assert search.suggest("t4") is not None
+    assert [i for i, _, _ in _study(storage)] == [0, 1]
+
+
+@pytest.mark.parametrize("startup", [2, 10])
+def test_early_draws_are_the_draws_one_trial_at_a_time_gives(tmp_path, startup):
+    """The draws made without waiting (TPE's random start-up) and those after it equal what a
+    search of one trial at a time draws for each creation index, values told in the same
+    order: starting a trial early changes no config."""
+    at_once = _run(tmp_path, "n.db", random.Random(7), startup_trials=startup)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'one.db'}")
+    search, configs = _searcher(storage, startup_trials=startup), {}
+    for index in range(TRIALS):  # each trial ends before the next is asked for
+        config = search.suggest(f"s{index}")
+        configs[index] = config
+        search.on_trial_complete(f"s{index}", {"val/acc": _value(config)})
+    # the one-at-a-time search told each trial before the next draw: N = 1 sees 0..k-1, not
+    # 0..k-N, so beyond the start-up it draws from more; up to it, both draw alone
+    same = startup + AT_ONCE - 1  # the first index whose draw reads the study with N at once
+    assert {i: c for i, c in at_once[0].items() if i < same} == \
+        {i: c for i, c in configs.items() if i < same}
 
 
 def test_a_stopped_and_resumed_search_draws_what_an_uninterrupted_one_draws(tmp_path):

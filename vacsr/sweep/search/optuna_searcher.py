@@ -28,7 +28,11 @@ With N trials of a dataset at once (Tune's max_concurrent_trials), trial k is dr
 trials 0..k-N have ended, and the study is told the trials' values in creation order, trial j's
 only after trial j+N-1 was drawn: so trial k's draw sees trials 0..k-N, whatever order they ended
 in, and the study numbers its trials in creation order. A trial that ends early waits, untold,
-until those created before it are told. On --resume the trials the stopped driver left FAIL are
+until those created before it are told. While the sampler draws at random, no draw waits: TPE
+samples at random until STARTUP_TRIALS trials are told (Optuna's `n_startup_trials`), and trial
+k's draw under that rule sees at most k-N+1 told trials, so for k-N+1 < STARTUP_TRIALS its draw is
+its seed's and index's alone, whatever has been told; such a trial starts as soon as fewer than N
+run. On --resume the trials the stopped driver left FAIL are
 opened again at once, in creation order, before anything is drawn: the study then holds their
 values in the order an uninterrupted search gave them (Optuna's TPE sorts trials by value, ties
 in trial-number order).
@@ -65,6 +69,9 @@ CREATION_ATTR = "creation_index"
 # Study user attribute prefix: a Tune trial that repeats one a stop lost after the study was told
 # its value -> the creation index it shares with it (its Optuna trial is the lost one's)
 REPEAT_ATTR = "creation_index_of:"
+# TPE draws at random until this many trials are told (Optuna's default n_startup_trials, pinned:
+# which draws need to wait for earlier trials follows from it)
+STARTUP_TRIALS = 10
 
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
@@ -91,15 +98,19 @@ class OptunaStudySearch(Searcher):
     trial's last `metric`. `points_to_evaluate` are the first trials; `seed` with a trial's
     creation index seeds the TPE sampler that draws it."""
 
+    _startup = STARTUP_TRIALS  # a searcher pickled before the setting existed drew with it
+
     def __init__(self, space: Callable[[optuna.Trial], Any], *, metric: str, mode: str,
                  storage, study_name: str, seed: int,
                  points_to_evaluate: list[dict] | None = None,
-                 num_samples: int | None = None, ordered: bool = True) -> None:
+                 num_samples: int | None = None, ordered: bool = True,
+                 startup_trials: int = STARTUP_TRIALS) -> None:
         from vacsr.sweep.plan.studies import remember_storage
 
         super().__init__(metric=metric, mode=mode)
         remember_storage(storage)  # what a copy unpickled in this process reopens
         self._space, self._storage, self._seed = space, storage, seed
+        self._startup = startup_trials  # told trials before TPE reads them (each draw's sampler)
         self._points = list(points_to_evaluate or [])
         self._study = optuna.create_study(
             storage=storage, study_name=study_name, load_if_exists=True,
@@ -121,7 +132,8 @@ class OptunaStudySearch(Searcher):
         self._stop_values: dict[str, float] = {}  # trials ASHA stopped: their value there
 
     def _sampler(self, index: int) -> optuna.samplers.TPESampler:
-        return optuna.samplers.TPESampler(seed=zlib.crc32(f"{self._seed}:{index}".encode()))
+        return optuna.samplers.TPESampler(seed=zlib.crc32(f"{self._seed}:{index}".encode()),
+                                          n_startup_trials=self._startup)
 
     # ------------------------------------------------------------ Tune's Searcher interface
     def set_max_concurrency(self, max_concurrent: int) -> bool:
@@ -214,11 +226,13 @@ class OptunaStudySearch(Searcher):
 
     # ------------------------------------------------------------ telling in creation order
     def _waits(self, index: int) -> bool:
-        """Whether the trial of creation index `index` must wait: trials 0..index-N have not all
-        been told; free-running, N trials run."""
-        if not self._ordered:
-            return len(self._running) >= self._max_concurrent
-        return self._untold_below(index - self._max_concurrent + 1)
+        """Whether the trial of creation index `index` must wait: N trials run, or its draw
+        reads the study (TPE past its random start-up) and trials 0..index-N have not all been
+        told; free-running, only while N trials run."""
+        sees = index - self._max_concurrent + 1  # the told trials its draw may read: 0..k-N
+        if self._ordered and sees >= self._startup:
+            return self._untold_below(sees)  # which also holds N trials at once
+        return len(self._running) >= self._max_concurrent
 
     def _untold_below(self, stop: int) -> bool:
         """Whether a trial created before index `stop` has not been told."""
