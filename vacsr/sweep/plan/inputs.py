@@ -4,6 +4,7 @@ trial fails on it, or a driver that waits for a cluster that is not there.
 """
 from __future__ import annotations
 
+import os
 import re
 import socket
 from pathlib import Path
@@ -182,8 +183,6 @@ def _ray_auth_token() -> str | None:
     """The token Ray sends (docs.ray.io, "Ray token authentication"): none unless
     RAY_AUTH_MODE=token, then RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names, or
     ~/.ray/auth_token, in that order ("" where none of them holds one)."""
-    import os
-
     if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
         return None
     if os.environ.get("RAY_AUTH_TOKEN"):
@@ -212,16 +211,6 @@ def _token_refusal(target: str, timeout_s: float) -> str | None:
                 return ("the cluster refuses this machine's Ray auth token" if token else
                         "the cluster asks for a Ray auth token, and this machine sends none")
     return None
-    import grpc  # Ray's own dependency
-
-    with grpc.insecure_channel(target) as channel:
-        call = channel.unary_unary(_GCS_PROBE, request_serializer=lambda data: data,
-                                   response_deserializer=lambda data: data)
-        try:
-            call(b"", timeout=timeout_s)
-        except grpc.RpcError as exc:
-            return exc.code() == grpc.StatusCode.UNAUTHENTICATED
-    return False
 
 
 def check_ray_storage(text: str | None) -> str:

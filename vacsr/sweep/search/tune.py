@@ -57,7 +57,7 @@ def sampler_seed(sweep_seed: int, dataset: str) -> int:
     return zlib.crc32(f"{sweep_seed}:{dataset}".encode()) % 2**31
 
 
-def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: int) -> str:
+def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str, gate: GateSpec | None) -> str:
     """The dataset's trial function, registered under a name of its own: Tune keeps trainables
     per job and name, and the datasets' tasks share the driver's job, so one shared name would
     let a dataset's trials run another dataset's config."""
@@ -65,8 +65,7 @@ def _trainable(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurren
                      ray_storage=plan.ray_path(TRIALS, dataset), tracking_uri=plan.tracking_uri,
                      experiment=plan.kind.experiment, parent_run_id=dataset_run_id,
                      rehearsal=plan.clocks.get(dataset),
-                     gate=rung_gate_spec(plan, dataset, tune_experiment(dataset, dataset_run_id),
-                                         max_concurrent))
+                     gate=gate)
     trainable = tune.with_parameters(run_trial, base=plan.configs[dataset], meta=meta)
     name = f"vacsr-{plan.name}-{dataset}"
     resources = trial_resources(plan.configs[dataset].train, plan.trial_cpus)
@@ -96,7 +95,7 @@ def rung_gate_spec(plan: SweepPlan, dataset: str, experiment: str,
 
 
 def _tuner(plan: SweepPlan, dataset: str, experiment: str, trainable, storage,
-           max_concurrent: int, callbacks: list) -> tune.Tuner:
+           max_concurrent: int, gate: GateSpec | None, callbacks: list) -> tune.Tuner:
     """A new Tuner, or the restored one when --resume finds this dataset's `experiment`."""
     storage_path, filesystem = ray_storage(plan.ray_path(TUNE))  # whole files (storage_fs.py)
     folder = join_storage(storage_path, experiment)
@@ -108,7 +107,6 @@ def _tuner(plan: SweepPlan, dataset: str, experiment: str, trainable, storage,
                                   resume_errored=storage_failed, restart_errored=False,
                                   storage_filesystem=filesystem)
     base, space = plan.configs[dataset], plan.spaces[dataset]
-    gate = rung_gate_spec(plan, dataset, experiment, max_concurrent)
     search = OptunaStudySearch(DefineByRun(space), metric=plan.kind.metric, mode=plan.kind.mode,
                                storage=storage, study_name=study_name(plan.name, dataset),
                                seed=sampler_seed(plan.sampler_seed, plan.dataset_of(dataset)),
@@ -208,10 +206,11 @@ def _search(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: 
     storage = open_optuna_storage(plan)
     study = study_name(plan.name, dataset)
     experiment = tune_experiment(dataset, dataset_run_id)
-    trainable = _trainable(plan, dataset, dataset_run_id, max_concurrent)
-    tuner = _tuner(plan, dataset, experiment, trainable, storage, max_concurrent,
-                   [TrialEvents(dataset, plan.kind.metric, report)])
+    # one answer for the trials, the scheduler and the gate actor
     gate = rung_gate_spec(plan, dataset, experiment, max_concurrent)
+    trainable = _trainable(plan, dataset, dataset_run_id, gate)
+    tuner = _tuner(plan, dataset, experiment, trainable, storage, max_concurrent, gate,
+                   [TrialEvents(dataset, plan.kind.metric, report)])
     gate_actor = gate and open_gate(gate, rung_ledger(plan, dataset).verdicts())
     try:
         results = tuner.fit()
