@@ -62,6 +62,12 @@ def pytest_collection_modifyitems(config, items):
     stale = [module for module in LANE_OF_MODULE if not any(REPO.glob(f"tests/*/{module}"))]
     if stale:
         raise pytest.UsageError(f"RAY_LANES names {stale[0]}, no test module under tests/")
+    # a test on a module's Ray instance unmarked would run outside the lanes (a third Ray
+    # instance at once, on a worker of its own) and be left out of `make test-ray-oldest`
+    unmarked = [i.nodeid for i in items
+                if "ray_local" in i.fixturenames and not i.get_closest_marker("ray")]
+    if unmarked:
+        raise pytest.UsageError(f"{unmarked[0]} uses ray_local without the ray marker")
     for item in items:
         if item.get_closest_marker("ray"):
             lane = LANE_OF_MODULE.get(item.path.name, "ray-a")

@@ -66,6 +66,8 @@ def test_pool_equals_local_scorer_and_follows_weight_updates(ray_local):
         pool.shutdown()
 
 
+@pytest.mark.ray
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("task, dataset", [("retrieval", "synthetic"),
                                            ("classification", "eurosat")])
 def test_checkpoint_evaluation_on_actors_equals_in_process(ray_local, tmp_path, task, dataset):

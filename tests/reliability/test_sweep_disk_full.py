@@ -110,9 +110,12 @@ def _driver(storage: Path, weights: Path, log: Path, *extra: str) -> subprocess.
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
     for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):  # mlflow.set_tracking_uri exports it
         env.pop(name, None)
+    # one trial at a time, in one reused actor (trials side by side are
+    # tests/reliability/test_concurrent_sweep.py's subject, and each costs an actor's start)
     return subprocess.Popen(
         [sys.executable, "sweeps/base2novel.py", "--datasets", "eurosat", "--storage",
-         str(storage), "--pretrained", str(weights), "--trials", "2", "--seeds", "1", *extra],
+         str(storage), "--pretrained", str(weights), "--trials", "2", "--seeds", "1",
+         "--concurrent-trials", "1", *extra],
         cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 

@@ -44,8 +44,11 @@ def _sweep(tmp_path: Path, ray_temp: Path, weights, uri: str,
         env.pop(name, None)
     log = tmp_path / f"driver{len(list(tmp_path.glob('driver*.log')))}.log"
     driver = subprocess.Popen(
+        # one trial at a time, in one reused actor: trials side by side are
+        # tests/reliability/test_concurrent_sweep.py's subject, and each costs an actor's start
         [sys.executable, "sweeps/base2novel.py", "--datasets", "eurosat", "--trials", "2",
-         "--seeds", "1", "--storage", str(tmp_path), "--pretrained", str(weights),
+         "--seeds", "1", "--concurrent-trials", "1", "--storage", str(tmp_path),
+         "--pretrained", str(weights),
          "--tracking-uri", uri, *sum((["--set", f"{k}={v}"] for k, v in FIXED.items()), []),
          *extra],
         cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
