@@ -45,7 +45,10 @@ def _sweep(storage: Path, address: str, weights: Path, *extra: str):
              DATASET, "--storage", str(storage), "--pretrained", str(weights), "--trials", "8",
              "--seeds", "1", "--range", "train.epochs=int:3:5", "--concurrent-trials", "4",
              "--gpus-per-worker", "1", "--cpus-per-worker", "1", "--set", "train.device=cpu",
-             *extra], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+             # TPE models the study from the third told trial: trial k >= 5 waits for the values
+             # of trials 0..k-4 (Optuna's default 10 would leave all 8 draws random)
+             "--startup-trials", "2", *extra],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     return driver, log
 
 

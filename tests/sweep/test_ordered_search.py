@@ -202,3 +202,28 @@ def test_a_trial_told_before_the_stop_but_lost_by_tune_is_repeated_not_told_agai
     told = _study(storage)
     assert sorted(told) == sorted(clean_study)  # index 3 once, no second COMPLETE trial
     assert creation_order(storage, "s-dtd")["a1"] == 3  # the first trial Tune asks for
+
+
+
+def test_startup_trials_reach_the_searcher_and_a_resume_keeps_them(tmp_path):
+    """--startup-trials reaches the searcher a dataset's search builds (Optuna's default without
+    it); the sweep's record keeps it, so a --resume with another number is refused."""
+    from conftest import sweep_plan
+    from sweeps.base2novel import SWEEP
+    from vacsr.errors import ConfigError
+    from vacsr.sweep.plan.ownership import claim_state
+    from vacsr.sweep.plan.plan import STARTUP_TRIALS
+    from vacsr.sweep.search.resume_files import check_resume_files
+    from vacsr.sweep.search.tune import study_search
+
+    def plan(*argv):
+        return sweep_plan(SWEEP, tmp_path, ["--datasets", "dtd", *argv], data=tmp_path / "data")
+
+    for argv, startup in (((), STARTUP_TRIALS), (("--startup-trials", "2"), 2)):
+        storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / f'{startup}.db'}")
+        search = study_search(plan(*argv), "dtd", storage)
+        assert search._startup == startup and search._sampler(3)._n_startup_trials == startup
+    claim_state(plan("--startup-trials", "2"), check_resume_files)
+    claim_state(plan("--startup-trials", "2", "--resume"), check_resume_files)
+    with pytest.raises(ConfigError, match=r"--startup-trials 2 -> 10"):
+        claim_state(plan("--resume"), check_resume_files)

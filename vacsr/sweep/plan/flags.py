@@ -13,6 +13,7 @@ from vacsr.help_format import DefaultsHelp, flag_error, nonempty
 from vacsr.methods.registry import METHODS
 from vacsr.sweep.plan.embedded_profile import DEFAULTS, PROFILE, load_profile
 from vacsr.sweep.plan.inputs import check_sweep_name
+from vacsr.sweep.plan.plan import STARTUP_TRIALS
 from vacsr.sweep.spec.kind import SweepKind, sweep_script
 
 
@@ -143,6 +144,9 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
                    help="trials of one dataset run at once (default: the cluster's trial slots "
                         "divided among the datasets searched at once, fixed at the sweep's "
                         "start); the table depends on it, not on timing")
+    p.add_argument("--startup-trials", type=_positive(int), default=STARTUP_TRIALS,
+                   help="a dataset's trials told to Optuna before its TPE sampler models them; "
+                        "the draws before are random (Optuna's n_startup_trials)")
     p.add_argument("--free-running", action="store_true",
                    help="draw and stop a dataset's trials as their results arrive (Optuna and "
                         "asynchronous ASHA with no waits): busier GPUs, but with 2+ trials at "

@@ -24,7 +24,7 @@ from vacsr.errors import ConfigError
 from vacsr.folder_lock import FolderLock
 from vacsr.records.sweep_state import SweepState
 from vacsr.sweep.plan.folders import LOCK_FILE, state_file
-from vacsr.sweep.plan.plan import SweepPlan, sweep_parallelism, trial_slots
+from vacsr.sweep.plan.plan import STARTUP_TRIALS, SweepPlan, sweep_parallelism, trial_slots
 
 # config keys that place or pace a run but do not change its results
 RESOURCE_KEYS = ("train.cpus_per_worker", "train.progress", "data.num_workers")
@@ -51,9 +51,12 @@ def sweep_settings(plan: SweepPlan) -> dict[str, Any]:
     # a rehearsal's records are never results: it never continues a real sweep, nor the reverse
     rehearsal = {"rehearsal": True} if plan.rehearse else {}
     free = {"free-running": True} if plan.free_running else {}  # recorded where set
+    # recorded where it is not Optuna's default, so an earlier sweep's record is unchanged
+    startup = ({} if plan.startup_trials == STARTUP_TRIALS
+               else {"startup-trials": plan.startup_trials})
     return {"datasets": plan.datasets, **methods, **rehearsal, "trials": plan.trials,
             "seeds": list(plan.seeds), "seed": plan.sampler_seed,
-            "concurrent-trials": plan.concurrent_trials, **free,
+            "concurrent-trials": plan.concurrent_trials, **free, **startup,
             "configs": {d: config(d) for d in plan.datasets},
             "spaces": {d: {k: repr(v) for k, v in plan.spaces[d].items()} for d in plan.datasets}}
 
@@ -64,6 +67,9 @@ def _differences(recorded: dict, current: dict) -> list[str]:
              f"{shown(current[key], joined=True)}"
              for key in ("datasets", "methods", "trials", "seeds", "seed", "concurrent-trials")
              if key in recorded and recorded[key] != current.get(key, ["vacsr"])]
+    before, now = (r.get("startup-trials", STARTUP_TRIALS) for r in (recorded, current))
+    if before != now:
+        diffs.append(f"--startup-trials {before} -> {now}")
     if recorded.get("free-running", False) != current.get("free-running", False):
         diffs.append("--free-running " + ("set -> not set" if recorded.get("free-running")
                                           else "not set -> set"))

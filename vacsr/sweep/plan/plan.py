@@ -19,6 +19,9 @@ from vacsr.sweep.spec.kind import SweepKind
 from vacsr.sweep.spec.space import Domain
 
 PAPER_DECAY_EPOCH, PAPER_EPOCHS = 15, 25  # a step schedule decays at epoch 15 of 25 (C.2)
+# Optuna's TPE draws at random until this many trials are told (its default n_startup_trials);
+# which draws wait for earlier trials follows from it (vacsr/sweep/search/optuna_searcher.py)
+STARTUP_TRIALS = 10
 
 
 @dataclass
@@ -32,6 +35,7 @@ class SweepPlan:
     trials: int = 24
     seeds: tuple[int, ...] = (1, 2, 3)
     sampler_seed: int = 0
+    startup_trials: int = STARTUP_TRIALS  # --startup-trials: told trials before TPE models them
     resume: bool = False
     parallel: int | None = None  # datasets searched at once; None: as many as the cluster holds
     # trials of one dataset at once (N). The table is a function of the command and N

@@ -29,13 +29,13 @@ trials 0..k-N have ended, and the study is told the trials' values in creation o
 only after trial j+N-1 was drawn: so trial k's draw sees trials 0..k-N, whatever order they ended
 in, and the study numbers its trials in creation order. A trial that ends early waits, untold,
 until those created before it are told. While the sampler draws at random, no draw waits: TPE
-samples at random until STARTUP_TRIALS trials are told (Optuna's `n_startup_trials`), and trial
-k's draw under that rule sees at most k-N+1 told trials, so for k-N+1 < STARTUP_TRIALS its draw is
-its seed's and index's alone, whatever has been told; such a trial starts as soon as fewer than N
-run. On --resume the trials the stopped driver left FAIL are
-opened again at once, in creation order, before anything is drawn: the study then holds their
-values in the order an uninterrupted search gave them (Optuna's TPE sorts trials by value, ties
-in trial-number order).
+samples at random until S trials are told (Optuna's `n_startup_trials`: --startup-trials), and
+trial k's draw under that rule sees at most k-N+1 told trials, so for k-N+1 < S its draw is its
+seed's and index's alone, whatever has been told; such a trial starts as soon as fewer than N
+run. On --resume the
+trials the stopped driver left FAIL are opened again at once, in creation order, before
+anything is drawn: the study then holds their values in the order an uninterrupted search gave
+them (Optuna's TPE sorts trials by value, ties in trial-number order).
 
 Why not Ray's `OptunaSearch`, which takes `storage=`, `study_name=` and `points_to_evaluate=`
 too: restored on `--resume`, it reports a continued trial to the Optuna trial the stopped driver
@@ -61,6 +61,7 @@ from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
 from vacsr.redact import redact_uri
+from vacsr.sweep.plan.plan import STARTUP_TRIALS
 
 # Optuna user attributes: the Tune trial an Optuna trial configures, and how many Tune trials
 # the searcher created before it
@@ -69,10 +70,6 @@ CREATION_ATTR = "creation_index"
 # Study user attribute prefix: a Tune trial that repeats one a stop lost after the study was told
 # its value -> the creation index it shares with it (its Optuna trial is the lost one's)
 REPEAT_ATTR = "creation_index_of:"
-# TPE draws at random until this many trials are told (Optuna's default n_startup_trials, pinned:
-# which draws need to wait for earlier trials follows from it)
-STARTUP_TRIALS = 10
-
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
     """{"loss.beta": 1} -> {"loss": {"beta": 1}}: Tune shows and stores a trial's config nested."""

@@ -94,6 +94,18 @@ def rung_gate_spec(plan: SweepPlan, dataset: str, experiment: str,
     return GateSpec(gate_name(experiment), tuple(rung_ledger(plan, dataset).rungs))
 
 
+def study_search(plan: SweepPlan, dataset: str, storage) -> OptunaStudySearch:
+    """The dataset's searcher on its Optuna study in `storage`: the base config first, then the
+    plan's draws (its sampler seed, start-up trials and ordering)."""
+    base, space = plan.configs[dataset], plan.spaces[dataset]
+    return OptunaStudySearch(DefineByRun(space), metric=plan.kind.metric, mode=plan.kind.mode,
+                             storage=storage, study_name=study_name(plan.name, dataset),
+                             seed=sampler_seed(plan.sampler_seed, plan.dataset_of(dataset)),
+                             points_to_evaluate=[start_point(space, base)],
+                             num_samples=plan.trials_of(dataset), ordered=not plan.free_running,
+                             startup_trials=plan.startup_trials)
+
+
 def _tuner(plan: SweepPlan, dataset: str, experiment: str, trainable, storage,
            max_concurrent: int, gate: GateSpec | None, callbacks: list) -> tune.Tuner:
     """A new Tuner, or the restored one when --resume finds this dataset's `experiment`."""
@@ -106,12 +118,8 @@ def _tuner(plan: SweepPlan, dataset: str, experiment: str, trainable, storage,
         return tune.Tuner.restore(folder, trainable=trainable, resume_unfinished=True,
                                   resume_errored=storage_failed, restart_errored=False,
                                   storage_filesystem=filesystem)
-    base, space = plan.configs[dataset], plan.spaces[dataset]
-    search = OptunaStudySearch(DefineByRun(space), metric=plan.kind.metric, mode=plan.kind.mode,
-                               storage=storage, study_name=study_name(plan.name, dataset),
-                               seed=sampler_seed(plan.sampler_seed, plan.dataset_of(dataset)),
-                               points_to_evaluate=[start_point(space, base)],
-                               num_samples=plan.trials_of(dataset), ordered=not plan.free_running)
+    base = plan.configs[dataset]
+    search = study_search(plan, dataset, storage)
     # a trial that trains in its actor is restarted by Tune when the actor is lost (Ray Train
     # restarts the workers of the others); its own errors end at once
     # (vacsr/sweep/search/trial_run.py)
