@@ -32,10 +32,9 @@ until those created before it are told. While the sampler draws at random, no dr
 samples at random until S trials are told (Optuna's `n_startup_trials`: --startup-trials), and
 trial k's draw under that rule sees at most k-N+1 told trials, so for k-N+1 < S its draw is its
 seed's and index's alone, whatever has been told; such a trial starts as soon as fewer than N
-run. On --resume the
-trials the stopped driver left FAIL are opened again at once, in creation order, before
-anything is drawn: the study then holds their values in the order an uninterrupted search gave
-them (Optuna's TPE sorts trials by value, ties in trial-number order).
+run. On --resume the trials the stopped driver left FAIL are opened again at once, in creation
+order, before anything is drawn: the study then holds their values in the order an
+uninterrupted search gave them (Optuna's TPE sorts trials by value, ties in trial-number order).
 
 Why not Ray's `OptunaSearch`, which takes `storage=`, `study_name=` and `points_to_evaluate=`
 too: restored on `--resume`, it reports a continued trial to the Optuna trial the stopped driver
@@ -70,6 +69,7 @@ CREATION_ATTR = "creation_index"
 # Study user attribute prefix: a Tune trial that repeats one a stop lost after the study was told
 # its value -> the creation index it shares with it (its Optuna trial is the lost one's)
 REPEAT_ATTR = "creation_index_of:"
+
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
     """{"loss.beta": 1} -> {"loss": {"beta": 1}}: Tune shows and stores a trial's config nested."""
