@@ -172,7 +172,7 @@ def main() -> int:
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
     env.pop("RAY_ADDRESS", None)
     servers = Servers(folder)
-    cluster = None
+    cluster, code = None, 1
     try:
         pg = start_postgresql(servers)
         env["PGPASSWORD"] = pg.split(":")[2].split("@")[0]
@@ -205,6 +205,9 @@ def main() -> int:
                   f"{ordered['rehearsal_s']:.0f} s / {free['rehearsal_s']:.0f} s = "
                   f"{ordered['rehearsal_s'] / free['rehearsal_s']:.2f}")
         return code
+    except BaseException:
+        code = 1  # its logs are kept
+        raise
     finally:
         if cluster is not None:
             cluster.shutdown()
@@ -212,8 +215,13 @@ def main() -> int:
 
         for process in reversed(servers.started):
             stop_session(process)
-        for path in (*servers.folders, folder):
+        for path in servers.folders:
             shutil.rmtree(path, ignore_errors=True)
+        if code == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:  # what a failure leaves to read: the drivers' logs, the MLflow server's, the sweeps
+            print(f"bench_scale: failed; its logs stay in {folder} (the MLflow server's in "
+                  "mlflow.log)", file=sys.stderr)
 
 
 if __name__ == "__main__":
