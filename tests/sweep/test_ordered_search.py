@@ -128,16 +128,20 @@ def test_early_draws_are_the_draws_one_trial_at_a_time_gives(tmp_path, startup):
         {i: c for i, c in configs.items() if i < same}
 
 
-def test_a_stopped_and_resumed_search_draws_what_an_uninterrupted_one_draws(tmp_path):
+@pytest.mark.parametrize("startup", [2, 10])
+def test_a_stopped_and_resumed_search_draws_what_an_uninterrupted_one_draws(tmp_path, startup):
     """The driver stops at a random point (running trials, and ended ones not told yet, are
     marked FAIL); the searcher is restored from its last save, taken a few steps earlier (Tune
-    saves now and then), and the trials Tune had then go on. Each creation index gets the
-    uninterrupted search's config, and the study's told trials come in creation order."""
-    clean_configs, clean_study = _run(tmp_path, "clean.db", random.Random(0))
+    saves now and then), and the trials Tune had then go on; twelve stops (a lost draw was
+    drawn again wrongly in the 7th and 10th). Each creation index gets the uninterrupted
+    search's config, and the study's told trials come in creation order: with TPE reading the
+    study from the third told trial on, and past Optuna's 10."""
+    clean_configs, clean_study = _run(tmp_path, "clean.db", random.Random(0),
+                                      startup_trials=startup)
     rng = random.Random(8)
-    for attempt in range(4):
+    for attempt in range(12):
         storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / f'stop{attempt}.db'}")
-        tuning = Search(_searcher(storage), rng)
+        tuning = Search(_searcher(storage, startup_trials=startup), rng)
         saved, stop_at = None, rng.randint(5, 30)
         for step in range(stop_at):
             if step % 4 == 0:  # Tune's save: the searcher's state with the trials it knew
@@ -147,7 +151,7 @@ def test_a_stopped_and_resumed_search_draws_what_an_uninterrupted_one_draws(tmp_
                 break
         fail_running_trials(storage, "s-dtd")
         live, configs = saved
-        restored = _searcher(storage)
+        restored = _searcher(storage, startup_trials=startup)
         restored.restore(str(tmp_path / "searcher.pkl"))
         resumed = Search(restored, rng)
         resumed.live, resumed.configs, resumed.asked = live, configs, 1000 + attempt * 100
@@ -202,6 +206,34 @@ def test_a_trial_told_before_the_stop_but_lost_by_tune_is_repeated_not_told_agai
     told = _study(storage)
     assert sorted(told) == sorted(clean_study)  # index 3 once, no second COMPLETE trial
     assert creation_order(storage, "s-dtd")["a1"] == 3  # the first trial Tune asks for
+
+
+def test_a_trial_drawn_before_the_stop_but_lost_by_tune_is_drawn_again_as_it_was(tmp_path):
+    """Tune's last save predates trial 3, drawn from the study (TPE at random: 1 told trial,
+    fewer than the start-up's 2) before the stop; that draw let trial 1 be told, so at the
+    resume the study holds 2 told trials and a new draw for index 3 would read them. The resumed
+    Tune asks for a trial in trial 3's place: it gets the config trial 3 was drawn with, the
+    uninterrupted search's, on an Optuna trial of its own with index 3."""
+    clean_configs, clean_study = _run(tmp_path, "clean.db", random.Random(0), startup_trials=2)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'stop.db'}")
+    search = _searcher(storage, startup_trials=2)
+    configs = {i: search.suggest(f"t{i}") for i in range(AT_ONCE)}
+    search.save(str(tmp_path / "searcher.pkl"))  # Tune's last save: trials 0..2 running
+    for ended in ("t0", "t1"):
+        search.on_trial_complete(ended, {"val/acc": _value(configs[int(ended[1:])])})
+    configs[3] = search.suggest("t3")
+    search.on_trial_complete("t2", {"val/acc": _value(configs[2])})  # trial 1 told now
+    assert [i for i, _, _ in _study(storage)] == [0, 1] and configs[3] == clean_configs[3]
+    fail_running_trials(storage, "s-dtd")
+    restored = _searcher(storage, startup_trials=2)
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    resumed = Search(restored, random.Random(1))
+    resumed.live = {f"t{i}": configs[i] for i in range(AT_ONCE)}  # Tune continues these
+    resumed.configs = {i: configs[i] for i in range(AT_ONCE)}
+    while resumed.step():
+        pass
+    assert resumed.configs == clean_configs
+    assert sorted(_study(storage)) == sorted(clean_study)
 
 
 

@@ -22,7 +22,10 @@ it: each index draws from a TPE sampler seeded for that index (not from one rand
 position the restored searcher would not share), and the start points are enqueued by index. The
 replacement also gets the lost trial's index, and selection's order with it. Where the lost trial
 was told before the stop, the replacement takes its Optuna trial (its values) and is not told
-again: the study holds each index's value once, as an uninterrupted search's does.
+again: the study holds each index's value once, as an uninterrupted search's does. Where it was
+drawn but not told, the replacement takes its parameters (a trial is tagged with its index only
+once drawn whole): drawn again, it would read the trials told since, which its draw did not see
+(trial j is told once trial j+N-1 is drawn, below).
 
 With N trials of a dataset at once (Tune's max_concurrent_trials), trial k is drawn only once
 trials 0..k-N have ended, and the study is told the trials' values in creation order, trial j's
@@ -69,6 +72,7 @@ CREATION_ATTR = "creation_index"
 # Study user attribute prefix: a Tune trial that repeats one a stop lost after the study was told
 # its value -> the creation index it shares with it (its Optuna trial is the lost one's)
 REPEAT_ATTR = "creation_index_of:"
+_TOLD = (TrialState.COMPLETE, TrialState.PRUNED)  # the states a trial's tell leaves
 
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
@@ -156,30 +160,35 @@ class OptunaStudySearch(Searcher):
         self._tell_ended()
         if self._max_concurrent and self._waits(index):
             return None  # Tune asks again
-        told = self._told_at(index)
-        if told is not None:
-            return self._repeat(trial_id, index, told)
-        self._study.sampler = self._sampler(index)
-        if index < len(self._points):  # taken by the ask right after (no other trial waits:
-            self._study.enqueue_trial(self._points[index])  # fail_running_trials)
-        trial = self._study.ask()
-        _tag(trial, trial_id, index)  # in the study before the trial runs
-        self._space(trial)
+        drawn = self._drawn_at(index)
+        if drawn is not None and drawn.state in _TOLD:
+            return self._repeat(trial_id, index, drawn)
+        if drawn is not None:  # drawn, not told: a new draw would read trials told since
+            trial = self._ask_again(drawn)
+        else:
+            self._study.sampler = self._sampler(index)
+            if index < len(self._points):  # taken by the ask right after (no other trial
+                self._study.enqueue_trial(self._points[index])  # waits: fail_running_trials)
+            trial = self._study.ask()
+            self._space(trial)
+        _tag(trial, trial_id, index)  # once drawn whole, before the trial runs
         self._created += 1
         self._trials[trial_id] = trial
         self._index[trial_id] = index
         self._running.add(trial_id)
         return nest(trial.params)
 
-    def _told_at(self, index: int) -> optuna.trial.FrozenTrial | None:
-        """The study's told (COMPLETE or PRUNED) trial of creation index `index`, if any: Tune's
-        saved state, and this searcher's with it, predates the stop, which came after that
-        trial was created and told; Tune asks for a new trial in the lost one's place."""
-        for frozen in self._study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,
-                                                                     TrialState.PRUNED)):
+    def _drawn_at(self, index: int) -> optuna.trial.FrozenTrial | None:
+        """The study's trial of creation index `index`, a told one (COMPLETE or PRUNED) if there
+        is one: Tune's saved state, and this searcher's with it, predates the stop, which came
+        after that trial was drawn; Tune asks for a new trial in the lost one's place."""
+        found = None
+        for frozen in self._study.get_trials(deepcopy=False):
             if frozen.user_attrs.get(CREATION_ATTR) == index:
-                return frozen
-        return None
+                if frozen.state in _TOLD:
+                    return frozen
+                found = found or frozen
+        return found
 
     def _repeat(self, trial_id: str, index: int, told: optuna.trial.FrozenTrial) -> dict:
         """The lost trial again, on its Optuna trial, told already: the study holds each
@@ -328,12 +337,15 @@ class OptunaStudySearch(Searcher):
         study_id = self._storage.get_study_id_from_name(self._study.study_name)
         frozen = self._storage.get_trial(
             self._storage.get_trial_id_from_study_id_trial_number(study_id, trial.number))
-        if frozen.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        if frozen.state in _TOLD:
             self._told.add(trial_id)
             return None
         if frozen.state.is_finished():
-            self._study.enqueue_trial(frozen.params, skip_if_exists=False)
-            trial = self._trials[trial_id] = self._study.ask(
-                fixed_distributions=frozen.distributions)
+            trial = self._trials[trial_id] = self._ask_again(frozen)
             _tag(trial, trial_id, frozen.user_attrs.get(CREATION_ATTR, frozen.number))
         return trial
+
+    def _ask_again(self, frozen: optuna.trial.FrozenTrial) -> optuna.Trial:
+        """A new Optuna trial with `frozen`'s parameters (Optuna updates no finished trial)."""
+        self._study.enqueue_trial(frozen.params, skip_if_exists=False)
+        return self._study.ask(fixed_distributions=frozen.distributions)
