@@ -18,7 +18,9 @@ one unless given, removed after).
 `--against-free-running` rehearses the sweep a second time on the same cluster with
 `--free-running` (no waits, a table that depends on timing) and prints what the deterministic
 search costs: its search-phase wall time and GPU use against the free-running one's, at the same
-number of trials per dataset at once.
+number of trials per dataset at once. `--draw-slack 0,1` rehearses the deterministic search once
+per slack (the sweep's `--draw-slack`: trial k's draw reads trials 0..k-N-S), each against the
+one free-running rehearsal.
 """
 from __future__ import annotations
 
@@ -151,6 +153,15 @@ def rehearse(args, address: str, uri: str, studies: str, storage: Path, env: dic
     return code, {**search, "rehearsal_s": wall}
 
 
+def summary(slack: int, ordered: dict, free: dict) -> str:
+    return (f"SUMMARY deterministic (--draw-slack {slack}) / free-running: search wall "
+            f"{ordered['wall_s']:.0f} s / {free['wall_s']:.0f} s = "
+            f"{ordered['wall_s'] / free['wall_s']:.2f}; search GPU use "
+            f"{100 * ordered['use']:.0f}% / {100 * free['use']:.0f}%; rehearsal "
+            f"{ordered['rehearsal_s']:.0f} s / {free['rehearsal_s']:.0f} s = "
+            f"{ordered['rehearsal_s'] / free['rehearsal_s']:.2f}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=4)
@@ -165,6 +176,8 @@ def main() -> int:
                    help="default: the sweep's (the cluster's trial slots over the datasets)")
     p.add_argument("--against-free-running", action="store_true",
                    help="a second rehearsal with --free-running, and the ratios")
+    p.add_argument("--draw-slack", default="0",
+                   help="comma-separated: a deterministic rehearsal with each (default 0)")
     p.add_argument("--storage", type=Path, default=None)
     args = p.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="vacsr-scale-"))
@@ -191,19 +204,23 @@ def main() -> int:
             print((folder / "plan.log").read_text()[-3000:], file=sys.stderr)
             return code
         plan_wall = json.loads(plan_out.read_text())["totals"]["wall_s"] / args.scale
-        code, ordered = rehearse(args, cluster.address, uri, studies, storage, env, plan_wall,
-                                 folder)
-        if code != 0 or not args.against_free_running:
+        ordered = {}
+        for slack in [int(s) for s in args.draw_slack.split(",")]:
+            named = ["--draw-slack", str(slack), "--name", f"base2novel-slack{slack}"] \
+                if slack else []
+            print(f"deterministic, --draw-slack {slack}:")
+            code, ordered[slack] = rehearse(args, cluster.address, uri, studies, storage, env,
+                                            plan_wall, folder, *named)
+            if code != 0:
+                return code
+        if not args.against_free_running:
             return code
         print("--free-running, the same cluster and trials at once:")
         code, free = rehearse(args, cluster.address, uri, studies, storage, env, plan_wall,
                               folder, "--free-running", "--name", "base2novel-free")
-        if code == 0 and free.get("wall_s"):
-            print(f"SUMMARY deterministic / free-running: search wall {ordered['wall_s']:.0f} s "
-                  f"/ {free['wall_s']:.0f} s = {ordered['wall_s'] / free['wall_s']:.2f}; search "
-                  f"GPU use {100 * ordered['use']:.0f}% / {100 * free['use']:.0f}%; rehearsal "
-                  f"{ordered['rehearsal_s']:.0f} s / {free['rehearsal_s']:.0f} s = "
-                  f"{ordered['rehearsal_s'] / free['rehearsal_s']:.2f}")
+        for slack, search in ordered.items():
+            if code == 0 and free.get("wall_s") and search.get("wall_s"):
+                print(summary(slack, search, free))
         return code
     except BaseException:
         code = 1  # its logs are kept

@@ -237,9 +237,35 @@ def test_a_trial_drawn_before_the_stop_but_lost_by_tune_is_drawn_again_as_it_was
 
 
 
+def test_with_slack_a_trial_starts_while_trial_k_minus_n_runs_and_reads_one_fewer(tmp_path):
+    """--draw-slack 1: trial k's draw reads trials 0..k-N-1, so it starts while trial k-N runs
+    (a slot it ended first would idle without slack), never with N trials running; the draws
+    do not depend on the order trials end in either."""
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'o.db'}")
+    search = _searcher(storage, startup_trials=2, draw_slack=1)
+    for i in range(AT_ONCE):
+        assert search.suggest(f"t{i}") is not None
+    for ended, value in (("t0", 0.5), ("t1", 0.7)):
+        search.on_trial_complete(ended, {"val/acc": value})
+    assert _study(storage) == []  # trial 0 is told once trial 3 is drawn (lag N+1 = 4)
+    for i in (3, 4):  # their draws read fewer than 2 trials: random, at once
+        assert search.suggest(f"t{i}") is not None
+        search.on_trial_complete(f"t{i}", {"val/acc": 0.2})
+    assert [i for i, _, _ in _study(storage)] == [0, 1]
+    assert search.suggest("t5") is not None  # reads trials 0 and 1 while trial 2 runs
+    assert search.suggest("t6") is None  # reads trial 2, still running
+    search.on_trial_complete("t2", {"val/acc": 0.1})
+    assert search.suggest("t6") is not None and search.suggest("t7") is not None
+    assert search.suggest("x") is None  # N running
+    first = _run(tmp_path, "a.db", random.Random(0), startup_trials=2, draw_slack=1)
+    assert _run(tmp_path, "b.db", random.Random(3), startup_trials=2, draw_slack=1) == first
+    assert first[0] != _run(tmp_path, "c.db", random.Random(0), startup_trials=2)[0]
+
+
 def test_startup_trials_reach_the_searcher_and_a_resume_keeps_them(tmp_path):
-    """--startup-trials reaches the searcher a dataset's search builds (Optuna's default without
-    it); the sweep's record keeps it, so a --resume with another number is refused."""
+    """--startup-trials and --draw-slack reach the searcher a dataset's search builds (Optuna's
+    default and 0 without them); the sweep's record keeps them, so a --resume with another
+    number is refused."""
     from conftest import sweep_plan
     from sweeps.base2novel import SWEEP
     from vacsr.errors import ConfigError
@@ -251,11 +277,14 @@ def test_startup_trials_reach_the_searcher_and_a_resume_keeps_them(tmp_path):
     def plan(*argv):
         return sweep_plan(SWEEP, tmp_path, ["--datasets", "dtd", *argv], data=tmp_path / "data")
 
-    for argv, startup in (((), STARTUP_TRIALS), (("--startup-trials", "2"), 2)):
+    for argv, startup, slack in (((), STARTUP_TRIALS, 0),
+                                 (("--startup-trials", "2", "--draw-slack", "1"), 2, 1)):
         storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / f'{startup}.db'}")
         search = study_search(plan(*argv), "dtd", storage)
         assert search._startup == startup and search._sampler(3)._n_startup_trials == startup
-    claim_state(plan("--startup-trials", "2"), check_resume_files)
-    claim_state(plan("--startup-trials", "2", "--resume"), check_resume_files)
-    with pytest.raises(ConfigError, match=r"--startup-trials 2 -> 10"):
+        assert search.set_max_concurrency(3) and search._lag() == 3 + slack
+    claim_state(plan("--startup-trials", "2", "--draw-slack", "1"), check_resume_files)
+    claim_state(plan("--startup-trials", "2", "--draw-slack", "1", "--resume"),
+                check_resume_files)
+    with pytest.raises(ConfigError, match=r"--startup-trials 2 -> 10; --draw-slack 1 -> 0"):
         claim_state(plan("--resume"), check_resume_files)

@@ -13,7 +13,7 @@ from vacsr.help_format import DefaultsHelp, flag_error, nonempty
 from vacsr.methods.registry import METHODS
 from vacsr.sweep.plan.embedded_profile import DEFAULTS, PROFILE, load_profile
 from vacsr.sweep.plan.inputs import check_sweep_name
-from vacsr.sweep.plan.plan import STARTUP_TRIALS
+from vacsr.sweep.plan.plan import DRAW_SLACK, STARTUP_TRIALS
 from vacsr.sweep.spec.kind import SweepKind, sweep_script
 
 
@@ -37,6 +37,16 @@ def _positive(cast):
         return value
     check.__name__ = cast.__name__
     return check
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
 
 
 def _seed(text: str) -> int:
@@ -147,6 +157,10 @@ def build_parser(kind: SweepKind) -> argparse.ArgumentParser:
     p.add_argument("--startup-trials", type=_positive(int), default=STARTUP_TRIALS,
                    help="a dataset's trials told to Optuna before its TPE sampler models them; "
                         "the draws before are random (Optuna's n_startup_trials)")
+    p.add_argument("--draw-slack", type=_count, default=DRAW_SLACK,
+                   help="with N trials of a dataset at once, trial k's config is drawn from "
+                        "trials 0..k-N-S: each unit lets a trial start while one more earlier "
+                        "trial runs (fewer idle slots), and each draw reads one trial fewer")
     p.add_argument("--free-running", action="store_true",
                    help="draw and stop a dataset's trials as their results arrive (Optuna and "
                         "asynchronous ASHA with no waits): busier GPUs, but with 2+ trials at "

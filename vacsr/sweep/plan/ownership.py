@@ -24,7 +24,13 @@ from vacsr.errors import ConfigError
 from vacsr.folder_lock import FolderLock
 from vacsr.records.sweep_state import SweepState
 from vacsr.sweep.plan.folders import LOCK_FILE, state_file
-from vacsr.sweep.plan.plan import STARTUP_TRIALS, SweepPlan, sweep_parallelism, trial_slots
+from vacsr.sweep.plan.plan import (
+    DRAW_SLACK,
+    STARTUP_TRIALS,
+    SweepPlan,
+    sweep_parallelism,
+    trial_slots,
+)
 
 # config keys that place or pace a run but do not change its results
 RESOURCE_KEYS = ("train.cpus_per_worker", "train.progress", "data.num_workers")
@@ -40,6 +46,12 @@ class DriverLock(FolderLock):
                          "--name or --storage")
 
 
+# how the search draws and waits: --flag -> (SweepPlan field, its default)
+_SEARCH_SETTINGS = {"free-running": ("free_running", False),
+                    "startup-trials": ("startup_trials", STARTUP_TRIALS),
+                    "draw-slack": ("draw_slack", DRAW_SLACK)}
+
+
 def sweep_settings(plan: SweepPlan) -> dict[str, Any]:
     """What decides the sweep's results, as JSON-ready values."""
     def config(dataset: str) -> dict[str, str]:
@@ -50,13 +62,13 @@ def sweep_settings(plan: SweepPlan) -> dict[str, Any]:
     methods = {} if plan.methods == ("vacsr",) else {"methods": list(plan.methods)}
     # a rehearsal's records are never results: it never continues a real sweep, nor the reverse
     rehearsal = {"rehearsal": True} if plan.rehearse else {}
-    free = {"free-running": True} if plan.free_running else {}  # recorded where set
-    # recorded where it is not Optuna's default, so an earlier sweep's record is unchanged
-    startup = ({} if plan.startup_trials == STARTUP_TRIALS
-               else {"startup-trials": plan.startup_trials})
+    # the search's settings recorded where they differ from their defaults, so an earlier
+    # sweep's record is unchanged
+    search = {flag: getattr(plan, field) for flag, (field, unset) in _SEARCH_SETTINGS.items()
+              if getattr(plan, field) != unset}
     return {"datasets": plan.datasets, **methods, **rehearsal, "trials": plan.trials,
             "seeds": list(plan.seeds), "seed": plan.sampler_seed,
-            "concurrent-trials": plan.concurrent_trials, **free, **startup,
+            "concurrent-trials": plan.concurrent_trials, **search,
             "configs": {d: config(d) for d in plan.datasets},
             "spaces": {d: {k: repr(v) for k, v in plan.spaces[d].items()} for d in plan.datasets}}
 
@@ -67,12 +79,11 @@ def _differences(recorded: dict, current: dict) -> list[str]:
              f"{shown(current[key], joined=True)}"
              for key in ("datasets", "methods", "trials", "seeds", "seed", "concurrent-trials")
              if key in recorded and recorded[key] != current.get(key, ["vacsr"])]
-    before, now = (r.get("startup-trials", STARTUP_TRIALS) for r in (recorded, current))
-    if before != now:
-        diffs.append(f"--startup-trials {before} -> {now}")
-    if recorded.get("free-running", False) != current.get("free-running", False):
-        diffs.append("--free-running " + ("set -> not set" if recorded.get("free-running")
-                                          else "not set -> set"))
+    for flag, (_, unset) in _SEARCH_SETTINGS.items():
+        before, now = (r.get(flag, unset) for r in (recorded, current))
+        if before != now:
+            said = {True: "set", False: "not set"} if isinstance(unset, bool) else {}
+            diffs.append(f"--{flag} {said.get(before, before)} -> {said.get(now, now)}")
     for part, label in (("configs", "config"), ("spaces", "search range")):
         for dataset, values in current[part].items():
             old = recorded.get(part, {}).get(dataset)

@@ -22,6 +22,8 @@ PAPER_DECAY_EPOCH, PAPER_EPOCHS = 15, 25  # a step schedule decays at epoch 15 o
 # Optuna's TPE draws at random until this many trials are told (its default n_startup_trials);
 # which draws wait for earlier trials follows from it (vacsr/sweep/search/optuna_searcher.py)
 STARTUP_TRIALS = 10
+# with N trials of a dataset at once, trial k's draw reads trials 0..k-N-DRAW_SLACK (--draw-slack)
+DRAW_SLACK = 0
 
 
 @dataclass
@@ -36,6 +38,7 @@ class SweepPlan:
     seeds: tuple[int, ...] = (1, 2, 3)
     sampler_seed: int = 0
     startup_trials: int = STARTUP_TRIALS  # --startup-trials: told trials before TPE models them
+    draw_slack: int = DRAW_SLACK  # --draw-slack: trials a draw may run ahead of trial k-N's end
     resume: bool = False
     parallel: int | None = None  # datasets searched at once; None: as many as the cluster holds
     # trials of one dataset at once (N). The table is a function of the command and N

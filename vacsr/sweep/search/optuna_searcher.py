@@ -25,19 +25,22 @@ was told before the stop, the replacement takes its Optuna trial (its values) an
 again: the study holds each index's value once, as an uninterrupted search's does. Where it was
 drawn but not told, the replacement takes its parameters (a trial is tagged with its index only
 once drawn whole): drawn again, it would read the trials told since, which its draw did not see
-(trial j is told once trial j+N-1 is drawn, below).
+(trial j is told once trial j+L-1 is drawn, below).
 
-With N trials of a dataset at once (Tune's max_concurrent_trials), trial k is drawn only once
-trials 0..k-N have ended, and the study is told the trials' values in creation order, trial j's
-only after trial j+N-1 was drawn: so trial k's draw sees trials 0..k-N, whatever order they ended
-in, and the study numbers its trials in creation order. A trial that ends early waits, untold,
-until those created before it are told. While the sampler draws at random, no draw waits: TPE
-samples at random until S trials are told (Optuna's `n_startup_trials`: --startup-trials), and
-trial k's draw under that rule sees at most k-N+1 told trials, so for k-N+1 < S its draw is its
-seed's and index's alone, whatever has been told; such a trial starts as soon as fewer than N
-run. On --resume the trials the stopped driver left FAIL are opened again at once, in creation
-order, before anything is drawn: the study then holds their values in the order an
-uninterrupted search gave them (Optuna's TPE sorts trials by value, ties in trial-number order).
+With N trials of a dataset at once (Tune's max_concurrent_trials) and a lag L = N + slack
+(--draw-slack, 0 by default), trial k is drawn only once trials 0..k-L have ended, and the study
+is told the trials' values in creation order, trial j's only after trial j+L-1 was drawn: so trial
+k's draw sees trials 0..k-L, whatever order they ended in, and the study numbers its trials in
+creation order. A trial that ends early waits, untold, until those created before it are told.
+With L = N a slot whose trial ended before trial k-N stays idle until that one ends; each unit of
+slack lets one more trial start in it, and each draw reads one trial fewer. While the sampler
+draws at random, no draw waits: TPE samples at random until S trials are told (Optuna's
+`n_startup_trials`: --startup-trials), and trial k's draw under that rule sees at most k-L+1
+told trials, so for k-L+1 < S its draw is its seed's and index's alone, whatever has been told;
+such a trial starts as soon as fewer than N run. On --resume the trials the stopped driver left
+FAIL are opened again at once, in creation order, before anything is drawn: the study then holds
+their values in the order an uninterrupted search gave them (Optuna's TPE sorts trials by value,
+ties in trial-number order).
 
 Why not Ray's `OptunaSearch`, which takes `storage=`, `study_name=` and `points_to_evaluate=`
 too: restored on `--resume`, it reports a continued trial to the Optuna trial the stopped driver
@@ -63,7 +66,7 @@ from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
 from vacsr.redact import redact_uri
-from vacsr.sweep.plan.plan import STARTUP_TRIALS
+from vacsr.sweep.plan.plan import DRAW_SLACK, STARTUP_TRIALS
 
 # Optuna user attributes: the Tune trial an Optuna trial configures, and how many Tune trials
 # the searcher created before it
@@ -99,19 +102,21 @@ class OptunaStudySearch(Searcher):
     trial's last `metric`. `points_to_evaluate` are the first trials; `seed` with a trial's
     creation index seeds the TPE sampler that draws it."""
 
-    _startup = STARTUP_TRIALS  # a searcher pickled before the setting existed drew with it
+    _startup = STARTUP_TRIALS  # a searcher pickled before the settings existed drew with these
+    _slack = DRAW_SLACK
 
     def __init__(self, space: Callable[[optuna.Trial], Any], *, metric: str, mode: str,
                  storage, study_name: str, seed: int,
                  points_to_evaluate: list[dict] | None = None,
                  num_samples: int | None = None, ordered: bool = True,
-                 startup_trials: int = STARTUP_TRIALS) -> None:
+                 startup_trials: int = STARTUP_TRIALS, draw_slack: int = DRAW_SLACK) -> None:
         from vacsr.sweep.plan.studies import remember_storage
 
         super().__init__(metric=metric, mode=mode)
         remember_storage(storage)  # what a copy unpickled in this process reopens
         self._space, self._storage, self._seed = space, storage, seed
         self._startup = startup_trials  # told trials before TPE reads them (each draw's sampler)
+        self._slack = draw_slack  # trial k's draw reads trials 0..k-N-slack (ordered)
         self._points = list(points_to_evaluate or [])
         self._study = optuna.create_study(
             storage=storage, study_name=study_name, load_if_exists=True,
@@ -233,12 +238,16 @@ class OptunaStudySearch(Searcher):
     # ------------------------------------------------------------ telling in creation order
     def _waits(self, index: int) -> bool:
         """Whether the trial of creation index `index` must wait: N trials run, or its draw
-        reads the study (TPE past its random start-up) and trials 0..index-N have not all been
-        told; free-running, only while N trials run."""
-        sees = index - self._max_concurrent + 1  # the told trials its draw may read: 0..k-N
-        if self._ordered and sees >= self._startup:
-            return self._untold_below(sees)  # which also holds N trials at once
-        return len(self._running) >= self._max_concurrent
+        reads the study (TPE past its random start-up) and trials 0..index-lag have not all
+        been told; free-running, only while N trials run."""
+        if len(self._running) >= self._max_concurrent:
+            return True
+        sees = index - self._lag() + 1  # the told trials its draw may read: 0..k-lag
+        return self._ordered and sees >= self._startup and self._untold_below(sees)
+
+    def _lag(self) -> int:
+        """How far a draw runs ahead of the study: trial k's draw reads trials 0..k-lag."""
+        return self._max_concurrent + self._slack
 
     def _untold_below(self, stop: int) -> bool:
         """Whether a trial created before index `stop` has not been told."""
@@ -247,8 +256,8 @@ class OptunaStudySearch(Searcher):
 
     def _tell_ended(self) -> None:
         """Tell the ended trials in creation order, up to the first that has not ended, and
-        while more trials are to be drawn, none created after index created-N: the next draw
-        (index created) must see exactly trials 0..created-N. Free-running, or without a limit
+        while more trials are to be drawn, none created after index created-lag: the next draw
+        (index created) must see exactly trials 0..created-lag. Free-running, or without a limit
         (none set), each is told as it ends: what a draw sees depends on timing then anyway."""
         if not self._max_concurrent or not self._ordered:
             for trial_id in list(self._ended):
@@ -256,7 +265,7 @@ class OptunaStudySearch(Searcher):
             return
         limit = math.inf
         if self._num_samples is None or self._created < self._num_samples:
-            limit = self._created - self._max_concurrent
+            limit = self._created - self._lag()
         for trial_id in sorted(self._index, key=self._index.get):
             if trial_id in self._told or trial_id in self._errored:
                 continue

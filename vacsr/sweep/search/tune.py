@@ -96,14 +96,14 @@ def rung_gate_spec(plan: SweepPlan, dataset: str, experiment: str,
 
 def study_search(plan: SweepPlan, dataset: str, storage) -> OptunaStudySearch:
     """The dataset's searcher on its Optuna study in `storage`: the base config first, then the
-    plan's draws (its sampler seed, start-up trials and ordering)."""
+    plan's draws (its sampler seed, start-up trials, slack and ordering)."""
     base, space = plan.configs[dataset], plan.spaces[dataset]
     return OptunaStudySearch(DefineByRun(space), metric=plan.kind.metric, mode=plan.kind.mode,
                              storage=storage, study_name=study_name(plan.name, dataset),
                              seed=sampler_seed(plan.sampler_seed, plan.dataset_of(dataset)),
                              points_to_evaluate=[start_point(space, base)],
                              num_samples=plan.trials_of(dataset), ordered=not plan.free_running,
-                             startup_trials=plan.startup_trials)
+                             startup_trials=plan.startup_trials, draw_slack=plan.draw_slack)
 
 
 def _tuner(plan: SweepPlan, dataset: str, experiment: str, trainable, storage,
