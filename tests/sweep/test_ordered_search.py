@@ -176,6 +176,20 @@ def test_a_trial_asha_stopped_is_told_its_value_at_the_stop(tmp_path):
     assert (index, value) == (0, 0.25)
 
 
+def _resumed(tmp_path, storage, configs: dict, **settings) -> Search:
+    """The stopped driver's trials marked FAIL, the searcher restored from its save (trials
+    0..N-1 running then: Tune continues them), and the search run to its end."""
+    fail_running_trials(storage, "s-dtd")
+    restored = _searcher(storage, **settings)
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    resumed = Search(restored, random.Random(1))
+    resumed.live = {f"t{i}": configs[i] for i in range(AT_ONCE)}
+    resumed.configs = {i: configs[i] for i in range(AT_ONCE)}
+    while resumed.step():
+        pass
+    return resumed
+
+
 def test_a_trial_told_before_the_stop_but_lost_by_tune_is_repeated_not_told_again(tmp_path):
     """Tune's last save predates trial 3, which was drawn, ended and told before the stop: the
     resumed Tune asks for a trial in its place. It gets trial 3's config on trial 3's Optuna
@@ -194,15 +208,7 @@ def test_a_trial_told_before_the_stop_but_lost_by_tune_is_repeated_not_told_agai
         if drawn:
             configs[int(drawn[1:])] = search.suggest(drawn)
     assert 3 in [i for i, _, _ in _study(storage)]  # told before the stop
-    fail_running_trials(storage, "s-dtd")
-    restored = _searcher(storage)
-    restored.restore(str(tmp_path / "searcher.pkl"))
-    resumed = Search(restored, random.Random(1))
-    resumed.live = {f"t{i}": configs[i] for i in range(AT_ONCE)}  # Tune continues these
-    resumed.configs = {i: configs[i] for i in range(AT_ONCE)}
-    while resumed.step():
-        pass
-    assert resumed.configs == clean_configs
+    assert _resumed(tmp_path, storage, configs).configs == clean_configs
     told = _study(storage)
     assert sorted(told) == sorted(clean_study)  # index 3 once, no second COMPLETE trial
     assert creation_order(storage, "s-dtd")["a1"] == 3  # the first trial Tune asks for
@@ -224,17 +230,8 @@ def test_a_trial_drawn_before_the_stop_but_lost_by_tune_is_drawn_again_as_it_was
     configs[3] = search.suggest("t3")
     search.on_trial_complete("t2", {"val/acc": _value(configs[2])})  # trial 1 told now
     assert [i for i, _, _ in _study(storage)] == [0, 1] and configs[3] == clean_configs[3]
-    fail_running_trials(storage, "s-dtd")
-    restored = _searcher(storage, startup_trials=2)
-    restored.restore(str(tmp_path / "searcher.pkl"))
-    resumed = Search(restored, random.Random(1))
-    resumed.live = {f"t{i}": configs[i] for i in range(AT_ONCE)}  # Tune continues these
-    resumed.configs = {i: configs[i] for i in range(AT_ONCE)}
-    while resumed.step():
-        pass
-    assert resumed.configs == clean_configs
+    assert _resumed(tmp_path, storage, configs, startup_trials=2).configs == clean_configs
     assert sorted(_study(storage)) == sorted(clean_study)
-
 
 
 def test_with_slack_a_trial_starts_while_trial_k_minus_n_runs_and_reads_one_fewer(tmp_path):

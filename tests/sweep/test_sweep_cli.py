@@ -56,6 +56,7 @@ def test_bad_cluster_settings_fail_before_any_trial(tmp_path):
                                             "99999999999999999999 (in '1,99999999999999999999')"),
     (["--seeds", "-1"], "--seeds: expected a seed from 0 to 4294967295, got -1 (in '-1')"),
     (["--seed", "4294967296"], "--seed: expected a seed from 0 to 4294967295, got 4294967296"),
+    (["--draw-slack", "-1"], "--draw-slack: expected an integer >= 0, got -1"),
     (["--device-memory-gib", "0"], "--device-memory-gib: expected a value > 0"),
     (["--plan-out", ""], "--plan-out: expected a value"),
 ])

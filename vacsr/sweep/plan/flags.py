@@ -39,24 +39,23 @@ def _positive(cast):
     return check
 
 
-def _count(text: str) -> int:
+def _integer(text: str, low: int, high: int | None = None, what: str = "an integer") -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"from {low} to {high}"
+        raise argparse.ArgumentTypeError(f"expected {what} {bounds}, got {text}")
     return value
+
+
+def _count(text: str) -> int:
+    return _integer(text, 0)
 
 
 def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= value <= cfg.MAX_SEED:
-        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {cfg.MAX_SEED}, got {text}")
-    return value
+    return _integer(text, 0, cfg.MAX_SEED, "a seed")
 
 
 def _seed_list(text: str) -> tuple[int, ...]:

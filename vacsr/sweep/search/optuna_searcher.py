@@ -102,8 +102,8 @@ class OptunaStudySearch(Searcher):
     trial's last `metric`. `points_to_evaluate` are the first trials; `seed` with a trial's
     creation index seeds the TPE sampler that draws it."""
 
-    _startup = STARTUP_TRIALS  # a searcher pickled before the settings existed drew with these
-    _slack = DRAW_SLACK
+    # what a searcher pickled before the settings existed drew with, whatever the defaults now
+    _startup, _slack = 10, 0
 
     def __init__(self, space: Callable[[optuna.Trial], Any], *, metric: str, mode: str,
                  storage, study_name: str, seed: int,
