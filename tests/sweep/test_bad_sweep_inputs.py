@@ -104,6 +104,13 @@ def test_the_dashboard_flag_with_a_cluster_address_is_refused(tmp_path, capsys, 
     _nothing_written(tmp_path, data_root)
 
 
+def test_a_draw_slack_with_free_running_is_refused(tmp_path, capsys, data_root):
+    line = _refused(["--datasets", "eurosat", "--data-root", str(data_root), "--free-running",
+                     "--draw-slack", "1"], tmp_path / "store", capsys)
+    assert "--draw-slack 1 with --free-running: the slack paces the deterministic" in line
+    _nothing_written(tmp_path, data_root)
+
+
 @pytest.mark.parametrize("argv,fragment", [
     (["--set", "train.device=cuda"], "cuda asked for, but no GPU is reserved"),
     (["--set", "train.device=cuda:1", "--gpus-per-worker", "1"], "names a device index"),

@@ -116,6 +116,20 @@ def _check_plan(plan: SweepPlan, args, check_memory: Callable[[SweepPlan], Any])
         check_optuna_storage(plan)  # an unreachable study database fails here, not in a trial
 
 
+def _check_flag_pairs(args) -> None:
+    """Flags that mean nothing together, refused in one line."""
+    if args.rehearse and args.workers > 1:  # a rehearsed run holds one worker's resources
+        raise ConfigError(f"--rehearse with --workers {args.workers}: a rehearsal rehearses runs "
+                          "of one worker; expected --workers 1")
+    if args.rehearse and args.eval_actors > 1:  # its test evaluation holds one actor's
+        raise ConfigError(f"--rehearse with --eval-actors {args.eval_actors}: a rehearsal "
+                          "rehearses one evaluation actor; expected --eval-actors 1")
+    if args.free_running and args.draw_slack:  # free-running draws from whatever was told
+        raise ConfigError(f"--draw-slack {args.draw_slack} with --free-running: the slack "
+                          "paces the deterministic search's draws; free-running draws wait "
+                          "for nothing (drop one of the two)")
+
+
 def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan], Any],
                    on_folder: Callable[[Path], Any] | None = None) -> SweepPlan:
     """Parse and check everything (names, ranges, configs, memory, MLflow, Optuna) into a
@@ -123,12 +137,7 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
     write the embedded profile's synthetic data. `check_memory(plan)`: the device-memory check
     of a layer above (vacsr/sweep/cost/memory.py's refuse_unfit)."""
     datasets = _datasets(kind, args.datasets)
-    if args.rehearse and args.workers > 1:  # a rehearsed run holds one worker's resources
-        raise ConfigError(f"--rehearse with --workers {args.workers}: a rehearsal rehearses runs "
-                          "of one worker; expected --workers 1")
-    if args.rehearse and args.eval_actors > 1:  # its test evaluation holds one actor's
-        raise ConfigError(f"--rehearse with --eval-actors {args.eval_actors}: a rehearsal "
-                          "rehearses one evaluation actor; expected --eval-actors 1")
+    _check_flag_pairs(args)
     embedded = args.data_root is None
     profile = load_profile(kind) if embedded else {}
     model = pick(args.model, profile, "model")
