@@ -37,7 +37,7 @@ from vacsr.data.concepts import (  # noqa: E402
 from vacsr.eval.metrics import rank_topk  # noqa: E402
 from vacsr.eval.semantic import semantic_depth, semantic_metrics  # noqa: E402
 from vacsr.eval.uncertainty import binned_recall  # noqa: E402
-from vacsr.model.adapter import build_head, head_from_config  # noqa: E402
+from vacsr.methods.registry import method_of  # noqa: E402
 from vacsr.model.losses import sigmoid_loss, vacsr_loss  # noqa: E402
 
 # Rows: (label, head kind, overrides of the paper defaults). Table 6 ablations included.
@@ -65,10 +65,12 @@ NOISE = (0.0, 0.2, 0.5)
 
 
 class Towers(nn.Module):
-    """Two linear towers from one shared projection; L2-normalised outputs."""
+    """Two linear towers from one shared projection; L2-normalised outputs. The backbone a
+    method's head is built for here (`embed_dim`, as vacsr/model/backbone.py's)."""
 
     def __init__(self, projection: torch.Tensor) -> None:
         super().__init__()
+        self.embed_dim = projection.shape[1]
         self.image = nn.Linear(projection.shape[0], projection.shape[1], bias=False)
         self.text = nn.Linear(projection.shape[0], projection.shape[1], bias=False)
         with torch.no_grad():
@@ -95,7 +97,7 @@ def train_run(data: ConceptData, config: Config, *, seed: int, epochs: int, batc
               head_lr_mult: float = 1.0) -> tuple[Towers, nn.Module, dict]:
     torch.manual_seed(seed)
     towers = Towers(data.init_projection)
-    head = head_from_config(config.adapter, data.init_projection.shape[1])
+    head = method_of(config.adapter.kind).build_head(config.adapter, towers)
     optim = AdamP([{"params": towers.parameters(), "lr": lr * tower_lr_mult},
                    {"params": head.parameters(), "lr": lr * head_lr_mult}], weight_decay=1e-4)
     split, loss_kwargs = data.train, asdict(config.loss)
@@ -217,9 +219,10 @@ def main(argv=None) -> int:
     started = time.time()
     print(f"concept-set data {ConceptSpec()}; {args.epochs} epochs, batch {args.batch}, "
           f"lr {args.lr}, seeds {seeds}; overrides {args.set or 'none'}", flush=True)
-    zero = [evaluate(Towers(make_concept_data(ConceptSpec(), seed=s).init_projection),
-                     build_head(kind="sigmoid_baseline", embed_dim=ConceptSpec().raw_dim),
-                     make_concept_data(ConceptSpec(), seed=s)) for s in seeds]
+    baseline = build_config("baseline", []).adapter  # the untrained sigmoid head: cosine
+    zero = [evaluate(towers, method_of(baseline.kind).build_head(baseline, towers), data)
+            for towers, data in ((Towers(d.init_projection), d) for d in
+                                 (make_concept_data(ConceptSpec(), seed=s) for s in seeds))]
     print(f"untrained towers (cosine): mAP@R {_cell([z['map_r'] for z in zero])}, "
           f"R@1 {_cell([z['r1'] for z in zero])}")
     header = (f"{'row':<34}{'noise':>6}{'mAP@R':>14}{'R-P':>14}{'R@1':>14}{'sigma-R@1 r':>13}"

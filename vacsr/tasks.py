@@ -154,7 +154,7 @@ class ClassificationTask(_Task):
     @classmethod
     def for_run(cls, model: VACSRModel, loss_config, splits: dict) -> "ClassificationTask":
         train = splits["train"]
-        if hasattr(model.head, "fit_classes"):  # a weight per training class (linear probe)
+        if model.method.class_weights:  # a weight per training class (the linear probe)
             model.head.fit_classes(train.classnames)
         return cls(model, loss_config, model.backbone.tokenize(class_prompts(model, train)))
 
@@ -184,7 +184,7 @@ class ClassificationTask(_Task):
         """One prompt feature per class (C, d), the method's prompts (vacsr/methods/), and the
         labels. Prompts whose context the head learns go through it whole, uncached."""
         prompts = class_prompts(model, data)
-        if hasattr(model.head, "encode_prompts"):
+        if model.method.encodes_prompts:
             encode["encoder"] = partial(model.head.encode_prompts, model.backbone)
         return encode_texts(model.backbone, prompts, **encode), {"labels": data.labels}
 
@@ -210,7 +210,7 @@ class ClassificationTask(_Task):
 
     def learned_prompts(self) -> bool:
         """The head learns the prompts' context (CoOp): the class features change every step."""
-        return hasattr(self.model.head, "encode_prompts")
+        return self.model.method.encodes_prompts
 
     def class_features(self, device) -> torch.Tensor:
         """(C, d) prompt features: computed once when the text tower is frozen; when it has a

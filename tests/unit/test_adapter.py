@@ -184,5 +184,3 @@ def test_head_from_config_honours_every_adapter_field():
     cosine = head_from_config(AdapterConfig(hidden_dim=16, latent_dim=4, decoder_hidden_dim=0),
                               embed_dim=8)
     assert cosine.decoder.bias.item() == -10.0  # init="cosine": the baseline head's start
-    assert isinstance(head_from_config(AdapterConfig(kind="sigmoid_baseline"), embed_dim=8),
-                      SigmoidBaselineHead)

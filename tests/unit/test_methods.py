@@ -390,6 +390,26 @@ def test_every_method_module_is_registered():
                             "clip_adapter", "coop", "clip_contrastive"}
 
 
+def test_what_a_head_needs_from_a_run_is_declared_on_its_method():
+    """The trainer and the evaluation ask the method, never the head: a head with a weight per
+    class must say so (else its classes are never fitted and it scores nothing), one that
+    encodes its prompts too (else its learned context never reaches a class feature). And the
+    config's default method is the paper's, registered."""
+    from vacsr.config import DEFAULT_METHOD
+    from vacsr.model.backbone import build_backbone
+
+    backbone = build_backbone(Config().model)
+    for name, method in METHODS.items():
+        config = Config()
+        set_value(config, "adapter.kind", name)
+        head = method.build_head(config.adapter, backbone)
+        assert hasattr(head, "fit_classes") == method.class_weights, name
+        assert hasattr(head, "encode_prompts") == method.encodes_prompts, name
+        assert not method.learned_context or method.encodes_prompts, name
+    assert DEFAULT_METHOD == Config().adapter.kind and DEFAULT_METHOD in METHODS
+    assert "VACSR" in METHODS[DEFAULT_METHOD].cites
+
+
 @pytest.mark.parametrize("name", list(METHODS))
 def test_a_methods_space_and_protocol_are_config_values(name):
     method = METHODS[name]

@@ -18,6 +18,7 @@ from vacsr.config.overrides import MAX_SHOWN_CHARS, apply_mapping, parse_overrid
 from vacsr.config.schema import (
     ADAPTER_INITS,
     BACKBONE_GRADS,
+    DEFAULT_METHOD,
     LOSS_NEG_COLUMNS,
     LOSS_REDUCTIONS,
     MAX_CAPTIONS_PER_IMAGE,
@@ -47,7 +48,7 @@ from vacsr.config.yaml_reader import (
 )
 
 __all__ = [
-    "ADAPTER_INITS", "BACKBONE_GRADS", "LOSS_NEG_COLUMNS", "LOSS_REDUCTIONS",
+    "ADAPTER_INITS", "BACKBONE_GRADS", "DEFAULT_METHOD", "LOSS_NEG_COLUMNS", "LOSS_REDUCTIONS",
     "MAX_CAPTIONS_PER_IMAGE", "MAX_CONFIG_BYTES", "MAX_IMAGE_SIZE", "MAX_SEED", "MAX_SHOWN_CHARS",
     "MAX_SPLIT_PIXEL_BYTES", "MAX_YAML_DEPTH", "SECTIONS", "TRAINABLE_SIDES", "AdapterConfig",
     "Config", "DataConfig", "LossConfig", "ModelConfig", "OptimConfig", "TrackingConfig",

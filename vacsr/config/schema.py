@@ -8,6 +8,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+# the method a config runs unless `adapter.kind` names another, and a sweep unless --methods
+# does: the paper's own (vacsr/methods/vacsr_adapter.py declares it under this name)
+DEFAULT_METHOD = "vacsr"
+
 
 @dataclass
 class ModelConfig:
@@ -50,9 +54,8 @@ class AdapterConfig:
     """The method's head: the variational similarity adapter (paper section 3.1), the sigmoid
     baseline, or a compared method's (vacsr/methods/)."""
 
-    # the method (vacsr/methods/registry.py): "vacsr" | "sigmoid_baseline" ("w/o all components"
-    # of Table 6) | "zero_shot" | "linear_probe" | "clip_adapter" | "coop" | "clip_contrastive"
-    kind: str = "vacsr"
+    # the method: a name in vacsr/methods/registry.py's METHODS
+    kind: str = DEFAULT_METHOD
     hidden_dim: int = 512  # encoder hidden width H
     latent_dim: int = 32  # latent dimension L per component
     num_components: int = 2  # K, Gaussian mixture components (K = 1 is "w/o GMM")

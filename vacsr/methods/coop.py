@@ -50,5 +50,6 @@ METHOD = Method(
     unseen_rule="their own names after the same learned context (the paper's unified context)",
     prompts=prompts,
     frozen_image_tower=True,
+    encodes_prompts=True,
     learned_context=True,
 )

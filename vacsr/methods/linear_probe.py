@@ -45,4 +45,5 @@ METHOD = Method(
     unseen_rule="by name: a class it trained on keeps its prototype, any other its zero-shot "
                 "prototype (no trained weight exists for it)",
     frozen_image_tower=True,
+    class_weights=True,
 )

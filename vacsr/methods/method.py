@@ -81,6 +81,13 @@ class Method:
     prompts: Callable[[Any, Any], list[str]] | None = None
     # the image tower is frozen whole: a run may train on image features computed once
     frozen_image_tower: bool = False
+    # what its head needs from a run, asked here rather than probed on the head: a weight per
+    # training class, sized to the training split's class names before the first step
+    # (`head.fit_classes(classnames)`, the linear probe); the class prompts encoded by the head
+    # itself through the frozen text tower, every step, since what it learns sits inside them
+    # (`head.encode_prompts(backbone, tokens)`, CoOp's context)
+    class_weights: bool = False
+    encodes_prompts: bool = False
     # its prompts put a learned context before the class name (CoOp's: adapter.context_tokens
     # vectors, or an init phrase's tokens): a sweep checks every value its trials can draw
     # against the model's text positions (vacsr/model/prompt_room.py)
@@ -117,5 +124,5 @@ class Method:
 def class_prompts(model, data) -> list[str]:
     """The prompts a model's class features come from (one per class of `data`): its method's,
     else the dataset's template."""
-    prompts = getattr(model.method, "prompts", None)
+    prompts = model.method.prompts
     return data.prompts() if prompts is None else prompts(data, model.head)

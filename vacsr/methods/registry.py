@@ -2,6 +2,7 @@
 module in this package declaring a `METHOD` (vacsr/methods/method.py), and its line here."""
 from __future__ import annotations
 
+from vacsr.config import DEFAULT_METHOD
 from vacsr.errors import ConfigError
 from vacsr.methods import (
     clip_adapter,
@@ -23,6 +24,13 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     coop.METHOD,
     clip_contrastive.METHOD,
 )}
+
+
+# the comparison's reference (the paper's method) and its lower baseline, CLIP as it comes with
+# nothing trained: a comparison report sets the first against the best other method and
+# against the second (vacsr/sweep/report/comparison_rows.py)
+REFERENCE = DEFAULT_METHOD
+ZERO_SHOT = zero_shot.METHOD.name
 
 
 def method_of(name: str) -> Method:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from vacsr.config import DEFAULT_METHOD
 from vacsr.methods.method import Method
 
 
@@ -27,7 +28,7 @@ def loss(head, image_feats, text_feats, labels, loss_config):
 
 
 METHOD = Method(
-    name="vacsr",
+    name=DEFAULT_METHOD,
     cites="VACSR (arXiv 2605.30968), sec. 3.1-3.2",
     trains="the variational adapter and the searched trainable blocks of both towers",
     build_head=build_head,

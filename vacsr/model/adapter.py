@@ -31,7 +31,6 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -219,21 +218,12 @@ class SigmoidBaselineHead(nn.Module):
         return 2 * embed_dim
 
 
-def build_head(*, kind: str, embed_dim: int, **adapter: Any) -> nn.Module:
-    """Factory: the VACSR adapter (`adapter` holds VariationalSimilarityAdapter's keyword
-    arguments, AdapterConfig's fields; the ones left out take their defaults) or the sigmoid
-    baseline, which has none."""
-    if kind == "vacsr":
-        return VariationalSimilarityAdapter(embed_dim=embed_dim, **adapter)
-    if kind == "sigmoid_baseline":
-        return SigmoidBaselineHead()
-    raise ValueError(f"unknown head kind {kind!r}")
-
-
-def head_from_config(adapter: AdapterConfig, embed_dim: int) -> nn.Module:
-    """build_head with the fields of `adapter` (a config's `adapter` section) the adapter takes
-    (the section also holds other methods' keys: vacsr/methods/)."""
+def head_from_config(adapter: AdapterConfig, embed_dim: int) -> VariationalSimilarityAdapter:
+    """The variational adapter with the fields of `adapter` (a config's `adapter` section) it
+    takes; the section also holds other methods' keys (vacsr/methods/), which choose the head
+    (`adapter.kind`: vacsr/methods/build.py)."""
     options = asdict(adapter)
     takes = inspect.signature(VariationalSimilarityAdapter.__init__).parameters
-    return build_head(kind=options.pop("kind"), embed_dim=embed_dim,
-                      **{key: value for key, value in options.items() if key in takes})
+    return VariationalSimilarityAdapter(
+        embed_dim=embed_dim, **{key: value for key, value in options.items()
+                                if key in takes and key != "embed_dim"})

@@ -12,11 +12,13 @@ from vacsr.model.backbone import ClipBackbone
 
 
 class VACSRModel(nn.Module):
-    def __init__(self, backbone: ClipBackbone, head: nn.Module, method: Any = None) -> None:
+    def __init__(self, backbone: ClipBackbone, head: nn.Module, method: Any) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = head
-        self.method = method  # the vacsr.methods.Method the head belongs to
+        # the vacsr.methods.Method the head belongs to: what the head needs from a run
+        # (class weights, its own prompt encoding) is asked of it, never probed on the head
+        self.method = method
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
         return self.backbone.encode_image(images)

@@ -20,6 +20,7 @@ from typing import Any
 
 from mlflow.entities import Metric, RunTag
 
+from vacsr.config import DEFAULT_METHOD
 from vacsr.errors import ConfigError
 from vacsr.records.names import MAX_PARAM_VALUE_LENGTH, METHOD_TAG, PARENT_TAG, REHEARSAL_TAG
 from vacsr.records.sweep_state import AVERAGES, SweepState, start_recorded_run
@@ -72,7 +73,7 @@ class SweepRecords:
 
     # ------------------------------------------------------------ the runs the driver opens
     def start_sweep_run(self, state: SweepState, sweep: str, kind: str,
-                        methods: tuple[str, ...] = ("vacsr",),
+                        methods: tuple[str, ...] = (DEFAULT_METHOD,),
                         tags: dict[str, Any] | None = None) -> MlflowTracker:
         """The sweep's own run, started or continued as sweep_state.json records it; the tracker
         that holds it (the driver logs the report to it and ends it). Its method tag names every
@@ -90,7 +91,7 @@ class SweepRecords:
         tracker.set_tag(COSTS_MEASURED_TAG, costs_from["measured_at"])
 
     def start_dataset_run(self, state: SweepState, dataset: str, sweep: str,
-                          parent_run_id: str, method: str = "vacsr",
+                          parent_run_id: str, method: str = DEFAULT_METHOD,
                           tags: dict[str, Any] | None = None) -> str:
         """A dataset's run under the sweep's, started or continued as sweep_state.json records
         it; its id (its Ray task continues it: `continue_run`). A run that failed before loses

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from vacsr.config import flatten
+from vacsr.config import DEFAULT_METHOD, flatten
 from vacsr.sweep.cost import estimate as est
 from vacsr.sweep.cost.calibrate import StepCosts
 from vacsr.sweep.cost.counts import DatasetCounts
@@ -183,13 +183,13 @@ def format_sweep_cost(cost: dict) -> str:
 def _per_method(rows: list[dict]) -> list[str]:
     """Each method's device time (search with ASHA's expected stops, and final seeds) where the
     sweep runs more than one (`--methods`)."""
-    methods = list(dict.fromkeys(r.get("method", "vacsr") for r in rows))
+    methods = list(dict.fromkeys(r.get("method", DEFAULT_METHOD) for r in rows))
     if len(methods) < 2:
         return []
     spent = {m: [0.0, 0.0] for m in methods}
     for r in rows:
-        spent[r.get("method", "vacsr")][0] += r["search_s"]
-        spent[r.get("method", "vacsr")][1] += r["final_s"]
+        spent[r.get("method", DEFAULT_METHOD)][0] += r["search_s"]
+        spent[r.get("method", DEFAULT_METHOD)][1] += r["final_s"]
     return ["per method: " + "; ".join(f"{m} {duration(a)} + {duration(b)} final"
                                        for m, (a, b) in spent.items())]
 

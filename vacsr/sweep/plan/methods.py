@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from vacsr.config import Config, flatten, shown
+from vacsr.config import DEFAULT_METHOD, Config, flatten, shown
 from vacsr.config.domains import Choice
 from vacsr.errors import ConfigError
 from vacsr.methods.method import METHOD_KEY, Method
@@ -23,7 +23,7 @@ from vacsr.sweep.spec.space import (
     dataset_space,
 )
 
-DEFAULT_METHODS = ("vacsr",)
+DEFAULT_METHODS = (DEFAULT_METHOD,)
 ALL = "all"
 
 

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from vacsr.config import flatten, shown
+from vacsr.config import DEFAULT_METHOD, flatten, shown
 from vacsr.errors import ConfigError
 from vacsr.folder_lock import FolderLock
 from vacsr.records.sweep_state import SweepState
@@ -59,7 +59,7 @@ def sweep_settings(plan: SweepPlan) -> dict[str, Any]:
                 if k not in RESOURCE_KEYS}
 
     # --methods is recorded where it is not VACSR alone, so a VACSR sweep's record is unchanged
-    methods = {} if plan.methods == ("vacsr",) else {"methods": list(plan.methods)}
+    methods = {} if plan.methods == (DEFAULT_METHOD,) else {"methods": list(plan.methods)}
     # a rehearsal's records are never results: it never continues a real sweep, nor the reverse
     rehearsal = {"rehearsal": True} if plan.rehearse else {}
     # the search's settings recorded where they differ from their defaults, so an earlier
@@ -78,7 +78,7 @@ def _differences(recorded: dict, current: dict) -> list[str]:
     diffs = [f"--{key} {shown(recorded[key], joined=True)} -> "
              f"{shown(current[key], joined=True)}"
              for key in ("datasets", "methods", "trials", "seeds", "seed", "concurrent-trials")
-             if key in recorded and recorded[key] != current.get(key, ["vacsr"])]
+             if key in recorded and recorded[key] != current.get(key, [DEFAULT_METHOD])]
     for flag, (_, unset) in _SEARCH_SETTINGS.items():
         before, now = (r.get(flag, unset) for r in (recorded, current))
         if before != now:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vacsr.config import Config, from_dict, set_value, validate
+from vacsr.config import DEFAULT_METHOD, Config, from_dict, set_value, validate
 from vacsr.errors import ConfigError
 from vacsr.methods.registry import method_of
 from vacsr.records.names import REHEARSAL_TAG
@@ -58,7 +58,7 @@ class SweepPlan:
     # the embedded profile's synthetic images per class (train, val, test); None: real data
     synthetic_per_class: tuple[int, ...] | None = None
     recalibrate: bool = False  # measure the step costs even where kept (--recalibrate)
-    methods: tuple[str, ...] = ("vacsr",)  # --methods (vacsr/methods/registry.py)
+    methods: tuple[str, ...] = (DEFAULT_METHOD,)  # --methods (vacsr/methods/registry.py)
     # --rehearse: the time scale of a rehearsal (training replaced by the cost model's waits,
     # vacsr/sweep/rehearsal/); None: a real sweep
     rehearse: float | None = None

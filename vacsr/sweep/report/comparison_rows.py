@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from vacsr.methods.registry import METHODS, REFERENCE, ZERO_SHOT
 from vacsr.sweep.report.bootstrap import BOOTSTRAP_SEED, RESAMPLES, Difference
 from vacsr.sweep.report.comparison_differences import differences, present_columns
 from vacsr.sweep.report.comparison_shape import (
@@ -22,7 +23,6 @@ from vacsr.sweep.report.comparison_shape import (
 )
 from vacsr.sweep.report.table import average_row, table_rows
 
-REFERENCE, ZERO_SHOT = "vacsr", "zero_shot"
 SINGLE_EVALUATION = "1 evaluation (no training; seeds cannot change it)"
 # in place of every best method and difference while a unit has no result yet
 WITHHELD = "the sweep is unfinished"
@@ -118,12 +118,15 @@ def build_comparison(spec: dict, results: dict[str, dict], failed: dict[str, dic
     """results[method][dataset] = {"per_seed": [{"seed": s, metric: value}], "val": best val,
     "num_trials": n}; failed[method][dataset] = one-line reason; budget[method] = what it got
     (with the values of the settings the comparison's header names). `spec`: the table spec
-    (vacsr/results.py table_spec), its "comparison" saying what is compared. `zero_shot`'s one
-    evaluation per dataset pairs with every seed of the reference. unfinished[method][dataset]
+    (vacsr/results.py table_spec), its "comparison" saying what is compared. A method that
+    trains nothing (`Method.trained`) has one evaluation per dataset, which pairs with every seed
+    of the reference. unfinished[method][dataset]
     = the note of a unit with no result yet (a stopped sweep's): shown in its row, and no best
     method or difference is named until there is none."""
     shape = read_shape(spec)
-    single = frozenset({zero_shot})
+    # a method that trains nothing is evaluated once per dataset: seeds cannot change it
+    single = frozenset(name for found in (results, failed, unfinished or {}, budget)
+                       for name in found if not METHODS[name].trained)
     check_results(shape, results, single)
     results, failed, unfinished, targets = by_target(shape, results, failed, unfinished)
     methods = list(dict.fromkeys([*results, *failed, *unfinished, *budget]))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from vacsr.config import DEFAULT_METHOD
 from vacsr.errors import ConfigError
 from vacsr.records.artifacts import COMPARISON_INFO, FINAL_RUNS, SWEEP_INFO
 from vacsr.records.names import METHOD_TAG, metric_name
@@ -28,7 +29,7 @@ def _inputs(records: SweepRecords, parent
     methods = parent.data.tags.get(METHOD_TAG, "")
     info = records.artifact_json(run_id, COMPARISON_INFO)
     if info is None and "," not in methods:
-        raise ConfigError(f"sweep {name!r} ran one method ({methods or 'vacsr'}): there is "
+        raise ConfigError(f"sweep {name!r} ran one method ({methods or DEFAULT_METHOD}): there is "
                           "nothing to compare (a sweep run with --methods a,b has a comparison)")
     sweep = records.artifact_json(run_id, SWEEP_INFO)
     if info is None or sweep is None:
