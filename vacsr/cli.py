@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
 
 from vacsr.errors import UsageError, VacsrError
@@ -62,8 +63,17 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, applied last")
 
 
+def _method_values(filled: dict, config, given: frozenset[str]) -> None:
+    """load_config's fill for `vacsr train`: the values the config's method fixes where the user
+    gave none (as a sweep gives them to its units), noted in `filled`."""
+    from vacsr.methods.registry import method_of
+
+    filled.update(method_of(config.adapter.kind).fill_fixed(config, given))
+
+
 def cmd_train(args) -> int:
-    from vacsr.config import load_config
+    from vacsr.config import flatten, load_config, shown
+    from vacsr.methods.registry import method_of
     from vacsr.stop import stop_on_signals
     from vacsr.train.run_folder import check_run_output, claim_run_folder
     from vacsr.train.scratch import clear_scratch
@@ -73,7 +83,15 @@ def cmd_train(args) -> int:
         overrides.append("train.ray=true")
     if args.workers is not None:
         overrides.append(f"train.workers={args.workers}")
-    config = load_config(args.config, overrides)
+    filled: dict = {}
+    config = load_config(args.config, overrides, fill=partial(_method_values, filled))
+    method = method_of(config.adapter.kind)
+    method.check_task(config.data.task)  # before the run folder exists, as the trainer would
+    method.check_config(flatten(config))  # a value given against what the method fixes
+    if filled:  # once, on stdout: stderr holds a refusal's one line alone
+        print(f"adapter.kind={method.name} fixes "
+              f"{' '.join(f'{k}={shown(v)}' for k, v in filled.items())} ({method.trains}); "
+              "a value given for one of them must be that one", flush=True)
     check_run_output(config)  # a file, /dev/null or a read-only place: before any work
     open_logger = None  # the MLflow run of a local run: opened by its trainer once restored
     if config.tracking.enabled:  # a wrong store, before the run folder is created

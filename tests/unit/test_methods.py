@@ -332,6 +332,35 @@ def test_an_unknown_method_is_one_line_naming_the_methods(tmp_path, weights, eur
     assert not out.exists()
 
 
+def test_a_plain_train_of_a_method_takes_its_fixed_values_and_refuses_one_against_them(
+        tmp_path, weights, eurosat, capsys):
+    """`vacsr train adapter.kind=coop` with none of CoOp's fixed values typed: the run takes them
+    (a frozen CLIP, unaugmented) as a sweep's unit does, says so once, and its saved config holds
+    them; a value given against them is refused in one line before anything is written."""
+    from vacsr.config.yaml_reader import read_yaml_file
+    from vacsr.train.run_files import CONFIG_FILE
+
+    fixed = METHODS["coop"].protocol
+    plain = [o for o in _overrides(tmp_path / "run", weights, eurosat, "coop",
+                                   "adapter.context_init=a photo of a")
+             if o.split("=")[0] not in fixed]
+    assert main(["train", *plain]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if " fixes " in line]
+    assert len(notes) == 1 and notes[0].startswith("adapter.kind=coop fixes "), notes
+    assert all(f"{key}={str(value).lower()}" in notes[0] for key, value in fixed.items()), notes
+    saved = flatten(load_config(tmp_path / "run" / CONFIG_FILE))
+    assert {key: saved[key] for key in fixed} == dict(fixed)
+    assert read_yaml_file(tmp_path / "run" / CONFIG_FILE, "")["adapter"]["kind"] == "coop"
+
+    out = tmp_path / "against"
+    against = [o.replace(str(tmp_path / "run"), str(out)) for o in plain]
+    assert _refused(["train", *against, "model.trainable_text_blocks=2"], capsys) == (
+        "vacsr: error: adapter.kind: coop runs with model.trainable_text_blocks=0 "
+        f"({METHODS['coop'].trains}); this config has model.trainable_text_blocks=2; set those "
+        "values")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("kind", [name for name, method in METHODS.items()
                                   if "retrieval" not in method.tasks])
 def test_a_classification_method_refuses_retrieval_in_one_line(kind, tmp_path, weights, capsys):

@@ -10,9 +10,9 @@ every method's space and protocol without the model stack.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
-from vacsr.config import shown
+from vacsr.config import set_value, shown
 from vacsr.config.domains import Domain
 from vacsr.errors import ConfigError
 
@@ -112,6 +112,16 @@ class Method:
             has = ", ".join(f"{key}={shown(values.get(key))}" for key in wrong)
             raise ConfigError(f"adapter.kind: {self.name} runs with {fixes} ({self.trains}); "
                               f"this config has {has}; set those values")
+
+    def fill_fixed(self, config, given: Collection[str]) -> dict[str, Any]:
+        """Set on `config` the values this method fixes that the user gave none of (`given`: the
+        keys a config file or an override set), as a sweep gives them to its units; returns
+        them, {key: value}. A value given against them stays, for `check_config` to refuse: the
+        run would silently be another method."""
+        filled = {key: value for key, value in self.protocol.items() if key not in given}
+        for key, value in filled.items():
+            set_value(config, key, value)
+        return filled
 
     def searched(self, kind_space: Mapping[str, Domain]) -> dict[str, Domain]:
         """What this method's trials search in a kind whose space is `kind_space`: the kind's keys
