@@ -61,6 +61,25 @@ def test_importance_ranks_the_deciding_key_first_and_marks_stopped_and_selected_
     assert [p["number"] for p in result.trials if p["selected"]] == [study.best_trial.number]
 
 
+def test_a_conditional_key_neither_shrinks_the_estimate_nor_unmarks_the_selected_trial():
+    """A key drawn in some trials only (its condition) gets no share, and the keys drawn in
+    every trial are estimated over every trial, as without it (Optuna keeps only the trials
+    holding every key asked for). The selected trial is marked though it did not draw it."""
+    conditional = {**SPACE, "loss.beta": LogFloat(0.1, 10.0, when=("adapter.num_components", 1))}
+    mixed = _study(MIN_FINISHED_TRIALS + 4, conditional)
+    drew = [t for t in mixed.trials if "loss.beta" in t.params]
+    assert 0 < len(drew) < len(mixed.trials)  # some trials drew it, not all
+    chosen = next(t for t in mixed.trials if "loss.beta" not in t.params)
+    selected = {**chosen.params, "loss.beta": 1.0}  # as the chosen config holds every key
+    result = analyse_study(mixed, "eurosat", conditional, metric="val/acc", mode="max",
+                           planned_epochs=8, selected=selected)
+    assert set(result.importance) == set(SPACE)  # not loss.beta
+    assert result.top(1)[0][0] == "loss.gamma", result.importance
+    assert all(("loss.beta" in t.params) == (t.params["adapter.num_components"] == 1)
+               for t in mixed.trials)
+    assert [p["number"] for p in result.trials if p["selected"]] == [chosen.number]
+
+
 def test_below_the_minimum_it_says_so_instead_of_ranking_noise():
     result = analyse_study(_study(MIN_FINISHED_TRIALS - 1), "dtd", SPACE, metric="val/acc",
                            mode="max", planned_epochs=8)

@@ -99,6 +99,36 @@ def test_the_epochs_a_user_sets_hold_for_every_trained_method(tmp_path, monkeypa
     assert plan.configs["eurosat.zero_shot"].train.epochs == 1  # its one evaluation
 
 
+def test_coops_count_of_random_vectors_is_drawn_under_a_random_init_alone(tmp_path,
+                                                                         monkeypatch):
+    """Under a phrase init the phrase sets M, so a drawn count would vary nothing: the count is
+    drawn only with a random init; a --set init decides it for every trial (always drawn, or
+    not searched), and a --range on the count keeps its condition."""
+    import optuna
+
+    from vacsr.config.domains import Choice
+    from vacsr.model.prompt_room import COUNT_KEY, INIT_KEY, RANDOM_INIT
+    from vacsr.sweep.spec.space import DefineByRun
+
+    space = _plan(tmp_path, monkeypatch, "--methods", "coop").spaces["eurosat"]
+    assert space[COUNT_KEY] == Choice((4, 8), when=(INIT_KEY, RANDOM_INIT))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    study.optimize(lambda trial: DefineByRun(space)(trial) or 0.0, n_trials=24)
+    for trial in study.trials:
+        assert (COUNT_KEY in trial.params) == (trial.params[INIT_KEY] == RANDOM_INIT), trial.params
+    assert {t.params[INIT_KEY] for t in study.trials} == {RANDOM_INIT, "a photo of a"}
+
+    phrase = _plan(tmp_path, monkeypatch, "--methods", "coop", "--set",
+                   "adapter.context_init=a photo of a").spaces["eurosat"]
+    assert INIT_KEY not in phrase and COUNT_KEY not in phrase
+    random = _plan(tmp_path, monkeypatch, "--methods", "coop", "--set",
+                   f"adapter.context_init={RANDOM_INIT}").spaces["eurosat"]
+    assert random[COUNT_KEY] == Choice((4, 8))  # every trial draws it now
+    ranged = _plan(tmp_path, monkeypatch, "--methods", "coop", "--range",
+                   f"{COUNT_KEY}=choice:4,8,12").spaces["eurosat"]
+    assert ranged[COUNT_KEY] == Choice((4, 8, 12), when=(INIT_KEY, RANDOM_INIT))
+
+
 def test_an_init_phrase_takes_the_prompt_room_its_tokens_take(tmp_path, monkeypatch):
     """The plan counts a CoOp init phrase with the model's tokenizer, as the model's build does
     (vacsr/model/prompt_room.py): 13 tokens fit the tiny CLIP's 16 text positions, 14 do not."""

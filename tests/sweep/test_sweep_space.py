@@ -213,6 +213,40 @@ def test_more_trials_at_once_than_the_cluster_holds_is_refused_not_lowered():
         sweep_parallelism(plan, {"CPU": 3})
 
 
+@pytest.mark.parametrize("condition, fragment", [
+    (("adapter.kind", "coop"), "adapter.kind='coop', which the space does not draw"),
+    (("train.epochs", 4), "train.epochs=4, which the space does not draw"),
+    (("loss.neg_sigma_target", "nope"), "loss.neg_sigma_target='nope', which the space"),
+])
+def test_a_condition_on_a_key_the_space_does_not_draw_as_a_choice_is_refused(condition,
+                                                                            fragment):
+    space = {"loss.neg_sigma_target": Choice(("label", "positive")), "train.epochs": Int(4, 8),
+             "loss.beta": LogFloat(0.1, 10.0, when=condition)}
+    with pytest.raises(ConfigError, match=r"^search space loss\.beta: drawn when ") as info:
+        validate_space(space)
+    assert fragment in str(info.value)
+
+
+def test_a_space_without_conditions_reads_as_it_was_recorded():
+    """A sweep folder records its spaces as text and a --resume compares them: a domain with no
+    condition reads as before conditions existed, so earlier sweeps resume."""
+    assert repr(Choice((4, 8))) == "Choice(options=(4, 8))"
+    assert repr(LogFloat(0.1, 10.0)) == "LogFloat(low=0.1, high=10.0)"
+    assert repr(Int(1, 3, when=("k", 2))) == "Int(low=1, high=3, when=('k', 2))"
+
+
+def test_the_first_trial_draws_a_conditional_key_only_where_its_condition_holds():
+    from vacsr.config import load_config
+
+    space = {"adapter.context_init": Choice(("random", "a photo of a")),
+             "adapter.context_tokens": Choice((4, 8), when=("adapter.context_init", "random"))}
+    phrase = load_config(overrides=["adapter.context_init=a photo of a"])
+    assert start_point(space, phrase) == {"adapter.context_init": "a photo of a"}
+    random = load_config(overrides=["adapter.context_init=random", "adapter.context_tokens=8"])
+    assert start_point(space, random) == {"adapter.context_init": "random",
+                                          "adapter.context_tokens": 8}
+
+
 def test_the_first_trial_is_the_base_config_clamped_into_the_space():
     from vacsr.config import load_config
 

@@ -6,9 +6,9 @@ scored by its own name after the same learned context (vacsr/model/clip_heads.py
 PromptContextHead).
 
 Its init (`adapter.context_init`, searched): "random" draws M = `adapter.context_tokens` vectors
-from N(0, 0.02^2) (the paper's init); a phrase ("a photo of a") starts the context at that
-phrase's own token embeddings, M its token count, so before the first step CoOp is zero-shot CLIP
-with the template "<phrase> {}." exactly.
+from N(0, 0.02^2) (the paper's init; M is searched for these trials alone); a phrase ("a photo of
+a") starts the context at that phrase's own token embeddings, M its token count, so before the
+first step CoOp is zero-shot CLIP with the template "<phrase> {}." exactly.
 """
 from __future__ import annotations
 
@@ -43,7 +43,9 @@ METHOD = Method(
     build_head=build_head,
     loss=cross_entropy,
     kind_keys=SHARED_KEYS,
-    space={COUNT_KEY: Choice((4, 8)), INIT_KEY: Choice((RANDOM_INIT, "a photo of a"))},
+    # the count acts under a random init alone (a phrase sets M): drawn only there
+    space={INIT_KEY: Choice((RANDOM_INIT, "a photo of a")),
+           COUNT_KEY: Choice((4, 8), when=(INIT_KEY, RANDOM_INIT))},
     protocol=FROZEN_CLIP,
     own_keys=(COUNT_KEY, INIT_KEY),
     tasks=("classification",),

@@ -15,6 +15,7 @@ from vacsr.sweep.plan.folders import best_folder
 from vacsr.sweep.plan.plan import SweepPlan
 from vacsr.sweep.report.importance import record_sensitivity
 from vacsr.sweep.report.table import readable
+from vacsr.sweep.spec.space import active_keys
 
 
 def write_best_config(config, folder: Path) -> Path:
@@ -40,7 +41,8 @@ def run_dataset(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurre
     run = SweepRecords(plan.tracking_uri, plan.kind.experiment).continue_run(dataset_run_id)
     run.log_artifact(write_best_config(best["config"], best_folder(plan.storage, dataset)))
     values = flatten(best["config"])
-    selected = {key: values[key] for key in plan.spaces[dataset]}
+    # the keys the chosen config drew (a conditional key it did not draw chose nothing)
+    selected = {key: values[key] for key in active_keys(plan.spaces[dataset], values)}
     # as a person reads them (the view's columns); best_config.yaml and the selected trial's run
     # hold the exact values
     run.log_params({key: readable(value) for key, value in selected.items()})

@@ -187,7 +187,7 @@ def unit_configs(kind: SweepKind, datasets: list[str], methods: tuple[str, ...],
             sizes = kind.batch_sizes.get(d, ()) if searches_batch_size(method) else ()
             space = dataset_space(method_space(method, kind), sizes,
                                   method_ranges(method, ranges), config.train.workers, d,
-                                  {**fixed, **dict.fromkeys(method.protocol, "")})
+                                  {**fixed, **dict.fromkeys(method.protocol, "")}, config)
             spaces[unit] = clamp_blocks(space, depths)
             check_blocks(config, depths, unit)  # a value the runs refuse fails before Ray
             check_space_values(spaces[unit], config, unit)

@@ -27,6 +27,7 @@ from vacsr.records.names import REHEARSAL_TAG
 from vacsr.sweep.cost import estimate as est
 from vacsr.sweep.cost.calibrate import StepCosts
 from vacsr.sweep.cost.counts import DatasetCounts
+from vacsr.sweep.spec.space import active
 
 # what a task's test split reports (vacsr/eval/metrics.py retrieval_metrics: R@1, 5, 10 both
 # ways and their sum; classification: accuracy)
@@ -76,6 +77,8 @@ class UnitClock:
         values = flatten(config)
         scores = []
         for key, domain in sorted(self.space.items()):
+            if not active(domain, values):  # not drawn: the config's value does nothing
+                continue
             position = _position(domain, values.get(key))
             if position is None:
                 scores.append(unit_hash(self.unit, key, values.get(key)))

@@ -91,8 +91,9 @@ def analyse_study(study, dataset: str, space: dict[str, Domain], *, metric: str,
         points.append({"number": t.number, "value": float(t.value), "params": dict(t.params),
                        "epochs": len(t.intermediate_values) or epochs,
                        "stopped_early": 0 < len(t.intermediate_values) < epochs,
+                       # a key the trial did not draw (its condition failed) chose nothing
                        "selected": bool(selected) and all(
-                           t.params.get(k) == v for k, v in selected.items() if k in space)})
+                           t.params[k] == v for k, v in selected.items() if k in t.params)})
     result = Sensitivity(dataset=dataset, metric=metric, mode=mode,
                          keys={k: domain_info(d) for k, d in space.items()}, trials=points)
     if len(trials) < MIN_FINISHED_TRIALS:
@@ -101,9 +102,11 @@ def analyse_study(study, dataset: str, space: dict[str, Domain], *, metric: str,
                           f"{TOP_QUANTILE:.0%}): not estimated")
         return result
     evaluator = optuna.importance.PedAnovaImportanceEvaluator(target_quantile=TOP_QUANTILE)
-    present = [k for k in space if any(k in t.params for t in trials)]
+    # the keys every finished trial drew: Optuna estimates over the trials that hold all the
+    # keys asked for, so a conditional key would silently shrink the trials of every key
+    present = [k for k in space if all(k in t.params for t in trials)]
     values = optuna.importance.get_param_importances(study, evaluator=evaluator, params=present)
-    result.importance = {k: float(values.get(k, 0.0)) for k in space}
+    result.importance = {k: float(values.get(k, 0.0)) for k in present}
     return result
 
 

@@ -36,11 +36,13 @@ def check_free_ranges(ranges: Mapping[str, Domain], fixed: Mapping[str, str]) ->
 
 def dataset_space(space: Mapping[str, Domain], batch_sizes: tuple[int, ...] = (),
                   overrides: dict[str, Domain] | None = None, workers: int = 1,
-                  dataset: str = "", fixed: Collection[str] = ()) -> dict[str, Domain]:
+                  dataset: str = "", fixed: Collection[str] = (),
+                  config: Config | None = None) -> dict[str, Domain]:
     """What one dataset's trials search, the one answer every reader of the searched keys takes
     (Optuna, the cost plan, the importance analysis, the MLflow view, the resume check): a
     kind's space and its batch-size choices (only sizes that split evenly over `workers`), then
-    the ranges, less the `fixed` keys (`fixed_by`); checked."""
+    the ranges (a range on a conditional key keeps its condition), less the `fixed` keys
+    (`fixed_by`), the conditions on those resolved by `config`'s values; checked."""
     space = dict(space)
     if batch_sizes and "train.batch_size" not in {*(overrides or {}), *fixed}:
         even = tuple(s for s in batch_sizes if s % max(workers, 1) == 0)
@@ -49,16 +51,23 @@ def dataset_space(space: Mapping[str, Domain], batch_sizes: tuple[int, ...] = ()
                               f"is a multiple of train.workers ({workers}); pass --range "
                               "train.batch_size=choice:...")
         space["train.batch_size"] = Choice(even)
-    space.update(overrides or {})
+    for key, domain in (overrides or {}).items():
+        before = space.get(key)
+        keeps = before is not None and before.when is not None and domain.when is None
+        space[key] = replace(domain, when=before.when) if keeps else domain
     space = {key: domain for key, domain in space.items() if key not in fixed}
+    if config is not None:
+        space = resolve_conditions(space, config)
     validate_space(space)
     return space
 
 
 def validate_space(space: dict[str, Domain]) -> None:
-    """Unknown keys, empty choices and empty or inverted ranges -> ConfigError naming the key."""
+    """Unknown keys, empty choices and empty or inverted ranges -> ConfigError naming the key;
+    a condition on a key the space does not draw unconditionally, among its choices."""
     probe = Config()
     for key, domain in space.items():
+        _check_condition(space, key, domain)
         if isinstance(domain, Choice):
             if not domain.options:
                 raise ConfigError(f"search space {key}: empty list of choices")
@@ -73,6 +82,42 @@ def validate_space(space: dict[str, Domain]) -> None:
                                   f"got {domain.low}")
             sample = domain.low
         set_value(probe, key, sample)  # raises for keys that are not config keys
+
+
+def _check_condition(space: Mapping[str, Domain], key: str, domain: Domain) -> None:
+    if domain.when is None:
+        return
+    on, value = domain.when
+    found = space.get(on)
+    if not (isinstance(found, Choice) and found.when is None and value in found.options):
+        raise ConfigError(f"search space {key}: drawn when {on}={value!r}, which the space does "
+                          f"not draw (expected {on} searched as a choice among which "
+                          f"{value!r} is, itself drawn always)")
+
+
+def active(domain: Domain, values: Mapping[str, Any]) -> bool:
+    """Whether a trial with these (flat) values draws `domain`: always, or where its condition
+    holds."""
+    return domain.when is None or values.get(domain.when[0]) == domain.when[1]
+
+
+def active_keys(space: Mapping[str, Domain], values: Mapping[str, Any]) -> list[str]:
+    """The keys of `space` that a run with these (flat) values drew: what was chosen for it.
+    The others kept the config's value, which does nothing there."""
+    return [key for key, domain in space.items() if active(domain, values)]
+
+
+def resolve_conditions(space: Mapping[str, Domain], config: Config) -> dict[str, Domain]:
+    """A condition on a key the space does not search (--set, a protocol) holds or fails for
+    every trial alike: the domain is then drawn always, or left out (it would vary nothing)."""
+    values, resolved = flatten(config), {}
+    for key, domain in space.items():
+        if domain.when is not None and domain.when[0] not in space:
+            if not active(domain, values):
+                continue
+            domain = replace(domain, when=None)
+        resolved[key] = domain
+    return resolved
 
 
 def bounding_values(domain: Domain) -> tuple:
@@ -128,9 +173,14 @@ def _number(text: str) -> Any:
 
 
 def suggest(trial, space: dict[str, Domain]) -> dict[str, Any]:
-    """Optuna suggestions for every key of `space` (used inside a define-by-run function)."""
-    values = {}
-    for key, domain in space.items():
+    """Optuna suggestions for every key of `space` (used inside a define-by-run function): the
+    keys drawn always first, in the space's order, then those whose condition the drawn values
+    meet."""
+    values: dict[str, Any] = {}
+    ordered = sorted(space.items(), key=lambda item: item[1].when is not None)
+    for key, domain in ordered:
+        if not active(domain, values):
+            continue
         if isinstance(domain, LogFloat):
             values[key] = trial.suggest_float(key, domain.low, domain.high, log=True)
         elif isinstance(domain, Float):
@@ -165,7 +215,7 @@ def start_point(space: dict[str, Domain], config: Config) -> dict[str, Any]:
             point[key] = value if value in domain.options else domain.options[0]
         else:
             point[key] = type(domain.low)(min(max(value, domain.low), domain.high))
-    return point
+    return {key: value for key, value in point.items() if active(space[key], point)}
 
 
 def tower_depths(model_name: str) -> tuple[int, int] | None:
