@@ -17,6 +17,13 @@ the same number of steps; data.augment is off for all (the frozen methods fix it
 CPU-seconds are this process's (time.process_time) with --threads intra-op threads, so other work
 on a shared machine slows the wall time more than them. The target: each compared method's
 training <= 0.1x VACSR's, printed with PASS or FAIL (CoOp reported, not part of the target).
+
+Then what `--plan` would say of each trial: the step costs calibrated here as a sweep's first
+unit calibrates them (vacsr/sweep/cost/calibrate.py measure_costs, on VACSR's configuration), and
+each method's trial composed from them (vacsr/sweep/cost/estimate.py: what the method runs,
+its training features once per run, the prompts through the text tower), against the trial
+measured above: its cold feature pass and its training. Target: within +-35% for every method,
+printed with PASS or FAIL.
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ from vacsr.threads import torch_threads  # noqa: E402
 from vacsr.train.loop import Trainer  # noqa: E402
 
 TARGET = 0.1  # each compared method's training CPU-s / VACSR's
+PLAN_TOLERANCE = 0.35  # --plan's trial estimate / the measured trial, within 1 +- this
 COMPARED = ("linear_probe", "clip_adapter")  # held to TARGET
 ORDER = ("linear_probe", "clip_adapter", "coop", "vacsr")
 # what one training step computes, for the printout (block counts: ViT-B/16, 12 per tower)
@@ -131,6 +139,47 @@ def measure(method: str, args, root: Path, cache: Path) -> Trial:
     return trial
 
 
+def planned_trials(trials: dict[str, Trial], args, root: Path, cache: Path) -> dict[str, float]:
+    """Each method's trial as `--plan` composes it, in seconds: the costs measured here on
+    VACSR's configuration (as a sweep calibrates on its first unit), the method's run settings,
+    the trial's steps and images; no val pass (the measured trials run none)."""
+    from vacsr.config import flatten
+    from vacsr.sweep.cost import estimate as est
+    from vacsr.sweep.cost.calibrate import measure_costs
+    from vacsr.sweep.cost.counts import DatasetCounts
+    from vacsr.sweep.spec.space import tower_depths
+
+    vacsr = config_for("vacsr", args, root, cache)
+    samples = tuple(str(p) for p in sorted(root.rglob("*")) if p.suffix in (".jpg", ".png"))[:8]
+    costs = measure_costs(vacsr, samples, time.time())
+    depths = tower_depths(args.model)
+    planned = {}
+    for method in ORDER:
+        run = est.run_settings(flatten(config_for(method, args, root, cache)))
+        counts = DatasetCounts(train=trials[method].images, val=0, test=0, prompts=args.classes,
+                               evaluations={})
+        planned[method] = (est.start_seconds(run, costs, counts)
+                           + trials[method].steps * est.step_seconds(run, costs, args.classes,
+                                                                     depths))
+    return planned
+
+
+def report_plan(trials: dict[str, Trial], planned: dict[str, float]) -> None:
+    """--plan's trial against the measured one (its cold feature pass and its training)."""
+    cold = next(t.feature_cpu for t in trials.values() if t.feature_cpu is not None)
+    print(f"{'--plan':<14}{'planned s':>10}{'measured':>10}{'ratio':>8}")
+    verdicts = []
+    for method in ORDER:
+        trial = trials[method]
+        measured = trial.train_cpu + (cold if trial.feature_cpu is not None else 0.0)
+        ratio = planned[method] / measured
+        verdicts.append(f"{method} {ratio:.2f}x "
+                        f"{'PASS' if abs(ratio - 1) <= PLAN_TOLERANCE else 'FAIL'}")
+        print(f"{method:<14}{planned[method]:>10.2f}{measured:>10.2f}{ratio:>7.2f}x")
+    print(f"SUMMARY --plan's trial / measured, target within 1 +- {PLAN_TOLERANCE}: "
+          + "; ".join(verdicts))
+
+
 def cpu_model() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
@@ -189,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         if len(sizes) != 1:
             raise SystemExit(f"bench_method_costs: the trials' (images, steps) differ: {sizes}")
         report(trials, args)
+        with torch_threads(args.threads):
+            planned = planned_trials(trials, args, root, cache)
+        report_plan(trials, planned)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)

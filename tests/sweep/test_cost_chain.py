@@ -75,6 +75,30 @@ def test_epoch_and_run_seconds_by_hand():
     assert est.mean_run_seconds([LAST_ONE, eight], 2, COSTS, DTD, DEPTHS) == pytest.approx(1.665)
 
 
+def test_what_a_method_runs_sets_its_step_by_hand():
+    """The method's declarations (vacsr/methods/) shape the step: a frozen image tower trains on
+    features computed once, a head that encodes its prompts sends them through the whole text
+    tower and back every step, a method that trains nothing takes no step."""
+    probe = est.RunSettings(4, "first", 0, 0, kind="linear_probe")  # frozen CLIP, blocks 0
+    # no image term: the head alone, 0.0001 x 4 x 5 = 0.002; the prompts once per run
+    assert est.step_seconds(probe, COSTS, 5, DEPTHS) == pytest.approx(0.002)
+    # once per run: 5 prompts x 0.001 + 44 training images x (0.006 + 0.009) = 0.665
+    assert est.start_seconds(probe, COSTS, DTD) == pytest.approx(0.665)
+    # 11 steps x 0.002 = 0.022; val 10 x 0.015 + 0.005 = 0.155, cached after: 0.005
+    # (the whole image tower is the frozen prefix); 2 epochs: 0.665 + 0.177 + 0.027 = 0.869
+    assert est.run_seconds(probe, 2, COSTS, DTD, DEPTHS) == pytest.approx(0.869)
+    coop = est.RunSettings(4, "first", 0, 0, kind="coop")
+    # the 5 prompts x (0.001 + 0.0005 x 3 blocks) = 0.0125, head 0.002      -> 0.0145
+    assert est.step_seconds(coop, COSTS, 5, DEPTHS) == pytest.approx(0.0145)
+    zero_shot = est.RunSettings(4, "first", 0, 0, kind="zero_shot")
+    # no step and no training features: its one epoch is the val pass, 0.155 (+ prompts 0.005)
+    assert est.epoch_seconds(zero_shot, COSTS, DTD, DEPTHS, cached=False) == pytest.approx(0.155)
+    assert est.run_seconds(zero_shot, 1, COSTS, DTD, DEPTHS) == pytest.approx(0.160)
+    # VACSR's trial of the same shape pays the images every step: 4 x 0.015 + 0.002 = 0.062
+    assert est.step_seconds(est.RunSettings(4, "first", 0, 0), COSTS, 5, DEPTHS) == \
+        pytest.approx(0.062)
+
+
 def _hand_plan(tmp_path) -> SweepPlan:
     """Two datasets, three trials, batch size 4 or 8, 2 epochs, seeds 1 and 2 (1: the base)."""
     def config(dataset):

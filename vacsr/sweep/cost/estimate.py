@@ -8,7 +8,13 @@ A configuration's training step (B images, P prompts, tower depths L_i, L_t):
     L - N for side last, L for N = 0, else 0; the plain CLIP towers the calibration times split)
 
 P_t is the prompts encoded each step (classification: the classes, only while a text block trains,
-else they are encoded once per run; retrieval: the batch's B captions). The prompts' frozen
+else they are encoded once per run; retrieval: the batch's B captions). What the run's method
+(`adapter.kind`, vacsr/methods/) declares changes the step: a method whose image tower is frozen
+whole trains on each training image's feature computed once per run (B (load + f_i) leaves the
+step; train (load + f_i) is paid once, as the run starts), one whose head encodes the prompts
+itself sends the P prompts through the whole text tower and back to its input every step
+(P (f_t + b_t L_t): CoOp's context sits before the first block), and one that trains nothing
+takes no step (its epoch is the val pass). The prompts' frozen
 prefix runs once per run, so f_t' = f_t (L - F) / L. An epoch is train // B steps (the last
 partial batch is dropped) and one val pass (val images x (load + f_i), or after the first pass
 f_i (L - F) / L: the prefix comes from the cache). A dataset's search adds one start-up
@@ -28,6 +34,9 @@ import random
 import statistics
 from dataclasses import dataclass
 
+from vacsr.config import DEFAULT_METHOD
+from vacsr.methods.method import METHOD_KEY, Method
+from vacsr.methods.registry import method_of
 from vacsr.model.frozen import frozen_blocks, gradient_blocks
 from vacsr.sweep.cost.calibrate import StepCosts
 from vacsr.sweep.cost.counts import DatasetCounts
@@ -41,13 +50,24 @@ COST_KEYS = ("train.batch_size", "model.trainable_side", "model.trainable_image_
 
 @dataclass(frozen=True)
 class RunSettings:
-    """The config values of one run that its cost depends on (COST_KEYS, in that order)."""
+    """The config values of one run that its cost depends on (COST_KEYS, in that order), and
+    its method (`adapter.kind`: fixed per unit, never searched)."""
 
     batch_size: int
     side: str
     image_blocks: int  # -1: all
     text_blocks: int
     embeddings: bool = False  # model.train_embeddings
+    kind: str = DEFAULT_METHOD
+
+    @property
+    def method(self) -> Method:
+        return method_of(self.kind)
+
+
+def run_settings(values) -> RunSettings:
+    """A run's RunSettings from its flat config values."""
+    return RunSettings(*(values[key] for key in COST_KEYS), kind=values[METHOD_KEY])
 
 
 def values_of(domain: Domain | None, fixed) -> tuple:
@@ -67,13 +87,16 @@ def path_blocks(blocks: int, depth: int, side: str, embeddings: bool = False) ->
 def step_seconds(run: RunSettings, costs: StepCosts, prompts: int,
                  depths: tuple[int, int]) -> float:
     """One training step of `run` (module docstring)."""
-    b = run.batch_size
-    image = b * (costs.image_load + costs.image_forward
-                 + costs.image_backward_block * path_blocks(run.image_blocks, depths[0],
-                                                            run.side, run.embeddings))
+    b, method = run.batch_size, run.method
+    image = 0.0 if method.frozen_image_tower else b * (  # features once per run: start_seconds
+        costs.image_load + costs.image_forward
+        + costs.image_backward_block * path_blocks(run.image_blocks, depths[0], run.side,
+                                                   run.embeddings))
     texts = prompts or b  # retrieval: the batch's captions
     text_path = path_blocks(run.text_blocks, depths[1], run.side, run.embeddings)
-    if prompts and text_path == 0:  # frozen prompts: encoded once per run (run_seconds)
+    if method.encodes_prompts:  # the whole tower, and back to the context at its input
+        text = texts * (costs.text_forward + costs.text_backward_block * depths[1])
+    elif prompts and text_path == 0:  # frozen prompts: encoded once per run (start_seconds)
         text = 0.0
     else:
         share = _share(run, 1, depths[1]) if prompts else 1.0
@@ -91,7 +114,7 @@ def _share(run: RunSettings, tower: int, depth: int) -> float:
 def epoch_seconds(run: RunSettings, costs: StepCosts, counts: DatasetCounts,
                   depths: tuple[int, int], cached: bool) -> float:
     """Training steps plus a val pass; `cached`: the val pass's frozen prefix is in the cache."""
-    steps = counts.train // run.batch_size
+    steps = counts.train // run.batch_size if run.method.trained else 0
     per_image = costs.image_load + costs.image_forward
     if cached and (share := _share(run, 0, depths[0])) < 1:
         per_image = costs.image_forward * share
@@ -99,21 +122,30 @@ def epoch_seconds(run: RunSettings, costs: StepCosts, counts: DatasetCounts,
     return steps * step_seconds(run, costs, counts.prompts, depths) + val
 
 
+def start_seconds(run: RunSettings, costs: StepCosts, counts: DatasetCounts) -> float:
+    """What a run computes once, before its first step: the prompts' features, and with the
+    image tower frozen whole the training images' (a conservative count: the dataset's prefix
+    cache may already hold them from an earlier trial or method)."""
+    features = (counts.train * (costs.image_load + costs.image_forward)
+                if run.method.frozen_image_tower and run.method.trained else 0.0)
+    return counts.prompts * costs.text_forward + features
+
+
 def run_seconds(run: RunSettings, epochs: float, costs: StepCosts, counts: DatasetCounts,
                 depths: tuple[int, int]) -> float:
-    """A trial (or a final run) of `epochs` epochs, once-per-run prompts included (the start-up
+    """A trial (or a final run) of `epochs` epochs, what it computes once included (the start-up
     is the dataset's: trials reuse the actor)."""
     if epochs <= 0:
         return 0.0
     first = epoch_seconds(run, costs, counts, depths, cached=False)
     rest = epoch_seconds(run, costs, counts, depths, cached=True)
-    return counts.prompts * costs.text_forward + first + (epochs - 1) * rest
+    return start_seconds(run, costs, counts) + first + (epochs - 1) * rest
 
 
 def settings_grid(space: dict[str, Domain], base: dict) -> list[RunSettings]:
     """Every combination of the cost-relevant keys the space draws (base: flat config values)."""
     grids = [values_of(space.get(key), base[key]) for key in COST_KEYS]
-    return [RunSettings(*combo) for combo in itertools.product(*grids)]
+    return [RunSettings(*combo, kind=base[METHOD_KEY]) for combo in itertools.product(*grids)]
 
 
 def _cutoff(recorded: list[float]) -> float | None:

@@ -49,8 +49,7 @@ def dataset_estimate(plan: SweepPlan, dataset: str, counts: DatasetCounts, costs
     space, base = plan.spaces[dataset], plan.configs[dataset]
     flat = flatten(base)
     grid = est.settings_grid(space, flat)
-    first = est.RunSettings(*(start_point(space, base).get(key, flat[key])
-                              for key in est.COST_KEYS))
+    first = est.run_settings({**flat, **start_point(space, base)})
     choices = _epoch_choices(plan, dataset)
     trial_epochs = _trial_epochs(plan, dataset)
     expected = est.asha_epochs(trial_epochs, longest_epochs(space, base.train.epochs))

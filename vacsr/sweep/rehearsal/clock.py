@@ -89,10 +89,10 @@ class UnitClock:
     def epoch_seconds(self, config: Config, epoch: int) -> float:
         """The wall seconds a rehearsed epoch holds its resources: the cost model's, scaled."""
         values = flatten(config)
-        run = est.RunSettings(*(values[key] for key in est.COST_KEYS))
+        run = est.run_settings(values)
         seconds = est.epoch_seconds(run, self.costs, self.counts, self.depths, cached=epoch > 0)
-        if epoch == 0:
-            seconds += self.counts.prompts * self.costs.text_forward  # the once-per-run prompts
+        if epoch == 0:  # what the run computes once: the prompts (and frozen image features)
+            seconds += est.start_seconds(run, self.costs, self.counts)
         return seconds / self.scale
 
     def test_seconds(self) -> float:
