@@ -34,7 +34,8 @@ def table_spec(table) -> dict:
     compared = table.comparison
     return {"columns": [list(c) for c in table.columns],
             "harmonic": list(table.harmonic) if table.harmonic else None,
-            "published": {k: list(v) for k, v in table.published.items()},
+            "published": {k: dict(v) for k, v in table.published.items()},
+            "published_note": table.published_note,
             "comparison": None if compared is None else {
                 "score": compared.score, "columns": [list(c) for c in compared.columns],
                 "harmonic": list(compared.harmonic) if compared.harmonic else None,

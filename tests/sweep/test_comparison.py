@@ -27,6 +27,23 @@ BUDGET = {"trials": 8, "seeds": [1, 2, 3], "epochs": "int:2:10", "shots": 16,
           "selection": "val/acc"}
 
 
+def test_the_published_rows_follow_the_comparison_apart_from_it(tmp_path):
+    """comparison.md ends with the kind's published rows (the paper's Table 5, CoOp's from
+    CoCoOp), marked as their papers' numbers on the real datasets; the comparison above them,
+    its best methods and its CSV are the sweep's alone."""
+    spec = table_spec(BASE2NOVEL.table)
+    rows, paths, _ = write_comparison(spec, HAND_MADE, {}, {}, tmp_path)
+    text = paths[0].read_text()
+    ours, published = text.split("\n## Published (11-dataset avg., ViT-B/16, real data, each its "
+                                 "own tuning)\n")
+    assert "| method | base | novel | H |" in published
+    assert "| CoOp | 82.69 | 63.22 | 71.66 |" in published
+    assert "| VACSR (paper) | 85.74 | 76.08 | 80.37 |" in published
+    assert "MaPLe" not in ours and "published" not in ours
+    assert {row["method"] for row in rows} == {"vacsr", "coop"}
+    assert "MaPLe" not in (tmp_path / COMPARISON_CSV).read_text()
+
+
 def _result(pairs, seeds=(1, 2, 3), val=50.0, trials=8):
     return {"val": val, "num_trials": trials, "per_seed": [
         {"seed": s, "acc": float(b), "novel_acc": float(n), "eval_seconds": 0.5}

@@ -15,6 +15,7 @@ from vacsr.sweep.report.bootstrap import LEVEL, Difference
 from vacsr.sweep.report.comparison_budget import budget_markdown, escaped
 from vacsr.sweep.report.comparison_rows import Comparison
 from vacsr.sweep.report.comparison_shape import Shape, setting_text
+from vacsr.sweep.report.table import published_note, published_rows
 
 # a row's entries that are no column of the table
 BOOKKEEPING = ("method", "seeds", VAL, "num_trials", "note", "best", "failed")
@@ -140,7 +141,30 @@ def comparison_markdown(spec: dict, found: Comparison) -> str:
     if found.unranked:
         lines += [f"- Not ranked as the best other method: {'; '.join(found.unranked)}."]
     lines += ["", _footer(shape), ""]
-    return "\n".join(lines) + "\n" + budget_markdown(found.budget, found.single)
+    return ("\n".join(lines) + "\n" + budget_markdown(found.budget, found.single)
+            + _published_section(spec))
+
+
+def _published_section(spec: dict) -> str:
+    """The kind's published rows (their papers' numbers for the real datasets), after the
+    comparison and apart from it: nothing above was measured under their conditions."""
+    titles = [title for title, _ in spec.get("columns", [])] + (["H"] if spec.get("harmonic")
+                                                                 else [])
+    rows = published_rows(spec, titles)
+    if not rows:
+        return ""
+    keys = list(dict.fromkeys(key for values in rows.values() for key in values))
+    # a target's metric reads as the target, as in the comparison above
+    targets = {metric: name for name, metric in (spec.get("comparison") or {}).get("targets", [])}
+    lines = ["", f"## Published ({published_note(spec).removeprefix('published, ')})", "",
+             "Each row as its paper reports it, on the real datasets: not measured here, under "
+             "neither this sweep's budget nor its model and data.", "",
+             "| method | " + " | ".join(targets.get(key, key) for key in keys) + " |",
+             "|---|" + "---:|" * len(keys)]
+    lines += [f"| {name} | " + " | ".join("" if values.get(key) is None else f"{values[key]:.2f}"
+                                          for key in keys) + " |"
+              for name, values in rows.items()]
+    return "\n".join(lines) + "\n"
 
 
 def _csv(rows: list[dict], first: list[str]) -> str:

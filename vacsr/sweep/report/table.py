@@ -120,10 +120,28 @@ def to_markdown(spec: dict, rows: list[dict]) -> str:
         val = "" if math.isnan(r[VAL]) else f"{r[VAL]:.{DIGITS}f}"  # none on the average
         lines.append(f"| {r['dataset']} | " + " | ".join(_cell(r, t) for t in titles)
                      + f" | {val} | {r['seeds']} |")
-    for name, values in spec.get("published", {}).items():
-        lines.append(f"| *{name} (published, 11-dataset avg.)* | "
-                     + " | ".join(f"{v:.2f}" for v in values) + " | | |")
+    note = published_note(spec)
+    for name, values in published_rows(spec, titles).items():
+        lines.append(f"| *{name} ({note})* | "
+                     + " | ".join("" if values.get(t) is None else f"{values[t]:.2f}"
+                                  for t in titles) + " | | |")
     return "\n".join(lines) + "\n"
+
+
+# what an earlier sweep's stored spec (a list of values, base-to-novel's alone) says
+_EARLIER_NOTE = "11-dataset avg."
+
+
+def published_note(spec: dict) -> str:
+    """How the published rows are marked: "published, <the kind's note>"."""
+    return f"published, {spec.get('published_note') or _EARLIER_NOTE}"
+
+
+def published_rows(spec: dict, titles: list[str]) -> dict[str, dict[str, float]]:
+    """The spec's published rows as name -> {column title: value}; an earlier sweep's stored
+    spec holds each as a list in the columns' order."""
+    return {name: values if isinstance(values, dict) else dict(zip(titles, values))
+            for name, values in spec.get("published", {}).items()}
 
 
 def _csv(rows: list[dict]) -> str:

@@ -72,12 +72,14 @@ class Compared:
 class Table:
     """The final table. `columns`: (title, per-seed metric) pairs, empty for every test metric;
     `harmonic`: two column titles whose harmonic mean becomes column H (base-to-novel, sec. 4.1);
-    `published`: reference rows (name -> values of the columns, H included); `comparison`: the
-    comparison of a sweep of several methods."""
+    `published`: reference rows (name -> {column title: value}, H included) and what they are
+    (`published_note`: "published, <note>" marks each); `comparison`: the comparison of a sweep
+    of several methods."""
 
     columns: tuple[tuple[str, str], ...] = ()
     harmonic: tuple[str, str] | None = None
-    published: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    published: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    published_note: str = ""
     comparison: Compared | None = None
 
 
