@@ -50,8 +50,9 @@ def test_paper_defaults_do_not_collapse_under_half_noisy_correspondence():
     towers: 24.7) under 50% noise; the old one (L_sigma means over its own few pairs, decoder bias
     0, a random adapter start) lets the hardest-negative term rank the most similar pairs last."""
     data = make_concept_data(ConceptSpec(), seed=1)
-    untrained = bench.evaluate(bench.Towers(data.init_projection),
-                               bench.build_head(kind="sigmoid_baseline", embed_dim=48),
+    towers = bench.Towers(data.init_projection)
+    baseline = bench.build_config("baseline", []).adapter  # the untrained sigmoid head: cosine
+    untrained = bench.evaluate(towers, bench.method_of(baseline.kind).build_head(baseline, towers),
                                data)["map_r"]
     default = _semantic_map("vacsr_label")
     old = _semantic_map("vacsr_label", "loss.reduction=pair_mean", "adapter.init=random",
