@@ -6,6 +6,7 @@ builds a randomly initialised model (tests, demo). Nothing here downloads unless
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from functools import lru_cache
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from vacsr.model import prefix
 from vacsr.model.configs import MODEL_CONFIG_DIR
 from vacsr.model.frozen import frozen_blocks
 from vacsr.model.gpo import GPO
+from vacsr.model.tower_hooks import TowerHooks
 from vacsr.model.weights import create_with_weights
 
 
@@ -123,16 +125,33 @@ class ClipBackbone(nn.Module):
         set_trainable(clip, image_blocks=trainable_image_blocks, text_blocks=trainable_text_blocks,
                       projections=train_projections, embeddings=train_embeddings,
                       side=trainable_side)
-        # the one place each tower's frozen prefix is decided (vacsr/model/frozen.py): training,
-        # evaluation passes, the prefix cache and the estimates all read it from here
-        self.frozen_depths = {
-            tower: frozen_blocks(trainable_side, count, len(prefix.blocks(clip, tower)),
-                                 embeddings_trainable=train_embeddings,
-                                 split_supported=prefix.split_supported(self, tower))
-            for tower, count in (("image", trainable_image_blocks),
-                                 ("text", trainable_text_blocks))}
+        self._trainable = {"image": trainable_image_blocks, "text": trainable_text_blocks,
+                           "embeddings": train_embeddings}
+        self.hooks: dict[str, TowerHooks] = {}  # a deep method's, per tower (attach_hooks)
+        self._decide_frozen_depths()
         if use_gpo:
             self.image_gpo, self.text_gpo = GPO(), GPO()
+
+    def _decide_frozen_depths(self) -> None:
+        """The one place each tower's frozen prefix is decided (vacsr/model/frozen.py): training,
+        evaluation passes, the prefix cache and the estimates all read it from here."""
+        self.frozen_depths = {
+            tower: frozen_blocks(self.trainable_side, self._trainable[tower],
+                                 len(prefix.blocks(self.clip, tower)),
+                                 embeddings_trainable=self._trainable["embeddings"],
+                                 split_supported=prefix.split_supported(self, tower),
+                                 first_hook=self.hooks[tower].first_block
+                                 if tower in self.hooks else None)
+            for tower in prefix.TOWERS}
+
+    def attach_hooks(self, hooks: dict[str, TowerHooks]) -> None:
+        """A deep method's hooks per tower (vacsr/model/tower_hooks.py): from now on each tower
+        runs them, its frozen prefix ending at or below its first hooked block."""
+        for tower, found in hooks.items():
+            found.check(len(prefix.blocks(self.clip, tower)), tower)
+        self.hooks = {tower: found for tower, found in hooks.items() if found.first_block
+                      is not None}
+        self._decide_frozen_depths()
 
     def tokenize(self, texts: list[str]) -> torch.Tensor:
         return self.tokenizer(texts)
@@ -161,8 +180,9 @@ class ClipBackbone(nn.Module):
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) -> (B, D), L2-normalised."""
-        if depth := self.frozen_depth("image"):
-            with torch.no_grad():  # the frozen prefix keeps no activations
+        depth = self.frozen_depth("image")
+        if depth or "image" in self.hooks:  # split where the prefix ends, or to run the hooks
+            with torch.no_grad() if depth else nullcontext():  # a prefix keeps no activations
                 tokens = prefix.image_prefix(self, images, depth)
             return prefix.image_suffix(self, tokens, depth)
         if not self.use_gpo:
@@ -173,8 +193,9 @@ class ClipBackbone(nn.Module):
 
     def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, D), L2-normalised."""
-        if depth := self.frozen_depth("text"):
-            with torch.no_grad():
+        depth = self.frozen_depth("text")
+        if depth or "text" in self.hooks:
+            with torch.no_grad() if depth else nullcontext():
                 hidden = prefix.text_prefix(self, tokens, depth)
             return prefix.text_suffix(self, hidden, tokens, depth)
         if not self.use_gpo:

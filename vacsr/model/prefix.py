@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from open_clip.transformer import PatchDropout, text_global_pool
 from torch import nn
 
+from vacsr.model.tower_hooks import run_blocks
+
 TOWERS = ("image", "text")
 
 
@@ -88,16 +90,13 @@ def compact(backbone, tower: str, depth: int) -> bool:
     return tower == "text" or backbone.clip.visual.pool_type == "tok"
 
 
-def _run_blocks(transformer: nn.Module, x: torch.Tensor, start: int, stop: int,
-                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """x (B, L, W) through blocks [start, stop) of an open_clip Transformer."""
-    if start >= stop:
-        return x
-    if not getattr(transformer, "batch_first", True):
-        x = x.transpose(0, 1)  # (L, B, W)
-    for block in transformer.resblocks[start:stop]:
-        x = block(x, attn_mask=attn_mask)
-    return x if getattr(transformer, "batch_first", True) else x.transpose(0, 1)
+def _run_blocks(backbone, tower: str, transformer: nn.Module, x: torch.Tensor, start: int,
+                stop: int, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """x (B, L, W) through blocks [start, stop) of an open_clip Transformer, with the hooks a
+    deep method attached to the tower (vacsr/model/tower_hooks.py)."""
+    return run_blocks(transformer.resblocks, x, start, stop,
+                      batch_first=getattr(transformer, "batch_first", True), attn_mask=attn_mask,
+                      hooks=getattr(backbone, "hooks", {}).get(tower))
 
 
 def image_prefix(backbone, images: torch.Tensor, depth: int) -> torch.Tensor:
@@ -108,14 +107,15 @@ def image_prefix(backbone, images: torch.Tensor, depth: int) -> torch.Tensor:
     cls = visual.class_embedding.to(x.dtype).view(1, 1, -1).expand(x.shape[0], -1, -1)
     x = torch.cat([cls, x], dim=1) + visual.positional_embedding.to(x.dtype)  # (B, L, W)
     x = visual.ln_pre(visual.patch_dropout(x))
-    x = _run_blocks(visual.transformer, x, 0, depth)
+    x = _run_blocks(backbone, "image", visual.transformer, x, 0, depth)
     return x[:, :1] if compact(backbone, "image", depth) else x
 
 
 def image_suffix(backbone, prefix: torch.Tensor, depth: int) -> torch.Tensor:
     """image_prefix output -> (B, D) L2-normalised features (the tower's own head, or GPO)."""
     visual = backbone.clip.visual
-    x = _run_blocks(visual.transformer, prefix, depth, len(visual.transformer.resblocks))
+    x = _run_blocks(backbone, "image", visual.transformer, prefix, depth,
+                    len(visual.transformer.resblocks))
     x = visual.ln_post(x)  # per token, (B, L, W)
     if backbone.use_gpo:
         x = x @ visual.proj  # (B, L, D)
@@ -137,7 +137,7 @@ def text_prefix(backbone, tokens: torch.Tensor, depth: int,
     if embeddings is None:
         embeddings = clip.token_embedding(tokens)
     x = embeddings.to(cast) + clip.positional_embedding.to(cast)
-    x = _run_blocks(clip.transformer, x, 0, depth, clip.attn_mask)
+    x = _run_blocks(backbone, "text", clip.transformer, x, 0, depth, clip.attn_mask)
     if compact(backbone, "text", depth):
         return text_global_pool(x, tokens, clip.text_pool_type,
                                 eos_token_id=getattr(clip, "text_eos_id", None))[:, None]
@@ -159,8 +159,8 @@ def text_tokens(backbone, prefix: torch.Tensor, tokens: torch.Tensor,
     """A non-compact text_prefix output -> (projected tokens (B, T, D), lengths (B,) from SOT to
     EOT): the blocks above the prefix, then the head on every token."""
     clip = backbone.clip
-    x = _run_blocks(clip.transformer, prefix, depth, len(clip.transformer.resblocks),
-                    clip.attn_mask)  # (B, T, W)
+    x = _run_blocks(backbone, "text", clip.transformer, prefix, depth,
+                    len(clip.transformer.resblocks), clip.attn_mask)  # (B, T, W)
     return text_head(backbone, x), tokens.argmax(dim=-1) + 1  # EOT: the highest id in the vocab
 
 
@@ -173,8 +173,8 @@ def text_suffix(backbone, prefix: torch.Tensor, tokens: torch.Tensor,
     if backbone.use_gpo:
         features, lengths = text_tokens(backbone, prefix, tokens, depth)  # (B, T, D), (B,)
         return F.normalize(backbone.text_gpo(features, lengths), dim=-1)
-    x = _run_blocks(clip.transformer, prefix, depth, len(clip.transformer.resblocks),
-                    clip.attn_mask)
+    x = _run_blocks(backbone, "text", clip.transformer, prefix, depth,
+                    len(clip.transformer.resblocks), clip.attn_mask)
     pooled = text_global_pool(x, tokens, clip.text_pool_type,
                               eos_token_id=getattr(clip, "text_eos_id", None))  # (B, W)
     return F.normalize(text_head(backbone, pooled), dim=-1)
