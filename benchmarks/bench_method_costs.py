@@ -47,7 +47,7 @@ from vacsr.train.loop import Trainer  # noqa: E402
 TARGET = 0.1  # each compared method's training CPU-s / VACSR's
 PLAN_TOLERANCE = 0.35  # --plan's trial estimate / the measured trial, within 1 +- this
 COMPARED = ("linear_probe", "clip_adapter")  # held to TARGET
-ORDER = ("linear_probe", "clip_adapter", "coop", "vacsr")
+ORDER = ("linear_probe", "clip_adapter", "coop", "mma", "vacsr")
 # what one training step computes, for the printout (block counts: ViT-B/16, 12 per tower)
 PER_STEP = {
     "linear_probe": "B cached features x C prototypes, backward into the C x d prototypes (the C "
@@ -56,6 +56,9 @@ PER_STEP = {
                     "through the frozen text tower once per trial)",
     "coop": "the C prompts with the context through the 12 frozen text blocks, backward to the "
             "context; B cached features",
+    "mma": "B images decoded, 5 frozen image blocks without autograd, 7 with the adapters and "
+           "backward through them; the C prompts' 7 adapted text blocks and back (their 5 frozen "
+           "blocks once per trial)",
     "vacsr": "B images decoded, 11 frozen image blocks without autograd, the last block and "
              "projection with backward; the C prompts' last text block and projection (their 11 "
              "frozen blocks once per trial); the adapter on B x C pairs",
@@ -122,7 +125,7 @@ def measure(method: str, args, root: Path, cache: Path) -> Trial:
     dataset = run.train_dataset()  # frozen methods: the feature pass; VACSR: the image list
     if run.trains_on_features():
         feature_cpu, feature_wall = time.process_time() - cpu, time.perf_counter() - wall
-    elif method != "vacsr":
+    elif METHODS[method].frozen_image_tower:
         raise SystemExit(f"bench_method_costs: {method} does not train on cached features")
     steps = 0
     wall, cpu = time.perf_counter(), time.process_time()
@@ -217,7 +220,8 @@ def report(trials: dict[str, Trial], args) -> None:
         ratio = trials[method].train_cpu / vacsr
         verdicts.append(f"{method}/vacsr {ratio:.4f}x {'PASS' if ratio <= TARGET else 'FAIL'}")
     print(f"SUMMARY training CPU-s, target <= {TARGET}x: " + "; ".join(verdicts)
-          + f" (coop/vacsr {trials['coop'].train_cpu / vacsr:.4f}x, no target)")
+          + f" (coop/vacsr {trials['coop'].train_cpu / vacsr:.4f}x, mma/vacsr "
+            f"{trials['mma'].train_cpu / vacsr:.4f}x, no target)")
     cold = trials[first].feature_cpu + trials[first].train_cpu
     print(f"with its cold feature pass (paid once per dataset, shared by its trials, seeds and "
           f"methods): {first} {cold:.2f} CPU-s, {cold / vacsr:.3f}x of VACSR's training")

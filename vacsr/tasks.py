@@ -205,8 +205,12 @@ class ClassificationTask(_Task):
         self._text_prefix: torch.Tensor | None = None  # the prompts' frozen prefix output
 
     def text_trainable(self) -> bool:
-        return any(p.requires_grad for name, p in self.model.backbone.named_parameters()
-                   if not name.startswith(("clip.visual.", "image_gpo.")))
+        """A text block trains, or a deep method's head acts inside the text tower (its
+        parameters learn through every prompt, each step)."""
+        backbone = self.model.backbone
+        return "text" in backbone.hooks or any(
+            p.requires_grad for name, p in backbone.named_parameters()
+            if not name.startswith(("clip.visual.", "image_gpo.")))
 
     def learned_prompts(self) -> bool:
         """The head learns the prompts' context (CoOp): the class features change every step."""

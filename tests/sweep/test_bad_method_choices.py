@@ -33,7 +33,7 @@ def _no_sweep(monkeypatch):
 @pytest.mark.parametrize("argv,fragment", [
     (["--methods", "vacsr,tip_adapter"], "--methods: unknown method 'tip_adapter'; the methods "
                                          "are vacsr, sigmoid_baseline, zero_shot, linear_probe, "
-                                         "clip_adapter, coop, clip_contrastive (or all)"),
+                                         "clip_adapter, coop, mma, clip_contrastive (or all)"),
     (["--methods", "coop,vacsr,coop"], "--methods: coop named twice; name each once"),
     (["--methods", "all,vacsr"], "--methods: 'all' stands alone; give either all or a list of "
                                  "methods"),

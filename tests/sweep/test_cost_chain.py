@@ -94,6 +94,14 @@ def test_what_a_method_runs_sets_its_step_by_hand():
     # no step and no training features: its one epoch is the val pass, 0.155 (+ prompts 0.005)
     assert est.epoch_seconds(zero_shot, COSTS, DTD, DEPTHS, cached=False) == pytest.approx(0.155)
     assert est.run_seconds(zero_shot, 1, COSTS, DTD, DEPTHS) == pytest.approx(0.160)
+    # MMA's adapters on the 2 highest of 3 blocks: the prefix ends at block 1, the backward
+    # crosses 2 blocks of each tower; image 4 x (0.015 + 0.002 x 2) = 0.076, the 5 prompts
+    # through the 2 blocks above the prefix and back 5 x (0.001 x 2/3 + 0.0005 x 2) = 0.0083333,
+    # head 0.002                                                            -> 0.0863333
+    mma = est.RunSettings(4, "first", 0, 0, kind="mma", hooked=2)
+    assert est.step_seconds(mma, COSTS, 5, DEPTHS) == pytest.approx(0.0863333)
+    assert est.run_settings({**dict(zip(est.COST_KEYS, (4, "first", 0, 0, False))),
+                             "adapter.kind": "mma", "adapter.mma_blocks": 2}) == mma
     # VACSR's trial of the same shape pays the images every step: 4 x 0.015 + 0.002 = 0.062
     assert est.step_seconds(est.RunSettings(4, "first", 0, 0), COSTS, 5, DEPTHS) == \
         pytest.approx(0.062)

@@ -177,3 +177,17 @@ def test_with_the_last_blocks_training_activations_start_at_the_first_trainable_
         slopes["first"] - slopes["last"], rel=0.1)
     full = estimate_step_memory("vacsr-tiny", batch_size=8, image_blocks=3, side="last")
     assert full == estimate_step_memory("vacsr-tiny", batch_size=8, image_blocks=3)  # all: same
+
+
+def test_a_deep_methods_hooked_blocks_keep_their_activations():
+    """MMA's adapters on the 7 highest blocks of a frozen ViT-B/16: the gradient crosses those
+    blocks, so their activations count as a frozen block's on the path; nothing else changes."""
+    frozen = estimate_step_memory("ViT-B-16", batch_size=16, image_blocks=0, text_blocks=0,
+                                  train_projections=False, use_gpo=False, texts=10)
+    hooked = estimate_step_memory("ViT-B-16", batch_size=16, image_blocks=0, text_blocks=0,
+                                  train_projections=False, use_gpo=False, texts=10, hooked=7)
+    assert hooked["activations"] > frozen["activations"]
+    assert {k: v for k, v in hooked.items() if k not in ("activations", "casts", "total")} == \
+        {k: v for k, v in frozen.items() if k not in ("activations", "casts", "total")}
+    assert hooked["total"] - frozen["total"] == (hooked["activations"] - frozen["activations"]
+                                                 + hooked["casts"] - frozen["casts"])

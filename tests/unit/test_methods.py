@@ -42,7 +42,8 @@ pytestmark = pytest.mark.timeout(300)
 # the trained runs: a method and the overrides that pick its variant
 TRAINED = {"linear_probe": ("linear_probe",), "clip_adapter": ("clip_adapter",),
            "coop": ("coop", "adapter.context_init=a photo of a"),
-           "coop_random": ("coop", "adapter.context_init=random", "adapter.context_tokens=4")}
+           "coop_random": ("coop", "adapter.context_init=random", "adapter.context_tokens=4"),
+           "mma": ("mma", "adapter.mma_blocks=2", "adapter.mma_scale=0.1")}
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +169,17 @@ def test_each_compared_method_starts_at_zero_shot_clip(tmp_path, weights, eurosa
     blended = Trainer(_config(tmp_path / "cb", weights, eurosat, "clip_adapter",
                               "adapter.residual_ratio=0.5"))
     assert not torch.allclose(_logits(blended.model, test), reference, atol=1e-3)
+
+    # MMA at alpha = 0: its adapters act inside both towers, and the scale takes them out
+    mma = Trainer(_config(tmp_path / "mm", weights, eurosat, "mma", "adapter.mma_scale=0",
+                          "adapter.mma_blocks=2"))
+    assert set(mma.model.backbone.hooks) == {"image", "text"}
+    assert mma.model.backbone.frozen_depth("image") == 1  # blocks 1 and 2 of 3 adapted
+    torch.testing.assert_close(_logits(mma.model, test), reference, rtol=0, atol=1e-5)
+    assert mma.evaluate("test")["acc"] == reference_acc
+    scaled = Trainer(_config(tmp_path / "ms", weights, eurosat, "mma", "adapter.mma_scale=0.5",
+                             "adapter.mma_blocks=2"))
+    assert not torch.allclose(_logits(scaled.model, test), reference, atol=1e-3)
 
     # CoOp from "a photo of a" is zero-shot CLIP with the template "a photo of a {}."
     coop = Trainer(_config(tmp_path / "co", weights, eurosat, "coop",
@@ -328,7 +340,7 @@ def test_an_unknown_method_is_one_line_naming_the_methods(tmp_path, weights, eur
     argv = ["train", *_overrides(out, weights, eurosat, "zero_shot"), "adapter.kind=nope"]
     assert _refused(argv, capsys) == (
         "vacsr: error: adapter.kind: unknown method 'nope'; the methods are vacsr, "
-        "sigmoid_baseline, zero_shot, linear_probe, clip_adapter, coop, clip_contrastive")
+        "sigmoid_baseline, zero_shot, linear_probe, clip_adapter, coop, mma, clip_contrastive")
     assert not out.exists()
 
 
@@ -416,7 +428,7 @@ def test_every_method_module_is_registered():
     assert sorted(method.name for method in declared) == sorted(METHODS)
     assert all(METHODS[method.name] is method for method in declared)
     assert set(METHODS) == {"vacsr", "sigmoid_baseline", "zero_shot", "linear_probe",
-                            "clip_adapter", "coop", "clip_contrastive"}
+                            "clip_adapter", "coop", "mma", "clip_contrastive"}
 
 
 def test_what_a_head_needs_from_a_run_is_declared_on_its_method():
@@ -435,6 +447,7 @@ def test_what_a_head_needs_from_a_run_is_declared_on_its_method():
         assert hasattr(head, "fit_classes") == method.class_weights, name
         assert hasattr(head, "encode_prompts") == method.encodes_prompts, name
         assert not method.learned_context or method.encodes_prompts, name
+        assert hasattr(head, "tower_hooks") == (method.hooked_blocks is not None), name
     assert DEFAULT_METHOD == Config().adapter.kind and DEFAULT_METHOD in METHODS
     assert "VACSR" in METHODS[DEFAULT_METHOD].cites
 

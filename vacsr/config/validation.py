@@ -43,6 +43,10 @@ def validate(config: Config) -> Config:
     _check(a.context_tokens >= 1, "adapter.context_tokens", ">= 1", a.context_tokens)
     _check(bool(a.context_init.strip()), "adapter.context_init", "random or a phrase",
            a.context_init)
+    _check(a.mma_blocks >= 1, "adapter.mma_blocks", ">= 1", a.mma_blocks)
+    _check(a.mma_dim >= 1, "adapter.mma_dim", ">= 1", a.mma_dim)
+    _check(math.isfinite(a.mma_scale) and a.mma_scale >= 0, "adapter.mma_scale", ">= 0",
+           a.mma_scale)
     _check(a.hidden_dim >= 1, "adapter.hidden_dim", ">= 1", a.hidden_dim)
     _check(a.latent_dim >= 1, "adapter.latent_dim", ">= 1", a.latent_dim)
     _check(a.num_components >= 1, "adapter.num_components", "K >= 1", a.num_components)

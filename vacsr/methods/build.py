@@ -10,4 +10,7 @@ def build_model(config) -> VACSRModel:
     """Config -> VACSRModel: backbone from config.model, the method's head from config.adapter."""
     method = method_of(config.adapter.kind)
     backbone = build_backbone(config.model)
-    return VACSRModel(backbone, method.build_head(config.adapter, backbone), method)
+    head = method.build_head(config.adapter, backbone)
+    if method.hooked_blocks is not None:  # a deep method: its head acts inside the towers
+        backbone.attach_hooks(head.tower_hooks())
+    return VACSRModel(backbone, head, method)

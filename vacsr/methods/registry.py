@@ -9,6 +9,7 @@ from vacsr.methods import (
     clip_contrastive,
     coop,
     linear_probe,
+    mma,
     sigmoid_baseline,
     vacsr_adapter,
     zero_shot,
@@ -22,6 +23,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     linear_probe.METHOD,
     clip_adapter.METHOD,
     coop.METHOD,
+    mma.METHOD,
     clip_contrastive.METHOD,
 )}
 

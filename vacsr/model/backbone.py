@@ -148,6 +148,9 @@ class ClipBackbone(nn.Module):
         """A deep method's hooks per tower (vacsr/model/tower_hooks.py): from now on each tower
         runs them, its frozen prefix ending at or below its first hooked block."""
         for tower, found in hooks.items():
+            if found.first_block is not None and not prefix.split_supported(self, tower):
+                raise ConfigError(f"model.name: {self.name}'s {tower} tower cannot run a deep "
+                                  "method's hooks (plain CLIP ViTs and text transformers can)")
             found.check(len(prefix.blocks(self.clip, tower)), tower)
         self.hooks = {tower: found for tower, found in hooks.items() if found.first_block
                       is not None}

@@ -104,12 +104,14 @@ def gpo_params(pe_dim: int = GPO_PE_DIM, hidden: int = GPO_HIDDEN) -> int:
 
 
 def _tower(tower: Tower, blocks: int, rows: int, s: int, r: int, fused: bool, embed: int,
-           pooled_tokens: int, side: str = "first",
-           embeddings: bool = False) -> tuple[int, int, int]:
-    """(trainable block params, activation bytes, bf16-cast bytes) of one tower."""
+           pooled_tokens: int, side: str = "first", embeddings: bool = False,
+           hooked: int = 0) -> tuple[int, int, int]:
+    """(trainable block params, activation bytes, bf16-cast bytes) of one tower; `hooked`: the
+    blocks from a deep method's lowest hook to the top (vacsr/model/tower_hooks.py)."""
     n = tower.layers if blocks == -1 else min(blocks, tower.layers)
     # blocks the gradient crosses: all above the frozen prefix (vacsr/model/frozen.py)
-    path = gradient_blocks(side, blocks, tower.layers, embeddings_trainable=embeddings)
+    path = gradient_blocks(side, blocks, tower.layers, embeddings_trainable=embeddings,
+                           first_hook=max(tower.layers - hooked, 0) if hooked else None)
     btd = rows * tower.tokens * tower.width
     attention = 0 if fused else rows * tower.heads * tower.tokens ** 2 * s
     trainable_block = btd * ((C_TRAINABLE - 2) * s + 2 * r) + attention
@@ -124,11 +126,12 @@ def estimate_step_memory(name: str = "ViT-B-16", *, batch_size: int = 128, dtype
                          train_projections: bool = True, use_gpo: bool = True,
                          adapter_hidden: int = 512, texts: int | None = None,
                          fused_attention: bool = True, side: str = "first",
-                         train_embeddings: bool = False) -> dict[str, int]:
+                         train_embeddings: bool = False, hooked: int = 0) -> dict[str, int]:
     """Bytes of each term of the module docstring, and their "total", for a retrieval step of
     `batch_size` images and `texts` captions (default: as many; classification: the classes);
     `side`: which end of each tower trains (model.trainable_side); `train_embeddings`: the
-    embeddings train (the gradient then crosses every block)."""
+    embeddings train (the gradient then crosses every block); `hooked`: a deep method's blocks
+    from its lowest hook to the top of each tower (their activations kept for the gradient)."""
     image, text, embed = towers(name)
     s, r = DTYPE_BYTES[dtype], 4
     texts = batch_size if texts is None else texts
@@ -139,7 +142,8 @@ def estimate_step_memory(name: str = "ViT-B-16", *, batch_size: int = 128, dtype
         trainable += 2 * image.width + image.width * embed + 2 * text.width + text.width * embed
     for tower, blocks, rows in ((image, image_blocks, batch_size), (text, text_blocks, texts)):
         params, acts, cast = _tower(tower, blocks, rows, s, r, fused_attention, embed,
-                                    tower.tokens if use_gpo else 1, side, train_embeddings)
+                                    tower.tokens if use_gpo else 1, side, train_embeddings,
+                                    hooked)
         trainable, activations, casts = trainable + params, activations + acts, casts + cast
     parts = {
         "weights": 4 * (image.params() + text.params() + new),
@@ -153,10 +157,11 @@ def estimate_step_memory(name: str = "ViT-B-16", *, batch_size: int = 128, dtype
     return parts
 
 
-def estimate_for_config(config, dtype: str | None = None, texts: int | None = None
-                        ) -> dict[str, int]:
+def estimate_for_config(config, dtype: str | None = None, texts: int | None = None,
+                        hooked: int = 0) -> dict[str, int]:
     """estimate_step_memory of a vacsr Config's worker (its share of the batch); dtype: bf16
-    when train.amp, else fp32; texts: per step (default: as many as images)."""
+    when train.amp, else fp32; texts: per step (default: as many as images); `hooked`: its
+    method's (vacsr/methods/method.py Method.hooked_blocks)."""
     m = config.model
     rows = config.train.batch_size // max(config.train.workers, 1)
     return estimate_step_memory(
@@ -164,4 +169,4 @@ def estimate_for_config(config, dtype: str | None = None, texts: int | None = No
         dtype=dtype or ("bf16" if config.train.amp else "fp32"),
         image_blocks=m.trainable_image_blocks, text_blocks=m.trainable_text_blocks,
         train_projections=m.train_projections, adapter_hidden=config.adapter.hidden_dim,
-        train_embeddings=m.train_embeddings)
+        train_embeddings=m.train_embeddings, hooked=hooked)

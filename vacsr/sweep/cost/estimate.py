@@ -13,8 +13,9 @@ else they are encoded once per run; retrieval: the batch's B captions). What the
 whole trains on each training image's feature computed once per run (B (load + f_i) leaves the
 step; train (load + f_i) is paid once, as the run starts), one whose head encodes the prompts
 itself sends the P prompts through the whole text tower and back to its input every step
-(P (f_t + b_t L_t): CoOp's context sits before the first block), and one that trains nothing
-takes no step (its epoch is the val pass). The prompts' frozen
+(P (f_t + b_t L_t): CoOp's context sits before the first block), one that hooks the towers
+ends their frozen prefix at its lowest hook (path and share follow, MMA's adapters), and one that
+trains nothing takes no step (its epoch is the val pass). The prompts' frozen
 prefix runs once per run, so f_t' = f_t (L - F) / L. An epoch is train // B steps (the last
 partial batch is dropped) and one val pass (val images x (load + f_i), or after the first pass
 f_i (L - F) / L: the prefix comes from the cache). A dataset's search adds one start-up
@@ -59,15 +60,27 @@ class RunSettings:
     text_blocks: int
     embeddings: bool = False  # model.train_embeddings
     kind: str = DEFAULT_METHOD
+    hooked: int = 0  # a deep method's blocks from its lowest hook to the top (Method.hooked_blocks)
 
     @property
     def method(self) -> Method:
         return method_of(self.kind)
 
+    def first_hook(self, depth: int) -> int | None:
+        """The lowest hooked block of a `depth`-block tower (None: none)."""
+        return max(depth - self.hooked, 0) if self.hooked else None
+
+
+def hooked_blocks_of(values) -> int:
+    """A run's deep method's blocks from its lowest hook to the top (0: it hooks none)."""
+    method = method_of(values[METHOD_KEY])
+    return 0 if method.hooked_blocks is None else method.hooked_blocks(values)
+
 
 def run_settings(values) -> RunSettings:
     """A run's RunSettings from its flat config values."""
-    return RunSettings(*(values[key] for key in COST_KEYS), kind=values[METHOD_KEY])
+    return RunSettings(*(values[key] for key in COST_KEYS), kind=values[METHOD_KEY],
+                       hooked=hooked_blocks_of(values))
 
 
 def values_of(domain: Domain | None, fixed) -> tuple:
@@ -79,9 +92,11 @@ def values_of(domain: Domain | None, fixed) -> tuple:
     return (fixed,)
 
 
-def path_blocks(blocks: int, depth: int, side: str, embeddings: bool = False) -> int:
+def path_blocks(blocks: int, depth: int, side: str, embeddings: bool = False,
+                first_hook: int | None = None) -> int:
     """Blocks the backward pass crosses: all above the frozen prefix (vacsr/model/frozen.py)."""
-    return gradient_blocks(side, blocks, depth, embeddings_trainable=embeddings)
+    return gradient_blocks(side, blocks, depth, embeddings_trainable=embeddings,
+                           first_hook=first_hook)
 
 
 def step_seconds(run: RunSettings, costs: StepCosts, prompts: int,
@@ -91,9 +106,10 @@ def step_seconds(run: RunSettings, costs: StepCosts, prompts: int,
     image = 0.0 if method.frozen_image_tower else b * (  # features once per run: start_seconds
         costs.image_load + costs.image_forward
         + costs.image_backward_block * path_blocks(run.image_blocks, depths[0], run.side,
-                                                   run.embeddings))
+                                                   run.embeddings, run.first_hook(depths[0])))
     texts = prompts or b  # retrieval: the batch's captions
-    text_path = path_blocks(run.text_blocks, depths[1], run.side, run.embeddings)
+    text_path = path_blocks(run.text_blocks, depths[1], run.side, run.embeddings,
+                            run.first_hook(depths[1]))
     if method.encodes_prompts:  # the whole tower, and back to the context at its input
         text = texts * (costs.text_forward + costs.text_backward_block * depths[1])
     elif prompts and text_path == 0:  # frozen prompts: encoded once per run (start_seconds)
@@ -107,8 +123,8 @@ def step_seconds(run: RunSettings, costs: StepCosts, prompts: int,
 def _share(run: RunSettings, tower: int, depth: int) -> float:
     """The part of tower `tower` (0 image, 1 text) above its frozen prefix, run every pass."""
     blocks = (run.image_blocks, run.text_blocks)[tower]
-    return 1 - frozen_blocks(run.side, blocks, depth,
-                             embeddings_trainable=run.embeddings) / depth
+    return 1 - frozen_blocks(run.side, blocks, depth, embeddings_trainable=run.embeddings,
+                             first_hook=run.first_hook(depth)) / depth
 
 
 def epoch_seconds(run: RunSettings, costs: StepCosts, counts: DatasetCounts,
@@ -145,7 +161,8 @@ def run_seconds(run: RunSettings, epochs: float, costs: StepCosts, counts: Datas
 def settings_grid(space: dict[str, Domain], base: dict) -> list[RunSettings]:
     """Every combination of the cost-relevant keys the space draws (base: flat config values)."""
     grids = [values_of(space.get(key), base[key]) for key in COST_KEYS]
-    return [RunSettings(*combo, kind=base[METHOD_KEY]) for combo in itertools.product(*grids)]
+    return [RunSettings(*combo, kind=base[METHOD_KEY], hooked=hooked_blocks_of(base))
+            for combo in itertools.product(*grids)]
 
 
 def _cutoff(recorded: list[float]) -> float | None:

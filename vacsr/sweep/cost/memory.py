@@ -37,7 +37,8 @@ def _peak(config, settings: dict, prompts: int) -> int:
     config = copy.deepcopy(config)
     for key, value in settings.items():
         set_value(config, key, value)
-    return estimate_for_config(config, texts=prompts or None)["total"]
+    return estimate_for_config(config, texts=prompts or None,
+                               hooked=est.hooked_blocks_of(flatten(config)))["total"]
 
 
 def worst_memory(plan: SweepPlan, dataset: str) -> tuple[str, object, int]:
