@@ -247,6 +247,9 @@ def _check_comparison_view(tmp_path: Path, monkeypatch, base: str) -> None:
             assert _cell(row, "metrics", f"table/{title}", repr(value)), \
                 (dataset, method, title, value, _text(row))
         if dataset != "average":  # each unit's chosen values, among the searched keys
-            params = client.get_run(run_id).data.params
-            for key in plan.spaces[f"{dataset}.{method}"]:
+            params, space = client.get_run(run_id).data.params, plan.spaces[f"{dataset}.{method}"]
+            # a key drawn under a condition (CoOp's count, under a random init) is among the
+            # chosen values only where the chosen config drew it
+            assert all(key in params for key, domain in space.items() if domain.when is None)
+            for key in (key for key in space if key in params):
                 assert _cell(row, "params", key, params[key]), (key, _text(row))

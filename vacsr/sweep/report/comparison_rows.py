@@ -126,7 +126,7 @@ def build_comparison(spec: dict, results: dict[str, dict], failed: dict[str, dic
     shape = read_shape(spec)
     # a method that trains nothing is evaluated once per dataset: seeds cannot change it
     single = frozenset(name for found in (results, failed, unfinished or {}, budget)
-                       for name in found if not METHODS[name].trained)
+                       for name in found if name in METHODS and not METHODS[name].trained)
     check_results(shape, results, single)
     results, failed, unfinished, targets = by_target(shape, results, failed, unfinished)
     methods = list(dict.fromkeys([*results, *failed, *unfinished, *budget]))
