@@ -158,7 +158,7 @@ def planned_trials(trials: dict[str, Trial], args, root: Path, cache: Path) -> d
     depths = tower_depths(args.model)
     planned = {}
     for method in ORDER:
-        run = est.run_settings(flatten(config_for(method, args, root, cache)))
+        run = est.run_settings(flatten(config_for(method, args, root, cache)), depths)
         counts = DatasetCounts(train=trials[method].images, val=0, test=0, prompts=args.classes,
                                evaluations={})
         planned[method] = (est.start_seconds(run, costs, counts)

@@ -98,10 +98,13 @@ def test_what_a_method_runs_sets_its_step_by_hand():
     # crosses 2 blocks of each tower; image 4 x (0.015 + 0.002 x 2) = 0.076, the 5 prompts
     # through the 2 blocks above the prefix and back 5 x (0.001 x 2/3 + 0.0005 x 2) = 0.0083333,
     # head 0.002                                                            -> 0.0863333
-    mma = est.RunSettings(4, "first", 0, 0, kind="mma", hooked=2)
+    mma = est.RunSettings(4, "first", 0, 0, kind="mma", hooked=(2, 2))
     assert est.step_seconds(mma, COSTS, 5, DEPTHS) == pytest.approx(0.0863333)
-    assert est.run_settings({**dict(zip(est.COST_KEYS, (4, "first", 0, 0, False))),
-                             "adapter.kind": "mma", "adapter.mma_blocks": 2}) == mma
+    values = {**dict(zip(est.COST_KEYS, (4, "first", 0, 0, False))), "adapter.kind": "mma",
+              "model.name": "vacsr-tiny", "adapter.mma_blocks": 2}
+    assert est.run_settings(values, DEPTHS) == mma
+    # -1, the paper's share of the depth: 7 of every 12 blocks, 2 of 3 here
+    assert est.run_settings({**values, "adapter.mma_blocks": -1}, DEPTHS) == mma
     # VACSR's trial of the same shape pays the images every step: 4 x 0.015 + 0.002 = 0.062
     assert est.step_seconds(est.RunSettings(4, "first", 0, 0), COSTS, 5, DEPTHS) == \
         pytest.approx(0.062)

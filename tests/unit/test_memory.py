@@ -185,7 +185,8 @@ def test_a_deep_methods_hooked_blocks_keep_their_activations():
     frozen = estimate_step_memory("ViT-B-16", batch_size=16, image_blocks=0, text_blocks=0,
                                   train_projections=False, use_gpo=False, texts=10)
     hooked = estimate_step_memory("ViT-B-16", batch_size=16, image_blocks=0, text_blocks=0,
-                                  train_projections=False, use_gpo=False, texts=10, hooked=7)
+                                  train_projections=False, use_gpo=False, texts=10,
+                                  hooked=(7, 7))
     assert hooked["activations"] > frozen["activations"]
     assert {k: v for k, v in hooked.items() if k not in ("activations", "casts", "total")} == \
         {k: v for k, v in frozen.items() if k not in ("activations", "casts", "total")}

@@ -373,6 +373,30 @@ def test_a_plain_train_of_a_method_takes_its_fixed_values_and_refuses_one_agains
     assert not out.exists()
 
 
+def test_mma_adapts_the_papers_share_of_each_tower_or_as_many_as_asked_never_fewer(
+        tmp_path, weights, eurosat, capsys):
+    """-1 is the paper's share (blocks 5-11 of ViT-B/16's 12: 7 of every 12); N is the highest
+    N; more than the towers have is one line, from `vacsr train` before any run folder and from
+    a sweep's plan before Ray, not fewer adapters than asked for."""
+    from conftest import sweep_plan
+    from sweeps.base2novel import SWEEP as BASE2NOVEL
+    from vacsr.methods.mma import adapted_blocks
+
+    assert adapted_blocks(-1, 12) == tuple(range(5, 12)) and adapted_blocks(-1, 3) == (1, 2)
+    assert adapted_blocks(3, 3) == (0, 1, 2) and adapted_blocks(-1, 1) == (0,)
+    refusal = ("adapter.mma_blocks: 4 exceeds the 3 blocks of vacsr-tiny's towers; expected at "
+               "most 3, or -1 (the paper's share)")
+    out = tmp_path / "run"
+    argv = ["train", *_overrides(out, weights, eurosat, "mma"), "adapter.mma_blocks=4"]
+    assert _refused(argv, capsys) == f"vacsr: error: {refusal}"
+    assert not out.exists()
+    with pytest.raises(ConfigError) as info:
+        sweep_plan(BASE2NOVEL, tmp_path / "store", ["--datasets", "eurosat", "--methods",
+                                                    "vacsr,mma", "--set", "adapter.mma_blocks=4"],
+                   data=tmp_path / "layouts")
+    assert str(info.value) == refusal
+
+
 @pytest.mark.parametrize("kind", [name for name, method in METHODS.items()
                                   if "retrieval" not in method.tasks])
 def test_a_classification_method_refuses_retrieval_in_one_line(kind, tmp_path, weights, capsys):

@@ -81,10 +81,10 @@ class AdapterConfig:
     # embeddings (M its token count; CoCoOp's base-to-novel setting) or "random" (N(0, 0.02^2))
     context_tokens: int = 4
     context_init: str = "a photo of a"
-    # MMA (vacsr/methods/mma.py): adapters on the highest `mma_blocks` blocks of each tower,
-    # meeting in a shared space of `mma_dim`, added with scale `mma_scale` (its paper's ViT-B/16
-    # setting: blocks 5-11 of 12, 32, 0.001)
-    mma_blocks: int = 7
+    # MMA (vacsr/methods/mma.py): adapters on the highest `mma_blocks` blocks of each tower
+    # (-1: its paper's share, the highest 7 of every 12: ViT-B/16's blocks 5-11), meeting in a
+    # shared space of `mma_dim`, added with scale `mma_scale` (its paper's 32 and 0.001)
+    mma_blocks: int = -1
     mma_dim: int = 32
     mma_scale: float = 0.001
 

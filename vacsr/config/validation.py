@@ -43,7 +43,8 @@ def validate(config: Config) -> Config:
     _check(a.context_tokens >= 1, "adapter.context_tokens", ">= 1", a.context_tokens)
     _check(bool(a.context_init.strip()), "adapter.context_init", "random or a phrase",
            a.context_init)
-    _check(a.mma_blocks >= 1, "adapter.mma_blocks", ">= 1", a.mma_blocks)
+    _check(a.mma_blocks >= 1 or a.mma_blocks == -1, "adapter.mma_blocks",
+           "-1 (the paper's share) or >= 1", a.mma_blocks)
     _check(a.mma_dim >= 1, "adapter.mma_dim", ">= 1", a.mma_dim)
     _check(math.isfinite(a.mma_scale) and a.mma_scale >= 0, "adapter.mma_scale", ">= 0",
            a.mma_scale)

@@ -89,10 +89,11 @@ class Method:
     class_weights: bool = False
     encodes_prompts: bool = False
     # a deep method's head acts inside the towers (vacsr/model/tower_hooks.py: its
-    # `tower_hooks()` are attached to the backbone): from a run's flat config values, how many
-    # blocks of each tower lie from its lowest hook to the top (a tower with fewer: all); the
-    # frozen prefix, the cache and the cost estimate end below them. None: it hooks no block
-    hooked_blocks: Callable[[Mapping[str, Any]], int] | None = None
+    # `tower_hooks()` are attached to the backbone): from a run's flat config values and a
+    # tower's depth, how many of its blocks lie from its lowest hook to the top (a setting the
+    # tower cannot hold is one ConfigError line); the frozen prefix, the cache and the cost
+    # and memory estimates end below them. None: it hooks no block
+    hooked_blocks: Callable[[Mapping[str, Any], int], int] | None = None
     # its prompts put a learned context before the class name (CoOp's: adapter.context_tokens
     # vectors, or an init phrase's tokens): a sweep checks every value its trials can draw
     # against the model's text positions (vacsr/model/prompt_room.py)

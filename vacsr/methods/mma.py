@@ -6,7 +6,8 @@ the adapters tune, its lower blocks the general one they leave alone (the paper'
 3.2), so those stay a frozen prefix the cache serves. At alpha = 0 it is zero-shot CLIP exactly.
 
 Its ViT-B/16 setting (the paper's code release): the adapters on blocks 5-11 of 12 in both towers
-(`adapter.mma_blocks` = 7, the highest), a shared width of 32, alpha = 0.001, 5 epochs, batch 16.
+(`adapter.mma_blocks` -1, the paper's share: the highest 7 of every 12 blocks; N: the highest N),
+a shared width of 32, alpha = 0.001, 5 epochs, batch 16.
 Searched here around it: alpha and the shared width, beside the budget every compared method
 shares. The class prompts are the dataset's template, as zero-shot CLIP's; the images keep the
 sweep's augmentation (the image tower runs every step, so nothing is computed once).
@@ -14,16 +15,36 @@ sweep's augmentation (the image tower runs every step, so nothing is computed on
 from __future__ import annotations
 
 from vacsr.config.domains import Choice
+from vacsr.errors import ConfigError
 from vacsr.methods.method import FROZEN_CLIP, SHARED_KEYS, Method, cross_entropy
+
+PAPER_SHARE = (7, 12)  # the paper's adapted blocks per tower depth: 5-11 of ViT-B/16's 12
 
 # CLIP frozen whole, as the other compared methods, but the images go through the towers every
 # step (the adapters sit inside them): the sweep's augmentation stays
 FROZEN_TOWERS = {key: value for key, value in FROZEN_CLIP.items() if key != "data.augment"}
 
 
+def adapted_count(setting: int, depth: int, model: str = "the model") -> int:
+    """How many of a `depth`-block tower's highest blocks get an adapter: `adapter.mma_blocks`,
+    or with -1 the paper's share of the depth (at least one). More than the tower has is one
+    line, not fewer adapters than asked for."""
+    if setting == -1:
+        return max(1, round(depth * PAPER_SHARE[0] / PAPER_SHARE[1]))
+    if setting > depth:
+        raise ConfigError(f"adapter.mma_blocks: {setting} exceeds the {depth} blocks of "
+                          f"{model}'s towers; expected at most {depth}, or -1 (the paper's share)")
+    return setting
+
+
+def adapted_blocks(setting: int, depth: int, model: str = "the model") -> tuple[int, ...]:
+    """The adapted blocks of a `depth`-block tower, highest last."""
+    return tuple(range(depth - adapted_count(setting, depth, model), depth))
+
+
 def build_head(adapter, backbone):
     from vacsr.model.clip_heads import clip_logit_scale
-    from vacsr.model.mma import MultiModalAdapterHead, adapted_blocks
+    from vacsr.model.mma import MultiModalAdapterHead
     from vacsr.model.prefix import blocks
 
     clip = backbone.clip
@@ -31,13 +52,13 @@ def build_head(adapter, backbone):
     return MultiModalAdapterHead(
         logit_scale=clip_logit_scale(backbone),
         widths={tower: found[0].ln_1.normalized_shape[0] for tower, found in towers.items()},
-        blocks={tower: adapted_blocks(adapter.mma_blocks, len(found))
+        blocks={tower: adapted_blocks(adapter.mma_blocks, len(found), backbone.name)
                 for tower, found in towers.items()},
         dim=adapter.mma_dim, scale=adapter.mma_scale)
 
 
-def hooked_blocks(values) -> int:
-    return int(values["adapter.mma_blocks"])
+def hooked_blocks(values, depth: int) -> int:
+    return adapted_count(int(values["adapter.mma_blocks"]), depth, values["model.name"])
 
 
 METHOD = Method(

@@ -111,7 +111,7 @@ def _tower(tower: Tower, blocks: int, rows: int, s: int, r: int, fused: bool, em
     n = tower.layers if blocks == -1 else min(blocks, tower.layers)
     # blocks the gradient crosses: all above the frozen prefix (vacsr/model/frozen.py)
     path = gradient_blocks(side, blocks, tower.layers, embeddings_trainable=embeddings,
-                           first_hook=max(tower.layers - hooked, 0) if hooked else None)
+                           first_hook=tower.layers - hooked if hooked else None)
     btd = rows * tower.tokens * tower.width
     attention = 0 if fused else rows * tower.heads * tower.tokens ** 2 * s
     trainable_block = btd * ((C_TRAINABLE - 2) * s + 2 * r) + attention
@@ -126,12 +126,14 @@ def estimate_step_memory(name: str = "ViT-B-16", *, batch_size: int = 128, dtype
                          train_projections: bool = True, use_gpo: bool = True,
                          adapter_hidden: int = 512, texts: int | None = None,
                          fused_attention: bool = True, side: str = "first",
-                         train_embeddings: bool = False, hooked: int = 0) -> dict[str, int]:
+                         train_embeddings: bool = False,
+                         hooked: tuple[int, int] = (0, 0)) -> dict[str, int]:
     """Bytes of each term of the module docstring, and their "total", for a retrieval step of
     `batch_size` images and `texts` captions (default: as many; classification: the classes);
     `side`: which end of each tower trains (model.trainable_side); `train_embeddings`: the
     embeddings train (the gradient then crosses every block); `hooked`: a deep method's blocks
-    from its lowest hook to the top of each tower (their activations kept for the gradient)."""
+    from its lowest hook to the top of the image and the text tower (their activations kept for
+    the gradient)."""
     image, text, embed = towers(name)
     s, r = DTYPE_BYTES[dtype], 4
     texts = batch_size if texts is None else texts
@@ -140,10 +142,11 @@ def estimate_step_memory(name: str = "ViT-B-16", *, batch_size: int = 128, dtype
     trainable, activations, casts = new, 0, 0
     if train_projections:
         trainable += 2 * image.width + image.width * embed + 2 * text.width + text.width * embed
-    for tower, blocks, rows in ((image, image_blocks, batch_size), (text, text_blocks, texts)):
+    for tower, blocks, rows, hooks in ((image, image_blocks, batch_size, hooked[0]),
+                                       (text, text_blocks, texts, hooked[1])):
         params, acts, cast = _tower(tower, blocks, rows, s, r, fused_attention, embed,
                                     tower.tokens if use_gpo else 1, side, train_embeddings,
-                                    hooked)
+                                    hooks)
         trainable, activations, casts = trainable + params, activations + acts, casts + cast
     parts = {
         "weights": 4 * (image.params() + text.params() + new),
@@ -158,7 +161,7 @@ def estimate_step_memory(name: str = "ViT-B-16", *, batch_size: int = 128, dtype
 
 
 def estimate_for_config(config, dtype: str | None = None, texts: int | None = None,
-                        hooked: int = 0) -> dict[str, int]:
+                        hooked: tuple[int, int] = (0, 0)) -> dict[str, int]:
     """estimate_step_memory of a vacsr Config's worker (its share of the batch); dtype: bf16
     when train.amp, else fp32; texts: per step (default: as many as images); `hooked`: its
     method's (vacsr/methods/method.py Method.hooked_blocks)."""

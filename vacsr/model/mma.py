@@ -24,11 +24,6 @@ from vacsr.model.clip_heads import CosineHead
 from vacsr.model.tower_hooks import TowerHooks
 
 
-def adapted_blocks(count: int, depth: int) -> tuple[int, ...]:
-    """The highest `count` blocks of a `depth`-block tower (all of them when it has fewer)."""
-    return tuple(range(max(depth - count, 0), depth))
-
-
 class MultiModalAdapterHead(CosineHead):
     """exp(t) cos(v, w) of the adapted towers' features; the adapters, one per adapted block
     (`blocks[k]` of each tower), are this head's parameters."""

@@ -60,27 +60,34 @@ class RunSettings:
     text_blocks: int
     embeddings: bool = False  # model.train_embeddings
     kind: str = DEFAULT_METHOD
-    hooked: int = 0  # a deep method's blocks from its lowest hook to the top (Method.hooked_blocks)
+    # a deep method's blocks from its lowest hook to the top, image and text tower
+    # (Method.hooked_blocks; 0: none)
+    hooked: tuple[int, int] = (0, 0)
 
     @property
     def method(self) -> Method:
         return method_of(self.kind)
 
-    def first_hook(self, depth: int) -> int | None:
-        """The lowest hooked block of a `depth`-block tower (None: none)."""
-        return max(depth - self.hooked, 0) if self.hooked else None
+    def first_hook(self, tower: int, depth: int) -> int | None:
+        """The lowest hooked block of tower `tower` (0 image, 1 text) of `depth` blocks (None:
+        no hook)."""
+        return depth - self.hooked[tower] if self.hooked[tower] else None
 
 
-def hooked_blocks_of(values) -> int:
-    """A run's deep method's blocks from its lowest hook to the top (0: it hooks none)."""
+def hooked_blocks_of(values, depths: tuple[int, int]) -> tuple[int, int]:
+    """A run's deep method's blocks from its lowest hook to the top of each tower ((0, 0): it
+    hooks none); a setting the towers cannot hold is one ConfigError line."""
     method = method_of(values[METHOD_KEY])
-    return 0 if method.hooked_blocks is None else method.hooked_blocks(values)
+    if method.hooked_blocks is None:
+        return (0, 0)
+    image, text = (method.hooked_blocks(values, depth) for depth in depths)
+    return image, text
 
 
-def run_settings(values) -> RunSettings:
-    """A run's RunSettings from its flat config values."""
+def run_settings(values, depths: tuple[int, int]) -> RunSettings:
+    """A run's RunSettings from its flat config values and its towers' depths."""
     return RunSettings(*(values[key] for key in COST_KEYS), kind=values[METHOD_KEY],
-                       hooked=hooked_blocks_of(values))
+                       hooked=hooked_blocks_of(values, depths))
 
 
 def values_of(domain: Domain | None, fixed) -> tuple:
@@ -106,10 +113,10 @@ def step_seconds(run: RunSettings, costs: StepCosts, prompts: int,
     image = 0.0 if method.frozen_image_tower else b * (  # features once per run: start_seconds
         costs.image_load + costs.image_forward
         + costs.image_backward_block * path_blocks(run.image_blocks, depths[0], run.side,
-                                                   run.embeddings, run.first_hook(depths[0])))
+                                                   run.embeddings, run.first_hook(0, depths[0])))
     texts = prompts or b  # retrieval: the batch's captions
     text_path = path_blocks(run.text_blocks, depths[1], run.side, run.embeddings,
-                            run.first_hook(depths[1]))
+                            run.first_hook(1, depths[1]))
     if method.encodes_prompts:  # the whole tower, and back to the context at its input
         text = texts * (costs.text_forward + costs.text_backward_block * depths[1])
     elif prompts and text_path == 0:  # frozen prompts: encoded once per run (start_seconds)
@@ -124,7 +131,7 @@ def _share(run: RunSettings, tower: int, depth: int) -> float:
     """The part of tower `tower` (0 image, 1 text) above its frozen prefix, run every pass."""
     blocks = (run.image_blocks, run.text_blocks)[tower]
     return 1 - frozen_blocks(run.side, blocks, depth, embeddings_trainable=run.embeddings,
-                             first_hook=run.first_hook(depth)) / depth
+                             first_hook=run.first_hook(tower, depth)) / depth
 
 
 def epoch_seconds(run: RunSettings, costs: StepCosts, counts: DatasetCounts,
@@ -158,10 +165,12 @@ def run_seconds(run: RunSettings, epochs: float, costs: StepCosts, counts: Datas
     return start_seconds(run, costs, counts) + first + (epochs - 1) * rest
 
 
-def settings_grid(space: dict[str, Domain], base: dict) -> list[RunSettings]:
+def settings_grid(space: dict[str, Domain], base: dict,
+                  depths: tuple[int, int]) -> list[RunSettings]:
     """Every combination of the cost-relevant keys the space draws (base: flat config values)."""
     grids = [values_of(space.get(key), base[key]) for key in COST_KEYS]
-    return [RunSettings(*combo, kind=base[METHOD_KEY], hooked=hooked_blocks_of(base))
+    hooked = hooked_blocks_of(base, depths)
+    return [RunSettings(*combo, kind=base[METHOD_KEY], hooked=hooked)
             for combo in itertools.product(*grids)]
 
 

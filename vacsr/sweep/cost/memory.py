@@ -12,6 +12,7 @@ from vacsr.errors import ConfigError
 from vacsr.sweep.cost import estimate as est
 from vacsr.sweep.cost.counts import step_prompts
 from vacsr.sweep.plan.plan import SweepPlan
+from vacsr.sweep.spec.space import tower_depths
 
 GIB = 2 ** 30
 
@@ -37,8 +38,9 @@ def _peak(config, settings: dict, prompts: int) -> int:
     config = copy.deepcopy(config)
     for key, value in settings.items():
         set_value(config, key, value)
+    depths = tower_depths(config.model.name) or (1, 1)
     return estimate_for_config(config, texts=prompts or None,
-                               hooked=est.hooked_blocks_of(flatten(config)))["total"]
+                               hooked=est.hooked_blocks_of(flatten(config), depths))["total"]
 
 
 def worst_memory(plan: SweepPlan, dataset: str) -> tuple[str, object, int]:

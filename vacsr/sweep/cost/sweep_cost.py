@@ -48,8 +48,8 @@ def dataset_estimate(plan: SweepPlan, dataset: str, counts: DatasetCounts, costs
     """One dataset's plan entry: counts, steps, trials, epochs and device-seconds."""
     space, base = plan.spaces[dataset], plan.configs[dataset]
     flat = flatten(base)
-    grid = est.settings_grid(space, flat)
-    first = est.run_settings({**flat, **start_point(space, base)})
+    grid = est.settings_grid(space, flat, depths)
+    first = est.run_settings({**flat, **start_point(space, base)}, depths)
     choices = _epoch_choices(plan, dataset)
     trial_epochs = _trial_epochs(plan, dataset)
     expected = est.asha_epochs(trial_epochs, longest_epochs(space, base.train.epochs))

@@ -111,6 +111,15 @@ def check_method_keys(methods: tuple[str, ...], user: Mapping[str, Any],
                                  else ""))
 
 
+def check_hooks(method: Method, config: Config, depths: tuple[int, int] | None) -> None:
+    """A deep method's setting its towers cannot hold (more adapted blocks than a tower has):
+    its one line before Ray starts, as the model's build would give it in every trial."""
+    if method.hooked_blocks is not None and depths:
+        values = flatten(config)
+        for depth in depths:
+            method.hooked_blocks(values, depth)
+
+
 def check_prompt_room(method: Method, values: Mapping[str, Any], space: Mapping[str, Domain],
                       model: str, dataset: str) -> None:
     """Every context a method's trials can draw (a count of vectors, or an init phrase's own
@@ -190,6 +199,7 @@ def unit_configs(kind: SweepKind, datasets: list[str], methods: tuple[str, ...],
                                   {**fixed, **dict.fromkeys(method.protocol, "")}, config)
             spaces[unit] = clamp_blocks(space, depths)
             check_blocks(config, depths, unit)  # a value the runs refuse fails before Ray
+            check_hooks(method, config, depths)
             check_space_values(spaces[unit], config, unit)
             check_prompt_room(method, flatten(config), spaces[unit], config.model.name, d)
             configs[unit] = config

@@ -89,7 +89,7 @@ class UnitClock:
     def epoch_seconds(self, config: Config, epoch: int) -> float:
         """The wall seconds a rehearsed epoch holds its resources: the cost model's, scaled."""
         values = flatten(config)
-        run = est.run_settings(values)
+        run = est.run_settings(values, self.depths)
         seconds = est.epoch_seconds(run, self.costs, self.counts, self.depths, cached=epoch > 0)
         if epoch == 0:  # what the run computes once: the prompts (and frozen image features)
             seconds += est.start_seconds(run, self.costs, self.counts)
