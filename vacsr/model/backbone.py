@@ -125,8 +125,8 @@ class ClipBackbone(nn.Module):
         set_trainable(clip, image_blocks=trainable_image_blocks, text_blocks=trainable_text_blocks,
                       projections=train_projections, embeddings=train_embeddings,
                       side=trainable_side)
-        self._trainable = {"image": trainable_image_blocks, "text": trainable_text_blocks,
-                           "embeddings": train_embeddings}
+        self._trainable_blocks = {"image": trainable_image_blocks, "text": trainable_text_blocks}
+        self._train_embeddings = train_embeddings
         self.hooks: dict[str, TowerHooks] = {}  # a deep method's, per tower (attach_hooks)
         self._decide_frozen_depths()
         if use_gpo:
@@ -136,9 +136,9 @@ class ClipBackbone(nn.Module):
         """The one place each tower's frozen prefix is decided (vacsr/model/frozen.py): training,
         evaluation passes, the prefix cache and the estimates all read it from here."""
         self.frozen_depths = {
-            tower: frozen_blocks(self.trainable_side, self._trainable[tower],
+            tower: frozen_blocks(self.trainable_side, self._trainable_blocks[tower],
                                  len(prefix.blocks(self.clip, tower)),
-                                 embeddings_trainable=self._trainable["embeddings"],
+                                 embeddings_trainable=self._train_embeddings,
                                  split_supported=prefix.split_supported(self, tower),
                                  first_hook=self.hooks[tower].first_block
                                  if tower in self.hooks else None)

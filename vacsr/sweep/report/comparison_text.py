@@ -15,7 +15,7 @@ from vacsr.sweep.report.bootstrap import LEVEL, Difference
 from vacsr.sweep.report.comparison_budget import budget_markdown, escaped
 from vacsr.sweep.report.comparison_rows import Comparison
 from vacsr.sweep.report.comparison_shape import Shape, setting_text
-from vacsr.sweep.report.table import published_note, published_rows
+from vacsr.sweep.report.table import published_cells, published_note, published_rows
 
 # a row's entries that are no column of the table
 BOOKKEEPING = ("method", "seeds", VAL, "num_trials", "note", "best", "failed")
@@ -161,8 +161,7 @@ def _published_section(spec: dict) -> str:
              "neither this sweep's budget nor its model and data.", "",
              "| method | " + " | ".join(targets.get(key, key) for key in keys) + " |",
              "|---|" + "---:|" * len(keys)]
-    lines += [f"| {name} | " + " | ".join("" if values.get(key) is None else f"{values[key]:.2f}"
-                                          for key in keys) + " |"
+    lines += [f"| {name} | " + " | ".join(published_cells(values, keys)) + " |"
               for name, values in rows.items()]
     return "\n".join(lines) + "\n"
 

@@ -122,9 +122,8 @@ def to_markdown(spec: dict, rows: list[dict]) -> str:
                      + f" | {val} | {r['seeds']} |")
     note = published_note(spec)
     for name, values in published_rows(spec, titles).items():
-        lines.append(f"| *{name} ({note})* | "
-                     + " | ".join("" if values.get(t) is None else f"{values[t]:.2f}"
-                                  for t in titles) + " | | |")
+        lines.append(f"| *{name} ({note})* | " + " | ".join(published_cells(values, titles))
+                     + " | | |")
     return "\n".join(lines) + "\n"
 
 
@@ -135,6 +134,11 @@ _EARLIER_NOTE = "11-dataset avg."
 def published_note(spec: dict) -> str:
     """How the published rows are marked: "published, <the kind's note>"."""
     return f"published, {spec.get('published_note') or _EARLIER_NOTE}"
+
+
+def published_cells(values: dict[str, float], keys: list[str]) -> list[str]:
+    """A published row's cells under `keys`, blank where it gives no value."""
+    return ["" if values.get(key) is None else f"{values[key]:.2f}" for key in keys]
 
 
 def published_rows(spec: dict, titles: list[str]) -> dict[str, dict[str, float]]:
