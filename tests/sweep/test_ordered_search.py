@@ -176,10 +176,12 @@ def test_a_trial_asha_stopped_is_told_its_value_at_the_stop(tmp_path):
     assert (index, value) == (0, 0.25)
 
 
-def _resumed(tmp_path, storage, configs: dict, **settings) -> Search:
-    """The stopped driver's trials marked FAIL, the searcher restored from its save (trials
-    0..N-1 running then: Tune continues them), and the search run to its end."""
-    fail_running_trials(storage, "s-dtd")
+def _resumed(tmp_path, storage, configs: dict, killed: bool = False, **settings) -> Search:
+    """The stopped driver's trials marked FAIL (a SIGKILL leaves them RUNNING and WAITING: the
+    resumed search marks them, vacsr/sweep/search/tune.py), the searcher restored from its save
+    (trials 0..N-1 running then: Tune continues them), and the search run to its end."""
+    if not killed:
+        fail_running_trials(storage, "s-dtd")
     restored = _searcher(storage, **settings)
     restored.restore(str(tmp_path / "searcher.pkl"))
     resumed = Search(restored, random.Random(1))
@@ -231,6 +233,28 @@ def test_a_trial_drawn_before_the_stop_but_lost_by_tune_is_drawn_again_as_it_was
     search.on_trial_complete("t2", {"val/acc": _value(configs[2])})  # trial 1 told now
     assert [i for i, _, _ in _study(storage)] == [0, 1] and configs[3] == clean_configs[3]
     assert _resumed(tmp_path, storage, configs, startup_trials=2).configs == clean_configs
+    assert sorted(_study(storage)) == sorted(clean_study)
+
+
+def test_a_draw_reads_the_told_trials_alone_not_those_a_killed_driver_left_running(tmp_path):
+    """A SIGKILL leaves the stopped driver's Optuna trials RUNNING, and trial 3, drawn before
+    it but lost by Tune's last save, is asked again on an Optuna trial of its own: two RUNNING
+    trials hold its parameters. A TPE that models running trials (Optuna 5's constant liar)
+    would draw trials 4.. from them, unlike the uninterrupted search; the search's TPE reads
+    told trials only, and the resumed search draws the uninterrupted one's configs. Its
+    Optuna trial left WAITING (the stop fell between an enqueue and its ask) is no draw's
+    either."""
+    clean_configs, clean_study = _run(tmp_path, "clean.db", random.Random(0), startup_trials=2)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'stop.db'}")
+    search = _searcher(storage, startup_trials=2)
+    configs = {i: search.suggest(f"t{i}") for i in range(AT_ONCE)}
+    search.save(str(tmp_path / "searcher.pkl"))  # Tune's last save: trials 0..2 running
+    for ended in ("t0", "t1"):
+        search.on_trial_complete(ended, {"val/acc": _value(configs[int(ended[1:])])})
+    configs[3] = search.suggest("t3")
+    search._study.enqueue_trial({"loss.beta": 9.0, "adapter.K": 4})  # never asked: killed
+    resumed = _resumed(tmp_path, storage, configs, killed=True, startup_trials=2)
+    assert resumed.configs == clean_configs
     assert sorted(_study(storage)) == sorted(clean_study)
 
 

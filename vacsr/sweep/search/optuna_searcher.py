@@ -2,7 +2,8 @@
 and Optuna's ask-and-tell (`Study.ask`, `Study.tell`, `Trial.report`, `Study.enqueue_trial`).
 
 The study lives in an RDB storage, so its trials outlive a stopped driver. The driver marks the
-Optuna trials it leaves RUNNING as FAIL; `--resume` then continues those Tune trials from their
+Optuna trials it leaves RUNNING as FAIL (the restored searcher does, where a SIGKILL left them
+RUNNING); `--resume` then continues those Tune trials from their
 checkpoints, and their results go to a fresh Optuna trial with the same parameters (Optuna refuses
 to update a finished one); so do those of a trial that errored on a full disk or a tracking outage
 and is resumed. The searcher keeps Tune's max_concurrent_trials itself: Tune's ConcurrencyLimiter,
@@ -18,14 +19,15 @@ Tune saves its state, this searcher's with it, now and then; a stop can come aft
 created a trial but before Tune saved it. `--resume` then restores a searcher that has not created
 it, and Tune asks for a new trial in its place. So that the new trial is the lost one again, a
 trial's values depend only on the sampler seed, its creation index and the trials finished before
-it: each index draws from a TPE sampler seeded for that index (not from one random stream, whose
-position the restored searcher would not share), and the start points are enqueued by index. The
-replacement also gets the lost trial's index, and selection's order with it. Where the lost trial
-was told before the stop, the replacement takes its Optuna trial (its values) and is not told
-again: the study holds each index's value once, as an uninterrupted search's does. Where it was
-drawn but not told, the replacement takes its parameters (a trial is tagged with its index only
-once drawn whole): drawn again, it would read the trials told since, which its draw did not see
-(trial j is told once trial j+L-1 is drawn, below).
+it: each index draws from a TPE sampler seeded for that index that reads told trials alone (not
+from one random stream, whose position the restored searcher would not share, nor from the
+trials running, which are not the uninterrupted search's after a stop), and the start points are
+enqueued by index. The replacement also gets the lost trial's index, and selection's order with
+it. Where the lost trial was told before the stop, the replacement takes its Optuna trial (its
+values) and is not told again: the study holds each index's value once, as an uninterrupted
+search's does. Where it was drawn but not told, the replacement takes its parameters (a trial is
+tagged with its index only once drawn whole): drawn again, it would read the trials told since,
+which its draw did not see (trial j is told once trial j+L-1 is drawn, below).
 
 With N trials of a dataset at once (Tune's max_concurrent_trials) and a lag L = N + slack
 (--draw-slack, 0 by default), trial k is drawn only once trials 0..k-L have ended, and the study
@@ -138,8 +140,11 @@ class OptunaStudySearch(Searcher):
         self._stop_values: dict[str, float] = {}  # trials ASHA stopped: their value there
 
     def _sampler(self, index: int) -> optuna.samplers.TPESampler:
+        """Trial `index`'s sampler. It models told trials only: with Optuna's constant liar (its
+        default from Optuna 5) a draw reads the study's RUNNING trials too, and after a stop
+        those are not the uninterrupted search's (a lost trial asked again, say)."""
         return optuna.samplers.TPESampler(seed=zlib.crc32(f"{self._seed}:{index}".encode()),
-                                          n_startup_trials=self._startup)
+                                          n_startup_trials=self._startup, constant_liar=False)
 
     # ------------------------------------------------------------ Tune's Searcher interface
     def set_max_concurrency(self, max_concurrent: int) -> bool:
@@ -329,6 +334,10 @@ class OptunaStudySearch(Searcher):
         if self._reopened:
             return
         self._reopened = True
+        # a SIGKILL closes no records: its trials are left RUNNING, and one it enqueued but did
+        # not ask yet WAITING, which this study's next ask would take as its draw
+        from vacsr.sweep.plan.studies import fail_running_trials
+        fail_running_trials(self._storage, self._study.study_name)
         for trial_id in sorted(self._index, key=self._index.get):
             if trial_id not in self._errored:
                 self._live_trial(trial_id)
