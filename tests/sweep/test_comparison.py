@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import math
 import random
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from sweeps.base2novel import SWEEP as BASE2NOVEL
 from vacsr.errors import ConfigError
 from vacsr.results import harmonic_mean, table_spec
 from vacsr.sweep.plan.folders import COMPARISON_CSV, COMPARISON_DIFFERENCES_CSV, COMPARISON_MD
-from vacsr.sweep.report.bootstrap import pair_seeds
+from vacsr.sweep.report.bootstrap import pair_seeds, paired_bootstrap
 from vacsr.sweep.report.comparison import build_comparison, write_comparison
 from vacsr.sweep.report.comparison_rows import SINGLE_EVALUATION
 from vacsr.sweep.report.table import table_rows
@@ -66,26 +67,67 @@ HAND_MADE = {
 HAND_MADE_DIFFERENCES = [24.0, 10.0, 0.0, -2.0, 10.0, -12.0]  # vacsr H - coop H, pair by pair
 
 
-def test_the_interval_is_the_percentiles_of_resampled_pair_means():
+def _resampled_means(differences: list[float], resamples: int, seed: int) -> np.ndarray:
+    """The resampling done plainly: `resamples` draws of the pairs with replacement from the
+    seeded Generator, each draw's mean."""
+    picks = np.random.default_rng(seed).integers(0, len(differences),
+                                                 size=(resamples, len(differences)))
+    return np.asarray(differences)[picks].mean(axis=1)  # (B,)
+
+
+def _bca_by_hand(differences: list[float], resamples: int, seed: int) -> tuple[float, float]:
+    """Efron's BCa (Efron & Tibshirani 1993, 14.3) written out: the bias from where the observed
+    mean sits among the resampled ones, the acceleration from the leave-one-out means' skew,
+    and the 95% ends moved by both."""
+    means, normal = _resampled_means(differences, resamples, seed), NormalDist()
+    observed = float(np.mean(differences))
+    bias = normal.inv_cdf(((means < observed).sum() + (means <= observed).sum())
+                          / (2 * resamples))
+    left_out = np.array([np.mean(differences[:i] + differences[i + 1:])
+                         for i in range(len(differences))])
+    spread = left_out.mean() - left_out
+    acceleration = (spread ** 3).sum() / (6 * ((spread ** 2).sum()) ** 1.5)
+    ends = []
+    for tail in (0.025, 0.975):
+        z = bias + normal.inv_cdf(tail)
+        ends.append(100 * normal.cdf(bias + z / (1 - acceleration * z)))
+    low, high = np.percentile(means, ends)
+    return float(low), float(high)
+
+
+def test_the_interval_is_bca_over_resampled_pair_means():
     comparison = build_comparison(SPEC, HAND_MADE, {}, {}, resamples=401, seed=7)
     best_other = comparison.differences[0]
     assert best_other.other == "coop"
     assert list(best_other.pairing.differences) == HAND_MADE_DIFFERENCES
-    # the resampling done plainly: 401 resamples of the 6 pairs with replacement, each one's
-    # mean; with 401 sorted means the 2.5th / 97.5th percentiles are the 11th and 391st
-    picks = np.random.default_rng(7).integers(0, 6, size=(401, 6)).tolist()
-    means = sorted(sum(HAND_MADE_DIFFERENCES[i] for i in row) / 6 for row in picks)
     interval = best_other.interval
-    assert (interval.low, interval.high) == (means[10], means[390])
+    assert interval.method == "BCa"
+    assert (interval.low, interval.high) == pytest.approx(
+        _bca_by_hand(HAND_MADE_DIFFERENCES, 401, 7), abs=1e-12)
+    # BCa moves the ends: the differences are skewed to the reference's side
+    plain = np.percentile(_resampled_means(HAND_MADE_DIFFERENCES, 401, 7), [2.5, 97.5])
+    assert (interval.low, interval.high) != pytest.approx(tuple(plain))
     assert interval.observed == 5.0 and interval.pairs == 6 and interval.resamples == 401
     assert interval.low < 5.0 < interval.high
     # the default B and seed give the same interval every time
     default = build_comparison(SPEC, HAND_MADE, {}, {}).differences[0].interval
-    picks = np.random.default_rng(0).integers(0, 6, size=(10_000, 6)).tolist()
-    means = [sum(HAND_MADE_DIFFERENCES[i] for i in row) / 6 for row in picks]
-    assert (default.low, default.high) == tuple(np.percentile(means, [2.5, 97.5]))
+    assert (default.low, default.high) == pytest.approx(
+        _bca_by_hand(HAND_MADE_DIFFERENCES, 10_000, 0), abs=1e-12)
     assert (default.resamples, default.seed) == (10_000, 0)
     assert build_comparison(SPEC, HAND_MADE, {}, {}).differences[0].interval == default
+
+
+@pytest.mark.parametrize("differences", [[2.0, 5.0], [3.0, 3.0, 3.0, 3.0], [4.0]])
+def test_where_bca_does_not_apply_the_interval_is_the_percentiles_and_says_so(differences):
+    """Two pairs (a jackknife of two values has no skew), or every difference equal (BCa's
+    acceleration is 0 / 0): the plain percentiles of the resampled means, marked as such in the
+    sentence and the csv."""
+    interval = paired_bootstrap(differences, resamples=401, seed=7)
+    assert interval.method == "percentile"
+    means = _resampled_means(differences, 401, 7)
+    assert (interval.low, interval.high) == pytest.approx(
+        tuple(np.percentile(means, [2.5, 97.5])), abs=1e-12)
+    assert math.isfinite(interval.low) and interval.low <= interval.observed <= interval.high
 
 
 def _one_side_wins(margin_sign: float) -> dict:
@@ -232,8 +274,8 @@ def test_written_files_are_complete(tmp_path):
         assert float(back["observed"]) == difference.interval.observed
         assert (float(back["low"]), float(back["high"])) == (difference.interval.low,
                                                              difference.interval.high)
-        assert (int(back["pairs"]), int(back["left_out"]), int(back["resamples"])) == (6, 0,
-                                                                                       10_000)
+        assert (int(back["pairs"]), int(back["left_out"]), int(back["resamples"]),
+                back["method"]) == (6, 0, 10_000, "BCa")
     text = (folder / COMPARISON_MD).read_text()
     for method in budget:
         assert text.count(f"| {method} |") == 1 + 3  # two datasets, the average, its budget
@@ -241,7 +283,7 @@ def test_written_files_are_complete(tmp_path):
     assert "Every trained method had the same budget." in text
     assert "vacsr's H minus that of coop (the best other method on average): +5.00 points, " \
         f"95% interval [{best_other.interval.low:+.2f}, {best_other.interval.high:+.2f}] " \
-        "(paired bootstrap over 6 (dataset, seed) pairs, B = 10,000 resamples, seed 0); " \
+        "(paired bootstrap over 6 (dataset, seed) pairs, BCa, B = 10,000 resamples, seed 0); " \
         "no (dataset, seed) pair left out." in text
     lines = console.splitlines()
     assert len(lines) == 1 + 4 + 2 and lines[1].startswith("  vacsr         base 70.83 ± ")

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from vacsr.results import DIGITS, VAL
-from vacsr.sweep.report.bootstrap import LEVEL, Difference
+from vacsr.sweep.report.bootstrap import BCA, BCA_MIN_PAIRS, LEVEL, Difference
 from vacsr.sweep.report.comparison_budget import budget_markdown, escaped
 from vacsr.sweep.report.comparison_rows import Comparison
 from vacsr.sweep.report.comparison_shape import Shape, setting_text
@@ -91,9 +91,12 @@ def difference_sentence(difference: Difference, shape: Shape) -> str:
     left = (f"no {pair} left out" if not pairing.left_out else
             f"{pairing.left_out} {unit} result(s) left out without a partner: "
             + "; ".join(pairing.left_out_why))
+    method = "BCa" if i.method == BCA else \
+        f"percentile: BCa needs {BCA_MIN_PAIRS} or more pairs that differ"
     return (f"{what} minus that of {d.other} ({d.label}): {signed(i.observed)} points, "
             f"{LEVEL}% interval [{signed(i.low)}, {signed(i.high)}] (paired bootstrap over "
-            f"{i.pairs} {pair}s, B = {i.resamples:,} resamples, seed {i.seed}); {left}.")
+            f"{i.pairs} {pair}s, {method}, B = {i.resamples:,} resamples, seed {i.seed}); "
+            f"{left}.")
 
 
 def _intro(shape: Shape) -> str:
@@ -197,6 +200,7 @@ def differences_csv(differences: tuple[Difference, ...]) -> str:
                      "level": LEVEL, "pairs": "" if i is None else i.pairs,
                      "left_out": "" if p is None else p.left_out,
                      "resamples": "" if i is None else i.resamples,
+                     "method": "" if i is None else i.method,
                      "seed": "" if i is None else i.seed, "reason": d.reason,
                      "left_out_why": "" if p is None else " | ".join(p.left_out_why)})
     return _csv(rows, [])
