@@ -216,13 +216,9 @@ def test_a_trial_told_before_the_stop_but_lost_by_tune_is_repeated_not_told_agai
     assert creation_order(storage, "s-dtd")["a1"] == 3  # the first trial Tune asks for
 
 
-def test_a_trial_drawn_before_the_stop_but_lost_by_tune_is_drawn_again_as_it_was(tmp_path):
-    """Tune's last save predates trial 3, drawn from the study (TPE at random: 1 told trial,
-    fewer than the start-up's 2) before the stop; that draw let trial 1 be told, so at the
-    resume the study holds 2 told trials and a new draw for index 3 would read them. The resumed
-    Tune asks for a trial in trial 3's place: it gets the config trial 3 was drawn with, the
-    uninterrupted search's, on an Optuna trial of its own with index 3."""
-    clean_configs, clean_study = _run(tmp_path, "clean.db", random.Random(0), startup_trials=2)
+def _trial_3_drawn_after_the_last_save(tmp_path):
+    """A search of start-up 2: trials 0..2 drawn, Tune's last save, trials 0 and 1 ended and
+    trial 3 drawn. Returns the storage, the searcher and the configs by creation index."""
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'stop.db'}")
     search = _searcher(storage, startup_trials=2)
     configs = {i: search.suggest(f"t{i}") for i in range(AT_ONCE)}
@@ -230,6 +226,17 @@ def test_a_trial_drawn_before_the_stop_but_lost_by_tune_is_drawn_again_as_it_was
     for ended in ("t0", "t1"):
         search.on_trial_complete(ended, {"val/acc": _value(configs[int(ended[1:])])})
     configs[3] = search.suggest("t3")
+    return storage, search, configs
+
+
+def test_a_trial_drawn_before_the_stop_but_lost_by_tune_is_drawn_again_as_it_was(tmp_path):
+    """Tune's last save predates trial 3, drawn from the study (TPE at random: 1 told trial,
+    fewer than the start-up's 2) before the stop; that draw let trial 1 be told, so at the
+    resume the study holds 2 told trials and a new draw for index 3 would read them. The resumed
+    Tune asks for a trial in trial 3's place: it gets the config trial 3 was drawn with, the
+    uninterrupted search's, on an Optuna trial of its own with index 3."""
+    clean_configs, clean_study = _run(tmp_path, "clean.db", random.Random(0), startup_trials=2)
+    storage, search, configs = _trial_3_drawn_after_the_last_save(tmp_path)
     search.on_trial_complete("t2", {"val/acc": _value(configs[2])})  # trial 1 told now
     assert [i for i, _, _ in _study(storage)] == [0, 1] and configs[3] == clean_configs[3]
     assert _resumed(tmp_path, storage, configs, startup_trials=2).configs == clean_configs
@@ -245,13 +252,7 @@ def test_a_draw_reads_the_told_trials_alone_not_those_a_killed_driver_left_runni
     Optuna trial left WAITING (the stop fell between an enqueue and its ask) is no draw's
     either."""
     clean_configs, clean_study = _run(tmp_path, "clean.db", random.Random(0), startup_trials=2)
-    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'stop.db'}")
-    search = _searcher(storage, startup_trials=2)
-    configs = {i: search.suggest(f"t{i}") for i in range(AT_ONCE)}
-    search.save(str(tmp_path / "searcher.pkl"))  # Tune's last save: trials 0..2 running
-    for ended in ("t0", "t1"):
-        search.on_trial_complete(ended, {"val/acc": _value(configs[int(ended[1:])])})
-    configs[3] = search.suggest("t3")
+    storage, search, configs = _trial_3_drawn_after_the_last_save(tmp_path)
     search._study.enqueue_trial({"loss.beta": 9.0, "adapter.K": 4})  # never asked: killed
     resumed = _resumed(tmp_path, storage, configs, killed=True, startup_trials=2)
     assert resumed.configs == clean_configs
