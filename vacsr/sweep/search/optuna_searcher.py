@@ -3,13 +3,12 @@ and Optuna's ask-and-tell (`Study.ask`, `Study.tell`, `Trial.report`, `Study.enq
 
 The study lives in an RDB storage, so its trials outlive a stopped driver. The driver marks the
 Optuna trials it leaves RUNNING as FAIL (the restored searcher does, where a SIGKILL left them
-RUNNING); `--resume` then continues those Tune trials from their
-checkpoints, and their results go to a fresh Optuna trial with the same parameters (Optuna refuses
-to update a finished one); so do those of a trial that errored on a full disk or a tracking outage
-and is resumed. The searcher keeps Tune's max_concurrent_trials itself: Tune's ConcurrencyLimiter,
-restored, would drop the ends of the trials a resume continues. A Tune trial whose Optuna trial
-was told its value before the stop (COMPLETE or PRUNED) is not told again, whatever Tune's saved
-state says.
+RUNNING); `--resume` then continues those Tune trials from their checkpoints, and their results go
+to a fresh Optuna trial with the same parameters (Optuna refuses to update a finished one); so do
+those of a trial that errored on a full disk or a tracking outage and is resumed. The searcher keeps
+Tune's max_concurrent_trials itself: Tune's ConcurrencyLimiter, restored, would drop the ends of the
+trials a resume continues. A Tune trial whose Optuna trial was told its value before the stop
+(COMPLETE or PRUNED) is not told again, whatever Tune's saved state says.
 
 Each Optuna trial carries the id of the Tune trial it configures (user attribute TUNE_TRIAL_ATTR)
 and the searcher's count of the Tune trials it configured before (CREATION_ATTR), written when the
