@@ -12,7 +12,6 @@ from vacsr.errors import ConfigError
 from vacsr.sweep.cost import estimate as est
 from vacsr.sweep.cost.counts import step_prompts
 from vacsr.sweep.plan.plan import SweepPlan
-from vacsr.sweep.spec.space import tower_depths
 
 GIB = 2 ** 30
 
@@ -33,12 +32,13 @@ def _least(key: str, values: tuple):
 
 def _peak(config, settings: dict, prompts: int) -> int:
     """Estimated peak bytes per worker of `config` with `settings` (key -> value) set."""
-    from vacsr.model.memory import estimate_for_config
+    from vacsr.model.memory import estimate_for_config, towers
 
     config = copy.deepcopy(config)
     for key, value in settings.items():
         set_value(config, key, value)
-    depths = tower_depths(config.model.name) or (1, 1)
+    image, text, _ = towers(config.model.name)  # the estimate's own towers, hooked ones included
+    depths = (image.layers, text.layers)
     return estimate_for_config(config, texts=prompts or None,
                                hooked=est.hooked_blocks_of(flatten(config), depths))["total"]
 
