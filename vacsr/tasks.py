@@ -9,9 +9,10 @@ features of all ranks in between.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -21,6 +22,7 @@ from vacsr.data.fewshot import shots_per_class
 from vacsr.errors import ConfigError
 from vacsr.eval.evaluate import evaluate_classification, evaluate_retrieval
 from vacsr.methods.method import class_prompts
+from vacsr.model.cocoop import ScoreRows, conditioned_logits
 from vacsr.model.encoding import encode_texts
 from vacsr.model.prefix import constant_in_training, text_prefix, text_suffix
 from vacsr.model.vacsr import VACSRModel
@@ -49,6 +51,9 @@ class PairBatch:
     image_keys: torch.Tensor  # (B,) image index (retrieval) or class label (classification)
     text_keys: torch.Tensor  # (B',) image index of each caption, or class index
     text_is_shared: bool = False  # class prompts: identical on every rank, never gathered
+    # text_feats (B, C, d): each image's own class features (CoCoOp's conditioned prompts),
+    # gathered with the images; the keys stay the shared class index
+    text_per_image: bool = False
 
     def labels(self) -> torch.Tensor:
         return (self.image_keys[:, None] == self.text_keys[None, :]).float()  # (B, B')
@@ -56,6 +61,16 @@ class PairBatch:
     def float(self) -> "PairBatch":
         return replace(self, image_feats=self.image_feats.float(),
                        text_feats=self.text_feats.float())
+
+
+class ScoredInputs(NamedTuple):
+    """What an evaluation pass hands the scorer: query and item features, the head that scores
+    them, and what the metrics need."""
+
+    image_feats: torch.Tensor  # (N_i, d)
+    text_feats: torch.Tensor  # (N_c, d)
+    head: Any
+    targets: dict[str, Any]
 
 
 class _Task:
@@ -119,11 +134,12 @@ class RetrievalTask(_Task):
         return None
 
     @staticmethod
-    def encode_texts(model, data, **encode) -> tuple[torch.Tensor, dict[str, Any]]:
+    def encode_texts(model, data, image_feats: torch.Tensor, **encode) -> ScoredInputs:
         """Caption features (N_c, d) and what the recalls need."""
         targets = {"caption_to_image": data.caption_to_image, "image_ids": data.image_ids or None,
                    "caption_ids": data.caption_ids or None, "image_groups": data.image_groups}
-        return encode_texts(model.backbone, data.captions, **encode), targets
+        return ScoredInputs(image_feats, encode_texts(model.backbone, data.captions, **encode),
+                            model.head, targets)
 
     @staticmethod
     def score(encoded, *, scorer=None, device=None, **engine_kwargs) -> dict[str, float]:
@@ -180,13 +196,22 @@ class ClassificationTask(_Task):
         return None
 
     @staticmethod
-    def encode_texts(model, data, **encode) -> tuple[torch.Tensor, dict[str, Any]]:
+    def encode_texts(model, data, image_feats: torch.Tensor, **encode) -> ScoredInputs:
         """One prompt feature per class (C, d), the method's prompts (vacsr/methods/), and the
-        labels. Prompts whose context the head learns go through it whole, uncached."""
-        prompts = class_prompts(model, data)
+        labels. Prompts whose context the head learns go through it whole, uncached. Prompts
+        conditioned on each image (CoCoOp) are scored here, where the text tower is: each
+        image's class logits (N, C), read back by a head that picks their columns."""
+        prompts, targets = class_prompts(model, data), {"labels": data.labels}
+        if model.method.conditions_prompts:
+            logits = conditioned_logits(model.head, model.backbone,
+                                        model.backbone.tokenize(prompts), image_feats,
+                                        encode.get("autocast", nullcontext))  # (N, C)
+            return ScoredInputs(logits, torch.eye(len(prompts), device=logits.device),
+                                ScoreRows(), targets)
         if model.method.encodes_prompts:
             encode["encoder"] = partial(model.head.encode_prompts, model.backbone)
-        return encode_texts(model.backbone, prompts, **encode), {"labels": data.labels}
+        return ScoredInputs(image_feats, encode_texts(model.backbone, prompts, **encode),
+                            model.head, targets)
 
     @staticmethod
     def score(encoded, *, scorer=None, device=None, **engine_kwargs) -> dict[str, float]:
@@ -243,6 +268,10 @@ class ClassificationTask(_Task):
         images, labels = batch  # (B, 3, H, W), or (B, d) features already
         class_index = torch.arange(self.prompt_tokens.shape[0], device=images.device)
         image_feats = images if self.image_features_given else self.model.encode_image(images)
+        if self.model.method.conditions_prompts:  # each image's own class features
+            text_feats = self.model.head.encode_conditioned(
+                self.model.backbone, self.prompt_tokens.to(images.device), image_feats)
+            return PairBatch(image_feats, text_feats, labels, class_index, text_per_image=True)
         return PairBatch(image_feats, self.class_features(images.device), labels, class_index,
                          text_is_shared=True)
 

@@ -30,7 +30,7 @@ def test_vacsr_alone_keeps_its_units_and_space(tmp_path, monkeypatch):
 def test_each_method_is_a_unit_with_its_own_values_and_the_shared_budget(tmp_path, monkeypatch):
     plan = _plan(tmp_path, monkeypatch, "--methods", "all", "--seeds", "1,2,3", "--trials", "5")
     names = ("vacsr", "sigmoid_baseline", "zero_shot", "linear_probe", "clip_adapter", "coop",
-             "mma")
+             "cocoop", "mma", "maple")
     assert plan.methods == names
     assert plan.datasets == [f"{d}.{m}" for m in names for d in ("eurosat", "dtd")]
     for unit in plan.datasets:
@@ -41,18 +41,20 @@ def test_each_method_is_a_unit_with_its_own_values_and_the_shared_budget(tmp_pat
         # a dataset's units share its prefix cache: frozen features computed once per dataset
         assert values["data.prefix_cache_dir"] == flatten(
             plan.configs[f"{dataset}.vacsr"])["data.prefix_cache_dir"]
-        if method not in ("vacsr", "sigmoid_baseline"):  # MMA's images run the towers: augmented
+        if method not in ("vacsr", "sigmoid_baseline"):  # deep methods' images run the towers
             assert all(values[k] == v for k, v in FROZEN_CLIP.items() if k != "train.epochs"
-                       and not (method == "mma" and k == "data.augment"))
+                       and not (method in ("mma", "maple") and k == "data.augment"))
     spaces = {m: plan.spaces[f"eurosat.{m}"] for m in names}
     assert spaces["zero_shot"] == {} and plan.trials_of("eurosat.zero_shot") == 1
     assert plan.seeds_of("eurosat.zero_shot") == (1,) and plan.seeds_of("dtd.coop") == (1, 2, 3)
-    for method in ("linear_probe", "clip_adapter", "coop"):  # the budget every one shares
+    for method in ("linear_probe", "clip_adapter", "coop", "cocoop", "mma", "maple"):
+        # the budget every one shares
         shared = {k: spaces[method][k] for k in SHARED_KEYS if k in spaces[method]}
         assert shared == {k: spaces["vacsr"][k] for k in SHARED_KEYS}, method
         assert not {k for k in spaces[method] if k.startswith(("loss.", "model."))}, method
-    assert set(spaces["coop"]) - set(SHARED_KEYS) == {"adapter.context_tokens",
-                                                      "adapter.context_init"}
+    for method in ("coop", "cocoop", "maple"):  # the context's init, and its length if random
+        assert set(spaces[method]) - set(SHARED_KEYS) == {"adapter.context_tokens",
+                                                          "adapter.context_init"}, method
     assert set(spaces["clip_adapter"]) - set(SHARED_KEYS) == {"adapter.residual_ratio"}
     # the sigmoid baseline searches the blocks and the shared keys, none of VACSR's own
     assert "loss.beta" in spaces["vacsr"] and "adapter.num_components" in spaces["vacsr"]

@@ -43,7 +43,9 @@ pytestmark = pytest.mark.timeout(300)
 TRAINED = {"linear_probe": ("linear_probe",), "clip_adapter": ("clip_adapter",),
            "coop": ("coop", "adapter.context_init=a photo of a"),
            "coop_random": ("coop", "adapter.context_init=random", "adapter.context_tokens=4"),
-           "mma": ("mma", "adapter.mma_blocks=2", "adapter.mma_scale=0.1")}
+           "mma": ("mma", "adapter.mma_blocks=2", "adapter.mma_scale=0.1"),
+           "cocoop": ("cocoop", "adapter.context_init=a photo of a"),
+           "maple": ("maple", "adapter.context_init=random", "adapter.context_tokens=2")}
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +200,84 @@ def test_each_compared_method_starts_at_zero_shot_clip(tmp_path, weights, eurosa
                                rtol=0, atol=1e-6)
 
 
+def test_cocoop_with_a_silent_meta_net_is_coop_with_the_same_context(tmp_path, weights,
+                                                                    eurosat):
+    """pi = 0: every image's prompts are CoOp's, in evaluation and in the training pass; with the
+    meta-net speaking, the class features differ from image to image."""
+    coop = Trainer(_config(tmp_path / "co", weights, eurosat, "coop"))
+    cocoop = Trainer(_config(tmp_path / "cc", weights, eurosat, "cocoop"))
+    test = coop.splits["test"]
+    with torch.no_grad():
+        cocoop.model.head.context.copy_(torch.randn_like(cocoop.model.head.context))
+        coop.model.head.context.copy_(cocoop.model.head.context)  # a trained-looking context
+    talking = _encoded_logits(encode_split(cocoop.model, test, task="classification"))
+    last = cocoop.model.head.meta_net[-1]
+    with torch.no_grad():
+        last.weight.zero_()
+        last.bias.zero_()
+    reference = _logits(coop.model, test)  # (20, 5)
+    silent = encode_split(cocoop.model, test, task="classification")
+    assert silent.image_feats.shape == (20, 5)  # each image's class logits, scored as they are
+    torch.testing.assert_close(_encoded_logits(silent), reference, rtol=0, atol=1e-5)
+    assert cocoop.evaluate("test")["acc"] == coop.evaluate("test")["acc"]
+    assert not torch.allclose(talking, reference, atol=1e-3)  # the meta-net's token matters
+
+    images = cocoop.task.train_dataset(cocoop.splits["train"],
+                                       cocoop.model.backbone.eval_transform)
+    batch = next(iter(cocoop.train_loader(0, dataset=images)))  # (images, labels)
+    cocoop.task.image_features_given = coop.task.image_features_given = False
+    pairs, shared = cocoop.task.features(batch), coop.task.features(batch)
+    assert pairs.text_per_image and pairs.text_feats.shape == (len(batch[1]), 5, 64)
+    assert pairs.text_feats.requires_grad  # the context and the meta-net learn through them
+    for per_image in pairs.text_feats.detach():
+        torch.testing.assert_close(per_image, shared.text_feats.detach(), rtol=0, atol=1e-6)
+    loss, _ = cocoop.task.loss_from_pairs(pairs)
+    torch.testing.assert_close(loss, coop.task.loss_from_pairs(shared)[0], rtol=0, atol=1e-5)
+
+
+def test_maple_reduced_to_its_first_language_prompts_is_coop_with_that_context(
+        tmp_path, weights, eurosat):
+    """J = 1 without vision prompts: CoOp exactly; the prompts of the deeper blocks and the
+    vision prompts each move the logits."""
+    from vacsr.methods.build import build_model
+    from vacsr.model.maple import MultiModalPromptHead
+
+    coop = Trainer(_config(tmp_path / "co", weights, eurosat, "coop",
+                           "adapter.context_init=random", "adapter.context_tokens=2"))
+    test = coop.splits["test"]
+    reference = _logits(coop.model, test)
+    config = _config(tmp_path / "mp", weights, eurosat, "maple", "adapter.context_init=random",
+                     "adapter.context_tokens=2")
+
+    def maple(depth: int, couple: bool):
+        model = build_model(config)
+        head = model.head
+        reduced = MultiModalPromptHead(
+            logit_scale=float(head.logit_scale), context=coop.model.head.context,
+            words=head.words, depth=depth, image_width=64,
+            ln_pre=model.backbone.clip.visual.ln_pre, couple=couple)
+        model.backbone.load_state_dict(coop.model.backbone.state_dict())
+        model.head = reduced
+        model.backbone.attach_hooks(reduced.tower_hooks())
+        return model.eval()
+
+    first = maple(1, couple=False)
+    assert first.backbone.hooks == {}
+    torch.testing.assert_close(_logits(first, test), reference, rtol=0, atol=1e-5)
+    deep = maple(3, couple=False)
+    assert set(deep.backbone.hooks) == {"text"}
+    assert not torch.allclose(_logits(deep, test), reference, atol=1e-3)
+    coupled = maple(1, couple=True)
+    assert set(coupled.backbone.hooks) == {"image"}
+    assert coupled.backbone.frozen_depth("image") == 0  # prompts enter at block 0
+    assert not torch.allclose(_logits(coupled, test), reference, atol=1e-3)
+    # the method as configured: the paper's share of 3 blocks is J = 2, in both towers
+    built = build_model(config)
+    assert built.head.depth == 2 and len(built.head.couplings) == 2
+    assert {tower: sorted(h.before) for tower, h in built.backbone.hooks.items()} == {
+        "image": [0, 1], "text": [1]}
+
+
 # ---------------------------------------------------------------- trained methods
 
 
@@ -340,7 +420,8 @@ def test_an_unknown_method_is_one_line_naming_the_methods(tmp_path, weights, eur
     argv = ["train", *_overrides(out, weights, eurosat, "zero_shot"), "adapter.kind=nope"]
     assert _refused(argv, capsys) == (
         "vacsr: error: adapter.kind: unknown method 'nope'; the methods are vacsr, "
-        "sigmoid_baseline, zero_shot, linear_probe, clip_adapter, coop, mma, clip_contrastive")
+        "sigmoid_baseline, zero_shot, linear_probe, clip_adapter, coop, cocoop, mma, maple, "
+        "clip_contrastive")
     assert not out.exists()
 
 
@@ -452,7 +533,7 @@ def test_every_method_module_is_registered():
     assert sorted(method.name for method in declared) == sorted(METHODS)
     assert all(METHODS[method.name] is method for method in declared)
     assert set(METHODS) == {"vacsr", "sigmoid_baseline", "zero_shot", "linear_probe",
-                            "clip_adapter", "coop", "mma", "clip_contrastive"}
+                            "clip_adapter", "coop", "cocoop", "mma", "maple", "clip_contrastive"}
 
 
 def test_what_a_head_needs_from_a_run_is_declared_on_its_method():

@@ -87,6 +87,9 @@ class AdapterConfig:
     mma_blocks: int = -1
     mma_dim: int = 32
     mma_scale: float = 0.001
+    # MaPLe (vacsr/methods/maple.py): prompts in the first `maple_depth` blocks of both towers
+    # (-1: its paper's share, J = 9 of every 12 blocks)
+    maple_depth: int = -1
 
 
 @dataclass

@@ -48,6 +48,8 @@ def validate(config: Config) -> Config:
     _check(a.mma_dim >= 1, "adapter.mma_dim", ">= 1", a.mma_dim)
     _check(math.isfinite(a.mma_scale) and a.mma_scale >= 0, "adapter.mma_scale", ">= 0",
            a.mma_scale)
+    _check(a.maple_depth >= 1 or a.maple_depth == -1, "adapter.maple_depth",
+           "-1 (the paper's share) or >= 1", a.maple_depth)
     _check(a.hidden_dim >= 1, "adapter.hidden_dim", ">= 1", a.hidden_dim)
     _check(a.latent_dim >= 1, "adapter.latent_dim", ">= 1", a.latent_dim)
     _check(a.num_components >= 1, "adapter.num_components", "K >= 1", a.num_components)

@@ -12,7 +12,6 @@ it loads the model stack, which the Tune trial actor and the Train controller ne
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import replace
 
 import ray
@@ -20,7 +19,6 @@ import ray.train
 import ray.train.torch
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
 from torch import nn
 
 from vacsr.compute_device import ray_worker_device
@@ -42,6 +40,8 @@ def gather_pairs(pairs: PairBatch) -> PairBatch:
     image_keys = _gather_plain(pairs.image_keys)
     if pairs.text_is_shared:
         text_feats, text_keys = pairs.text_feats, pairs.text_keys
+    elif pairs.text_per_image:  # each image's own class set: gathered as the images
+        text_feats, text_keys = _gather_with_grad(pairs.text_feats), pairs.text_keys
     else:
         text_feats = _gather_with_grad(pairs.text_feats)
         text_keys = _gather_plain(pairs.text_keys)
@@ -49,11 +49,34 @@ def gather_pairs(pairs: PairBatch) -> PairBatch:
                    text_keys=text_keys)
 
 
+class _GatherRows(torch.autograd.Function):
+    """Every rank's rows in rank order: (B_local, ...) -> (B_global, ...). Backward: the sum
+    over the ranks of the gradient of this rank's rows, one all_reduce of the whole gradient.
+    torch's autograd all_gather (torch.distributed.nn.functional) emulates that reduce-scatter
+    on gloo with scatters into buffers made `empty_like` the incoming gradient: a gradient that
+    is not contiguous (an einsum's backward gives CoCoOp's per-image class features a permuted
+    one) gets buffers of its strides, which the scatter fills as contiguous, and each rank a
+    wrong gradient (torch 2.14). The all_reduce is exact on every backend; these are feature
+    tensors, not weights."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
+        ctx.rank, ctx.rows = dist.get_rank(), tensor.shape[0]
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        total = grad.contiguous().clone()
+        dist.all_reduce(total)
+        return total[ctx.rank * ctx.rows:(ctx.rank + 1) * ctx.rows]
+
+
 def _gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
-    """(B_local, d) -> (B_global, d); backward sums each rank's gradient back to its owner."""
-    with warnings.catch_warnings():  # the autograd all_gather is public API, marked deprecated
-        warnings.simplefilter("ignore", FutureWarning)
-        return torch.cat(dist_fn.all_gather(tensor))
+    """(B_local, ...) -> (B_global, ...); backward sums each rank's gradient back to its owner
+    (every rank computes the same global loss, so W times its own: DDP's mean divides it)."""
+    return _GatherRows.apply(tensor)
 
 
 def _gather_plain(tensor: torch.Tensor) -> torch.Tensor:

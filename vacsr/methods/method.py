@@ -32,6 +32,9 @@ SHARED_KEYS = ("train.epochs", "optim.lr", "train.batch_size")
 FROZEN_CLIP = {"model.trainable_image_blocks": 0, "model.trainable_text_blocks": 0,
                "model.train_projections": False, "model.train_embeddings": False,
                "model.use_gpo": False, "data.augment": False}
+# CLIP frozen whole, but the images go through the towers every step (a deep method acts inside
+# them, vacsr/model/tower_hooks.py): the sweep's augmentation stays
+FROZEN_TOWERS = {key: value for key, value in FROZEN_CLIP.items() if key != "data.augment"}
 
 # (head, image features (B, d), class or caption features (B', d), labels (B, B'), the loss
 # config) -> (loss, dict of named parts)
@@ -88,6 +91,10 @@ class Method:
     # (`head.encode_prompts(backbone, tokens)`, CoOp's context)
     class_weights: bool = False
     encodes_prompts: bool = False
+    # the class prompts depend on each image (CoCoOp's meta-net): a batch's class features are
+    # (B, C, d), one set per image (`head.encode_conditioned(backbone, tokens, image_feats)`),
+    # and an evaluation pass gives each image's class logits where the text tower is
+    conditions_prompts: bool = False
     # a deep method's head acts inside the towers (vacsr/model/tower_hooks.py: its
     # `tower_hooks()` are attached to the backbone): from a run's flat config values and a
     # tower's depth, how many of its blocks lie from its lowest hook to the top (a setting the

@@ -16,13 +16,9 @@ from __future__ import annotations
 
 from vacsr.config.domains import Choice
 from vacsr.errors import ConfigError
-from vacsr.methods.method import FROZEN_CLIP, SHARED_KEYS, Method, cross_entropy
+from vacsr.methods.method import FROZEN_TOWERS, SHARED_KEYS, Method, cross_entropy
 
 PAPER_SHARE = (7, 12)  # the paper's adapted blocks per tower depth: 5-11 of ViT-B/16's 12
-
-# CLIP frozen whole, as the other compared methods, but the images go through the towers every
-# step (the adapters sit inside them): the sweep's augmentation stays
-FROZEN_TOWERS = {key: value for key, value in FROZEN_CLIP.items() if key != "data.augment"}
 
 
 def adapted_count(setting: int, depth: int, model: str = "the model") -> int:

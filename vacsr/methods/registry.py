@@ -7,8 +7,10 @@ from vacsr.errors import ConfigError
 from vacsr.methods import (
     clip_adapter,
     clip_contrastive,
+    cocoop,
     coop,
     linear_probe,
+    maple,
     mma,
     sigmoid_baseline,
     vacsr_adapter,
@@ -23,7 +25,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     linear_probe.METHOD,
     clip_adapter.METHOD,
     coop.METHOD,
+    cocoop.METHOD,
     mma.METHOD,
+    maple.METHOD,
     clip_contrastive.METHOD,
 )}
 

@@ -18,7 +18,7 @@ from vacsr.train.run_files import CHECKPOINT_FILE
 ARCHITECTURE_KEYS = ("model.name", "model.use_gpo", "adapter.kind", "adapter.hidden_dim",
                      "adapter.latent_dim", "adapter.num_components", "adapter.decoder_hidden_dim",
                      "adapter.reduction", "adapter.context_tokens", "adapter.context_init",
-                     "adapter.mma_blocks", "adapter.mma_dim")
+                     "adapter.mma_blocks", "adapter.mma_dim", "adapter.maple_depth")
 # config keys that change which parameters train, hence the optimizer's parameter groups
 TRAINABLE_KEYS = ("model.trainable_image_blocks", "model.trainable_text_blocks",
                   "model.train_projections", "model.train_embeddings", "model.trainable_side")

@@ -54,11 +54,11 @@ def encode_split(model: VACSRModel, data, *, task: str, batch_size: int = 128,
     try:
         encode = {"autocast": autocast, "keep_on_device": keep_on_device, "cache": cache}
         image_feats = encode_images(model.backbone, data.images, batch_size=batch_size, **encode)
-        text_feats, targets = task_type(task).encode_texts(model, data, **encode)
+        scored = task_type(task).encode_texts(model, data, image_feats, **encode)
     finally:
         model.train(was_training)
-    return EncodedSplit(task=task, image_feats=image_feats, text_feats=text_feats,
-                        head=model.head, targets=targets, num_folds=num_folds,
+    return EncodedSplit(task=task, image_feats=scored.image_feats, text_feats=scored.text_feats,
+                        head=scored.head, targets=scored.targets, num_folds=num_folds,
                         precision=precision)
 
 

@@ -13,7 +13,9 @@ else they are encoded once per run; retrieval: the batch's B captions). What the
 whole trains on each training image's feature computed once per run (B (load + f_i) leaves the
 step; train (load + f_i) is paid once, as the run starts), one whose head encodes the prompts
 itself sends the P prompts through the whole text tower and back to its input every step
-(P (f_t + b_t L_t): CoOp's context sits before the first block), one that hooks the towers
+(P (f_t + b_t L_t): CoOp's context sits before the first block), one whose prompts are
+conditioned on each image does so for every image's own P prompts (B P of them each step, and
+val x P at the val pass: CoCoOp's meta-net), one that hooks the towers
 ends their frozen prefix at its lowest hook (path and share follow, MMA's adapters), and one that
 trains nothing takes no step (its epoch is the val pass). The prompts' frozen
 prefix runs once per run, so f_t' = f_t (L - F) / L. An epoch is train // B steps (the last
@@ -115,6 +117,9 @@ def step_seconds(run: RunSettings, costs: StepCosts, prompts: int,
         + costs.image_backward_block * path_blocks(run.image_blocks, depths[0], run.side,
                                                    run.embeddings, run.first_hook(0, depths[0])))
     texts = prompts or b  # retrieval: the batch's captions
+    pairs = b * texts
+    if method.conditions_prompts:  # every image's own class prompts (CoCoOp)
+        texts = b * prompts
     text_path = path_blocks(run.text_blocks, depths[1], run.side, run.embeddings,
                             run.first_hook(1, depths[1]))
     if method.encodes_prompts:  # the whole tower, and back to the context at its input
@@ -124,7 +129,7 @@ def step_seconds(run: RunSettings, costs: StepCosts, prompts: int,
     else:
         share = _share(run, 1, depths[1]) if prompts else 1.0
         text = texts * (costs.text_forward * share + costs.text_backward_block * text_path)
-    return image + text + costs.head_pair * b * texts
+    return image + text + costs.head_pair * pairs
 
 
 def _share(run: RunSettings, tower: int, depth: int) -> float:
@@ -141,7 +146,8 @@ def epoch_seconds(run: RunSettings, costs: StepCosts, counts: DatasetCounts,
     per_image = costs.image_load + costs.image_forward
     if cached and (share := _share(run, 0, depths[0])) < 1:
         per_image = costs.image_forward * share
-    val = counts.val * per_image + counts.prompts * costs.text_forward
+    texts = counts.prompts * (counts.val if run.method.conditions_prompts else 1)
+    val = counts.val * per_image + texts * costs.text_forward
     return steps * step_seconds(run, costs, counts.prompts, depths) + val
 
 

@@ -9,6 +9,7 @@ import copy
 
 from vacsr.config import flatten, set_value
 from vacsr.errors import ConfigError
+from vacsr.methods.registry import method_of
 from vacsr.sweep.cost import estimate as est
 from vacsr.sweep.cost.counts import step_prompts
 from vacsr.sweep.plan.plan import SweepPlan
@@ -39,8 +40,14 @@ def _peak(config, settings: dict, prompts: int) -> int:
         set_value(config, key, value)
     image, text, _ = towers(config.model.name)  # the estimate's own towers, hooked ones included
     depths = (image.layers, text.layers)
-    return estimate_for_config(config, texts=prompts or None,
-                               hooked=est.hooked_blocks_of(flatten(config), depths))["total"]
+    method = method_of(config.adapter.kind)
+    hooked = est.hooked_blocks_of(flatten(config), depths)
+    if method.encodes_prompts:  # the gradient crosses the text tower to the prompts' context
+        hooked = (hooked[0], depths[1])
+    texts = prompts or None
+    if method.conditions_prompts:  # every image's own class prompts (CoCoOp)
+        texts = prompts * (config.train.batch_size // max(config.train.workers, 1))
+    return estimate_for_config(config, texts=texts, hooked=hooked)["total"]
 
 
 def worst_memory(plan: SweepPlan, dataset: str) -> tuple[str, object, int]:

@@ -9,6 +9,8 @@ import math
 from typing import Callable
 
 from vacsr.config import DEFAULT_METHOD, flatten
+from vacsr.methods.method import Method
+from vacsr.methods.registry import method_of
 from vacsr.sweep.cost import estimate as est
 from vacsr.sweep.cost.calibrate import StepCosts
 from vacsr.sweep.cost.counts import DatasetCounts
@@ -38,9 +40,12 @@ def _trial_epochs(plan: SweepPlan, dataset: str) -> list[tuple[int, ...]]:
     return [(first,)] + [_epoch_choices(plan, dataset)] * (plan.trials_of(dataset) - 1)
 
 
-def _test_seconds(counts: DatasetCounts, costs: StepCosts) -> float:
+def _test_seconds(counts: DatasetCounts, costs: StepCosts, method: Method) -> float:
+    """A final seed's test passes; prompts conditioned on each image (CoCoOp) go through the
+    text tower once per image."""
     images = counts.test + sum(counts.evaluations.values())
-    return images * (costs.image_load + costs.image_forward) + counts.prompts * costs.text_forward
+    texts = counts.prompts * (images if method.conditions_prompts else 1)
+    return images * (costs.image_load + costs.image_forward) + texts * costs.text_forward
 
 
 def dataset_estimate(plan: SweepPlan, dataset: str, counts: DatasetCounts, costs: StepCosts,
@@ -67,7 +72,7 @@ def dataset_estimate(plan: SweepPlan, dataset: str, counts: DatasetCounts, costs
     retrained = sum(seed != base.train.seed for seed in seeds)  # the best trial's seed: reused
     final = (costs.startup + retrained * est.mean_run_seconds(grid, mean_epochs, costs, counts,
                                                               depths)
-             + len(seeds) * _test_seconds(counts, costs))
+             + len(seeds) * _test_seconds(counts, costs, method_of(plan.method_of(dataset))))
     sizes = sorted({run.batch_size for run in grid})
     return {"dataset": dataset, "method": plan.method_of(dataset),
             **{k: v for k, v in counts.as_dict().items() if k != "samples"},
