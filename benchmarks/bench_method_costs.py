@@ -5,8 +5,8 @@
 
 ViT-B/16 with random weights (nothing is downloaded) on synthetic EuroSAT in its real layout,
 images rendered at 224 px. The methods whose image tower is frozen (linear probe, CLIP-Adapter,
-CoOp: vacsr/methods/method.py FROZEN_CLIP) train on each training image's feature computed once
-(vacsr/train/loop.py Trainer.feature_dataset, through the dataset's prefix cache as a sweep's
+CoOp, CoCoOp: vacsr/methods/method.py FROZEN_CLIP) train on each training image's feature computed
+once (vacsr/train/loop.py Trainer.feature_dataset, through the dataset's prefix cache as a sweep's
 trials share it): that pass is timed on its own, cold (computed and stored) for the first method,
 warm (read back) for the others. Then the training itself of each trial, Trainer.train_epoch over
 every epoch (no model building, no evaluation, no Ray), against a VACSR trial training one block
@@ -16,7 +16,8 @@ the same number of steps; data.augment is off for all (the frozen methods fix it
 
 CPU-seconds are this process's (time.process_time) with --threads intra-op threads, so other work
 on a shared machine slows the wall time more than them. The target: each compared method's
-training <= 0.1x VACSR's, printed with PASS or FAIL (CoOp reported, not part of the target).
+training <= 0.1x VACSR's, printed with PASS or FAIL (the prompt and deep methods reported, not
+part of the target).
 
 Then what `--plan` would say of each trial: the step costs calibrated here as a sweep's first
 unit calibrates them (vacsr/sweep/cost/calibrate.py measure_costs, on VACSR's configuration), and
@@ -47,7 +48,7 @@ from vacsr.train.loop import Trainer  # noqa: E402
 TARGET = 0.1  # each compared method's training CPU-s / VACSR's
 PLAN_TOLERANCE = 0.35  # --plan's trial estimate / the measured trial, within 1 +- this
 COMPARED = ("linear_probe", "clip_adapter")  # held to TARGET
-ORDER = ("linear_probe", "clip_adapter", "coop", "mma", "vacsr")
+ORDER = ("linear_probe", "clip_adapter", "coop", "cocoop", "mma", "maple", "vacsr")
 # what one training step computes, for the printout (block counts: ViT-B/16, 12 per tower)
 PER_STEP = {
     "linear_probe": "B cached features x C prototypes, backward into the C x d prototypes (the C "
@@ -56,6 +57,12 @@ PER_STEP = {
                     "through the frozen text tower once per trial)",
     "coop": "the C prompts with the context through the 12 frozen text blocks, backward to the "
             "context; B cached features",
+    "cocoop": "the meta-net on B cached features; each image's C prompts with its own context "
+              "through the 12 frozen text blocks (B x C prompts), backward to the context and "
+              "the meta-net",
+    "maple": "B images decoded with the vision prompts through all 12 image blocks and back "
+             "(they enter at block 0); the C prompts with the language prompts of blocks 0-8 "
+             "through the 12 text blocks and back to the context",
     "mma": "B images decoded, 5 frozen image blocks without autograd, 7 with the adapters and "
            "backward through them; the C prompts' 7 adapted text blocks and back (their 5 frozen "
            "blocks once per trial)",
@@ -220,8 +227,9 @@ def report(trials: dict[str, Trial], args) -> None:
         ratio = trials[method].train_cpu / vacsr
         verdicts.append(f"{method}/vacsr {ratio:.4f}x {'PASS' if ratio <= TARGET else 'FAIL'}")
     print(f"SUMMARY training CPU-s, target <= {TARGET}x: " + "; ".join(verdicts)
-          + f" (coop/vacsr {trials['coop'].train_cpu / vacsr:.4f}x, mma/vacsr "
-            f"{trials['mma'].train_cpu / vacsr:.4f}x, no target)")
+          + " (" + ", ".join(f"{method}/vacsr {trials[method].train_cpu / vacsr:.4f}x"
+                             for method in ORDER if method not in (*COMPARED, "vacsr"))
+          + ", no target)")
     cold = trials[first].feature_cpu + trials[first].train_cpu
     print(f"with its cold feature pass (paid once per dataset, shared by its trials, seeds and "
           f"methods): {first} {cold:.2f} CPU-s, {cold / vacsr:.3f}x of VACSR's training")
