@@ -134,8 +134,9 @@ class RetrievalTask(_Task):
         return None
 
     @staticmethod
-    def encode_texts(model, data, image_feats: torch.Tensor, **encode) -> ScoredInputs:
-        """Caption features (N_c, d) and what the recalls need."""
+    def scored_inputs(model, data, image_feats: torch.Tensor, **encode) -> ScoredInputs:
+        """The split's image features with its caption features (N_c, d), and what the recalls
+        need."""
         targets = {"caption_to_image": data.caption_to_image, "image_ids": data.image_ids or None,
                    "caption_ids": data.caption_ids or None, "image_groups": data.image_groups}
         return ScoredInputs(image_feats, encode_texts(model.backbone, data.captions, **encode),
@@ -196,11 +197,12 @@ class ClassificationTask(_Task):
         return None
 
     @staticmethod
-    def encode_texts(model, data, image_feats: torch.Tensor, **encode) -> ScoredInputs:
-        """One prompt feature per class (C, d), the method's prompts (vacsr/methods/), and the
-        labels. Prompts whose context the head learns go through it whole, uncached. Prompts
-        conditioned on each image (CoCoOp) are scored here, where the text tower is: each
-        image's class logits (N, C), read back by a head that picks their columns."""
+    def scored_inputs(model, data, image_feats: torch.Tensor, **encode) -> ScoredInputs:
+        """The split's image features with one prompt feature per class (C, d), the method's
+        prompts (vacsr/methods/), and the labels. Prompts whose context the head learns go
+        through it whole, uncached. Prompts conditioned on each image (CoCoOp) are scored here,
+        where the text tower is: each image's class logits (N, C), read back by a head that
+        picks their columns."""
         prompts, targets = class_prompts(model, data), {"labels": data.labels}
         if model.method.conditions_prompts:
             logits = conditioned_logits(model.head, model.backbone,

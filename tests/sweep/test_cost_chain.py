@@ -105,6 +105,21 @@ def test_what_a_method_runs_sets_its_step_by_hand():
     assert est.run_settings(values, DEPTHS) == mma
     # -1, the paper's share of the depth: 7 of every 12 blocks, 2 of 3 here
     assert est.run_settings({**values, "adapter.mma_blocks": -1}, DEPTHS) == mma
+    # CoCoOp's prompts are each image's own: 4 x 5 = 20 prompts x (0.001 + 0.0005 x 3) = 0.05,
+    # head 0.002                                                            -> 0.052
+    cocoop = est.RunSettings(4, "first", 0, 0, kind="cocoop")
+    assert est.step_seconds(cocoop, COSTS, 5, DEPTHS) == pytest.approx(0.052)
+    # 11 steps x 0.052 = 0.572; val 10 x 0.015 + its 10 images' 5 prompts 50 x 0.001 = 0.2
+    # (0.05 once the image features come from the cache)
+    assert est.epoch_seconds(cocoop, COSTS, DTD, DEPTHS, cached=False) == pytest.approx(0.772)
+    assert est.epoch_seconds(cocoop, COSTS, DTD, DEPTHS, cached=True) == pytest.approx(0.622)
+    # MaPLe's vision prompts enter at block 0: the image backward crosses all 3 blocks,
+    # 4 x (0.015 + 0.002 x 3) = 0.084; its prompts through the text tower and back, CoOp's
+    # 0.0125; head 0.002                                                    -> 0.0985
+    maple = est.RunSettings(4, "first", 0, 0, kind="maple", hooked=(3, 3))
+    assert est.step_seconds(maple, COSTS, 5, DEPTHS) == pytest.approx(0.0985)
+    assert est.run_settings({**values, "adapter.kind": "maple", "adapter.maple_depth": -1},
+                            DEPTHS) == maple
     # VACSR's trial of the same shape pays the images every step: 4 x 0.015 + 0.002 = 0.062
     assert est.step_seconds(est.RunSettings(4, "first", 0, 0), COSTS, 5, DEPTHS) == \
         pytest.approx(0.062)

@@ -54,7 +54,7 @@ def encode_split(model: VACSRModel, data, *, task: str, batch_size: int = 128,
     try:
         encode = {"autocast": autocast, "keep_on_device": keep_on_device, "cache": cache}
         image_feats = encode_images(model.backbone, data.images, batch_size=batch_size, **encode)
-        scored = task_type(task).encode_texts(model, data, image_feats, **encode)
+        scored = task_type(task).scored_inputs(model, data, image_feats, **encode)
     finally:
         model.train(was_training)
     return EncodedSplit(task=task, image_feats=scored.image_feats, text_feats=scored.text_feats,
