@@ -41,6 +41,11 @@ def test_path_blocks_follow_the_side():
     assert est.path_blocks(1, 3, "last") == 1  # side last: only the trainable block
     assert est.path_blocks(1, 3, "first") == 3  # side first: from the input up
     assert est.path_blocks(-1, 3, "last") == 3 and est.path_blocks(7, 3, "last") == 3
+    # in trainable blocks' worth: a frozen block the gradient crosses counts half
+    assert est.backward_blocks(1, 3, "last") == 1 and est.backward_blocks(1, 3, "first") == 2
+    assert est.backward_blocks(-1, 3, "first") == 3 and est.backward_blocks(0, 3, "last") == 0
+    assert est.backward_blocks(1, 3, "last", first_hook=0) == 2  # hooked at block 0
+    assert est.backward_blocks(0, 3, "last", path=3) == 1.5  # a prompt's way to its context
 
 
 def test_step_seconds_by_hand():
@@ -48,10 +53,11 @@ def test_step_seconds_by_hand():
     # text: no text block trains: the 5 prompts are encoded once per run, not per step = 0
     # head: 0.0001 x 4 images x 5 prompts = 0.002                          -> 0.070
     assert est.step_seconds(LAST_ONE, COSTS, 5, DEPTHS) == pytest.approx(0.070)
-    # side first, 1 text block: image 4 x (0.015 + 0.002 x 3) = 0.084; text 5 x (0.001 x 1
-    # + 0.0005 x 3 blocks) = 0.0125; head 0.002                            -> 0.0985
+    # side first, 1 block: the backward crosses the 2 frozen blocks above it at half a block's
+    # cost each; image 4 x (0.015 + 0.002 x (1 + 2/2)) = 0.076; text 5 x (0.001 x 1 + 0.0005 x
+    # 2) = 0.01; head 0.002                                                 -> 0.088
     first = est.RunSettings(4, "first", 1, 1)
-    assert est.step_seconds(first, COSTS, 5, DEPTHS) == pytest.approx(0.0985)
+    assert est.step_seconds(first, COSTS, 5, DEPTHS) == pytest.approx(0.088)
     # side last, 1 of 3 text blocks: text 5 x (0.001 x 1/3 + 0.0005 x 1) = 0.0041667
     last_text = est.RunSettings(4, "last", 1, 1)
     assert est.step_seconds(last_text, COSTS, 5, DEPTHS) == pytest.approx(0.068 + 0.005 / 1.2
@@ -88,36 +94,36 @@ def test_what_a_method_runs_sets_its_step_by_hand():
     # (the whole image tower is the frozen prefix); 2 epochs: 0.665 + 0.177 + 0.027 = 0.869
     assert est.run_seconds(probe, 2, COSTS, DTD, DEPTHS) == pytest.approx(0.869)
     coop = est.RunSettings(4, "first", 0, 0, kind="coop")
-    # the 5 prompts x (0.001 + 0.0005 x 3 blocks) = 0.0125, head 0.002      -> 0.0145
-    assert est.step_seconds(coop, COSTS, 5, DEPTHS) == pytest.approx(0.0145)
+    # the 5 prompts x (0.001 + 0.0005 x 3 frozen blocks / 2) = 0.00875, head 0.002 -> 0.01075
+    assert est.step_seconds(coop, COSTS, 5, DEPTHS) == pytest.approx(0.01075)
     zero_shot = est.RunSettings(4, "first", 0, 0, kind="zero_shot")
     # no step and no training features: its one epoch is the val pass, 0.155 (+ prompts 0.005)
     assert est.epoch_seconds(zero_shot, COSTS, DTD, DEPTHS, cached=False) == pytest.approx(0.155)
     assert est.run_seconds(zero_shot, 1, COSTS, DTD, DEPTHS) == pytest.approx(0.160)
     # MMA's adapters on the 2 highest of 3 blocks: the prefix ends at block 1, the backward
-    # crosses 2 blocks of each tower; image 4 x (0.015 + 0.002 x 2) = 0.076, the 5 prompts
-    # through the 2 blocks above the prefix and back 5 x (0.001 x 2/3 + 0.0005 x 2) = 0.0083333,
-    # head 0.002                                                            -> 0.0863333
+    # crosses 2 frozen blocks of each tower; image 4 x (0.015 + 0.002 x 2/2) = 0.068, the 5
+    # prompts through the 2 blocks above the prefix and back 5 x (0.001 x 2/3 + 0.0005 x 2/2)
+    # = 0.0058333, head 0.002                                               -> 0.0758333
     mma = est.RunSettings(4, "first", 0, 0, kind="mma", hooked=(2, 2))
-    assert est.step_seconds(mma, COSTS, 5, DEPTHS) == pytest.approx(0.0863333)
+    assert est.step_seconds(mma, COSTS, 5, DEPTHS) == pytest.approx(0.0758333)
     values = {**dict(zip(est.COST_KEYS, (4, "first", 0, 0, False))), "adapter.kind": "mma",
               "model.name": "vacsr-tiny", "adapter.mma_blocks": 2}
     assert est.run_settings(values, DEPTHS) == mma
     # -1, the paper's share of the depth: 7 of every 12 blocks, 2 of 3 here
     assert est.run_settings({**values, "adapter.mma_blocks": -1}, DEPTHS) == mma
-    # CoCoOp's prompts are each image's own: 4 x 5 = 20 prompts x (0.001 + 0.0005 x 3) = 0.05,
-    # head 0.002                                                            -> 0.052
+    # CoCoOp's prompts are each image's own: 4 x 5 = 20 prompts x CoOp's 0.00175 = 0.035,
+    # head 0.002                                                            -> 0.037
     cocoop = est.RunSettings(4, "first", 0, 0, kind="cocoop")
-    assert est.step_seconds(cocoop, COSTS, 5, DEPTHS) == pytest.approx(0.052)
-    # 11 steps x 0.052 = 0.572; val 10 x 0.015 + its 10 images' 5 prompts 50 x 0.001 = 0.2
+    assert est.step_seconds(cocoop, COSTS, 5, DEPTHS) == pytest.approx(0.037)
+    # 11 steps x 0.037 = 0.407; val 10 x 0.015 + its 10 images' 5 prompts 50 x 0.001 = 0.2
     # (0.05 once the image features come from the cache)
-    assert est.epoch_seconds(cocoop, COSTS, DTD, DEPTHS, cached=False) == pytest.approx(0.772)
-    assert est.epoch_seconds(cocoop, COSTS, DTD, DEPTHS, cached=True) == pytest.approx(0.622)
-    # MaPLe's vision prompts enter at block 0: the image backward crosses all 3 blocks,
-    # 4 x (0.015 + 0.002 x 3) = 0.084; its prompts through the text tower and back, CoOp's
-    # 0.0125; head 0.002                                                    -> 0.0985
+    assert est.epoch_seconds(cocoop, COSTS, DTD, DEPTHS, cached=False) == pytest.approx(0.607)
+    assert est.epoch_seconds(cocoop, COSTS, DTD, DEPTHS, cached=True) == pytest.approx(0.457)
+    # MaPLe's vision prompts enter at block 0: the image backward crosses all 3 frozen blocks,
+    # 4 x (0.015 + 0.002 x 3/2) = 0.072; its prompts through the text tower and back, CoOp's
+    # 0.00875; head 0.002                                                   -> 0.08275
     maple = est.RunSettings(4, "first", 0, 0, kind="maple", hooked=(3, 3))
-    assert est.step_seconds(maple, COSTS, 5, DEPTHS) == pytest.approx(0.0985)
+    assert est.step_seconds(maple, COSTS, 5, DEPTHS) == pytest.approx(0.08275)
     assert est.run_settings({**values, "adapter.kind": "maple", "adapter.maple_depth": -1},
                             DEPTHS) == maple
     # VACSR's trial of the same shape pays the images every step: 4 x 0.015 + 0.002 = 0.062

@@ -3,9 +3,11 @@
 
 A configuration's training step (B images, P prompts, tower depths L_i, L_t):
 
-    step = B (load + f_i + b_i path_i) + P_t (f_t' + b_t path_t) + h B P
+    step = B (load + f_i + b_i back_i) + P_t (f_t' + b_t back_t) + h B P
     path = L - F, F the frozen prefix's blocks (vacsr/model/frozen.py, the backbone's own rule:
     L - N for side last, L for N = 0, else 0; the plain CLIP towers the calibration times split)
+    back = n + (path - n) / 2, n the trainable blocks on the path: a frozen block the gradient
+    crosses computes its input's gradient alone, half a trainable block's backward
 
 P_t is the prompts encoded each step (classification: the classes, only while a text block trains,
 else they are encoded once per run; retrieval: the batch's B captions). What the run's method
@@ -13,7 +15,7 @@ else they are encoded once per run; retrieval: the batch's B captions). What the
 whole trains on each training image's feature computed once per run (B (load + f_i) leaves the
 step; train (load + f_i) is paid once, as the run starts), one whose head encodes the prompts
 itself sends the P prompts through the whole text tower and back to its input every step
-(P (f_t + b_t L_t): CoOp's context sits before the first block), one whose prompts are
+(P (f_t + b_t L_t / 2): CoOp's context sits before the first block), one whose prompts are
 conditioned on each image does so for every image's own P prompts (B P of them each step, and
 val x P at the val pass: CoCoOp's meta-net), one that hooks the towers
 ends their frozen prefix at its lowest hook (path and share follow, MMA's adapters), and one that
@@ -47,6 +49,11 @@ from vacsr.sweep.spec.schedule import ASHA
 from vacsr.sweep.spec.space import Choice, Domain, Int
 
 SIMULATIONS = 2000  # ASHA runs averaged for the expected stopping (seeded: the same each time)
+# a frozen block's backward next to a trainable one's, which the calibration times: it computes
+# its input's gradient alone, one of the two matmuls of each linear layer's backward (no weight
+# gradient). bench_method_costs.py's prompt and deep methods, whose paths are frozen blocks,
+# measured 0.66-0.73 of the estimate that charged them whole
+FROZEN_BACKWARD = 0.5
 COST_KEYS = ("train.batch_size", "model.trainable_side", "model.trainable_image_blocks",
              "model.trainable_text_blocks", "model.train_embeddings")
 
@@ -108,14 +115,27 @@ def path_blocks(blocks: int, depth: int, side: str, embeddings: bool = False,
                            first_hook=first_hook)
 
 
+def backward_blocks(blocks: int, depth: int, side: str, embeddings: bool = False,
+                    first_hook: int | None = None, path: int | None = None) -> float:
+    """The backward pass in trainable blocks' worth: each trainable block on the gradient path
+    counts 1, each frozen block it crosses FROZEN_BACKWARD (a deep method's towers, a prompt's
+    way back to its context, the frozen blocks above side first's trainable ones). `path`: the
+    blocks crossed, where not the frozen prefix's rule (a prompt's context crosses the whole
+    tower)."""
+    if path is None:
+        path = path_blocks(blocks, depth, side, embeddings, first_hook)
+    trainable = min(depth if blocks == -1 else blocks, path)
+    return trainable + FROZEN_BACKWARD * (path - trainable)
+
+
 def step_seconds(run: RunSettings, costs: StepCosts, prompts: int,
                  depths: tuple[int, int]) -> float:
     """One training step of `run` (module docstring)."""
     b, method = run.batch_size, run.method
     image = 0.0 if method.frozen_image_tower else b * (  # features once per run: start_seconds
         costs.image_load + costs.image_forward
-        + costs.image_backward_block * path_blocks(run.image_blocks, depths[0], run.side,
-                                                   run.embeddings, run.first_hook(0, depths[0])))
+        + costs.image_backward_block * backward_blocks(
+            run.image_blocks, depths[0], run.side, run.embeddings, run.first_hook(0, depths[0])))
     texts = prompts or b  # retrieval: the batch's captions
     pairs = b * texts
     if method.conditions_prompts:  # every image's own class prompts (CoCoOp)
@@ -123,12 +143,15 @@ def step_seconds(run: RunSettings, costs: StepCosts, prompts: int,
     text_path = path_blocks(run.text_blocks, depths[1], run.side, run.embeddings,
                             run.first_hook(1, depths[1]))
     if method.encodes_prompts:  # the whole tower, and back to the context at its input
-        text = texts * (costs.text_forward + costs.text_backward_block * depths[1])
+        back = backward_blocks(run.text_blocks, depths[1], run.side, path=depths[1])
+        text = texts * (costs.text_forward + costs.text_backward_block * back)
     elif prompts and text_path == 0:  # frozen prompts: encoded once per run (start_seconds)
         text = 0.0
     else:
         share = _share(run, 1, depths[1]) if prompts else 1.0
-        text = texts * (costs.text_forward * share + costs.text_backward_block * text_path)
+        back = backward_blocks(run.text_blocks, depths[1], run.side, run.embeddings,
+                               run.first_hook(1, depths[1]))
+        text = texts * (costs.text_forward * share + costs.text_backward_block * back)
     return image + text + costs.head_pair * pairs
 
 
