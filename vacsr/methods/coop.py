@@ -30,6 +30,13 @@ def build_head(adapter, backbone):
                              words=context_words(adapter))
 
 
+def context_space(counts: tuple[int, ...]) -> dict:
+    """A learned context's search: its init, and under a random one alone (a phrase sets M) its
+    count of vectors."""
+    return {INIT_KEY: Choice((RANDOM_INIT, "a photo of a")),
+            COUNT_KEY: Choice(counts, when=(INIT_KEY, RANDOM_INIT))}
+
+
 def prompts(data, head) -> list[str]:
     from vacsr.model.clip_heads import context_prompts
 
@@ -43,9 +50,7 @@ METHOD = Method(
     build_head=build_head,
     loss=cross_entropy,
     kind_keys=SHARED_KEYS,
-    # the count acts under a random init alone (a phrase sets M): drawn only there
-    space={INIT_KEY: Choice((RANDOM_INIT, "a photo of a")),
-           COUNT_KEY: Choice((4, 8), when=(INIT_KEY, RANDOM_INIT))},
+    space=context_space(counts=(4, 8)),
     protocol=FROZEN_CLIP,
     own_keys=(COUNT_KEY, INIT_KEY),
     tasks=("classification",),

@@ -14,25 +14,23 @@ tower is computed once.
 """
 from __future__ import annotations
 
-from vacsr.config.domains import Choice
-from vacsr.errors import ConfigError
 from vacsr.methods import coop
-from vacsr.methods.method import FROZEN_TOWERS, SHARED_KEYS, Method, cross_entropy
-from vacsr.model.prompt_room import COUNT_KEY, INIT_KEY, RANDOM_INIT
+from vacsr.methods.method import (
+    FROZEN_TOWERS,
+    SHARED_KEYS,
+    Method,
+    cross_entropy,
+    share_of_depth,
+)
+from vacsr.model.prompt_room import COUNT_KEY, INIT_KEY
 
 PAPER_SHARE = (9, 12)  # the paper's prompted blocks per tower depth: J = 9 of ViT-B/16's 12
 DEPTH_KEY = "adapter.maple_depth"
 
 
 def prompt_depth(setting: int, depth: int, model: str = "the model") -> int:
-    """J: `adapter.maple_depth`, or with -1 the paper's share of a `depth`-block tower (at least
-    one). More than the tower has is one line, not a shallower prompt than asked for."""
-    if setting == -1:
-        return max(1, round(depth * PAPER_SHARE[0] / PAPER_SHARE[1]))
-    if setting > depth:
-        raise ConfigError(f"{DEPTH_KEY}: {setting} exceeds the {depth} blocks of {model}'s "
-                          f"towers; expected at most {depth}, or -1 (the paper's share)")
-    return setting
+    """J: `adapter.maple_depth`, or with -1 the paper's share of a `depth`-block tower."""
+    return share_of_depth(setting, depth, PAPER_SHARE, DEPTH_KEY, model)
 
 
 def build_head(adapter, backbone):
@@ -66,8 +64,7 @@ METHOD = Method(
     build_head=build_head,
     loss=cross_entropy,
     kind_keys=SHARED_KEYS,
-    space={INIT_KEY: Choice((RANDOM_INIT, "a photo of a")),
-           COUNT_KEY: Choice((2, 4), when=(INIT_KEY, RANDOM_INIT))},
+    space=coop.context_space(counts=(2, 4)),  # its paper's M = 2
     protocol=FROZEN_TOWERS,
     own_keys=(COUNT_KEY, INIT_KEY, DEPTH_KEY),
     tasks=("classification",),

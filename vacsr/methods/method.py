@@ -144,6 +144,19 @@ class Method:
         return {**kept, **self.space} if self.trained else {}
 
 
+def share_of_depth(setting: int, depth: int, share: tuple[int, int], key: str,
+                   model: str = "the model") -> int:
+    """A deep method's block count in a `depth`-block tower: `setting` (the config's `key`), or
+    with -1 its paper's share of the depth (`share`: blocks per that many, at least one). More
+    than the tower has is one line, not fewer blocks than asked for."""
+    if setting == -1:
+        return max(1, round(depth * share[0] / share[1]))
+    if setting > depth:
+        raise ConfigError(f"{key}: {setting} exceeds the {depth} blocks of {model}'s towers; "
+                          f"expected at most {depth}, or -1 (the paper's share)")
+    return setting
+
+
 def class_prompts(model, data) -> list[str]:
     """The prompts a model's class features come from (one per class of `data`): its method's,
     else the dataset's template."""

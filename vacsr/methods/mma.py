@@ -15,22 +15,21 @@ sweep's augmentation (the image tower runs every step, so nothing is computed on
 from __future__ import annotations
 
 from vacsr.config.domains import Choice
-from vacsr.errors import ConfigError
-from vacsr.methods.method import FROZEN_TOWERS, SHARED_KEYS, Method, cross_entropy
+from vacsr.methods.method import (
+    FROZEN_TOWERS,
+    SHARED_KEYS,
+    Method,
+    cross_entropy,
+    share_of_depth,
+)
 
 PAPER_SHARE = (7, 12)  # the paper's adapted blocks per tower depth: 5-11 of ViT-B/16's 12
 
 
 def adapted_count(setting: int, depth: int, model: str = "the model") -> int:
     """How many of a `depth`-block tower's highest blocks get an adapter: `adapter.mma_blocks`,
-    or with -1 the paper's share of the depth (at least one). More than the tower has is one
-    line, not fewer adapters than asked for."""
-    if setting == -1:
-        return max(1, round(depth * PAPER_SHARE[0] / PAPER_SHARE[1]))
-    if setting > depth:
-        raise ConfigError(f"adapter.mma_blocks: {setting} exceeds the {depth} blocks of "
-                          f"{model}'s towers; expected at most {depth}, or -1 (the paper's share)")
-    return setting
+    or with -1 the paper's share of the depth."""
+    return share_of_depth(setting, depth, PAPER_SHARE, "adapter.mma_blocks", model)
 
 
 def adapted_blocks(setting: int, depth: int, model: str = "the model") -> tuple[int, ...]:
