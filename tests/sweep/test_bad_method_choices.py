@@ -33,7 +33,8 @@ def _no_sweep(monkeypatch):
 @pytest.mark.parametrize("argv,fragment", [
     (["--methods", "vacsr,tip_adapter"], "--methods: unknown method 'tip_adapter'; the methods "
                                          "are vacsr, sigmoid_baseline, zero_shot, linear_probe, "
-                                         "clip_adapter, coop, mma, clip_contrastive (or all)"),
+                                         "clip_adapter, coop, cocoop, mma, maple, "
+                                         "clip_contrastive (or all)"),
     (["--methods", "coop,vacsr,coop"], "--methods: coop named twice; name each once"),
     (["--methods", "all,vacsr"], "--methods: 'all' stands alone; give either all or a list of "
                                  "methods"),
@@ -67,7 +68,8 @@ def _no_sweep(monkeypatch):
      "adapter.context_init: eurosat's coop runs can take 'a b c d e f g h i j k l m n', which "
      "is 14 tokens"),
     (["--methods", "vacsr", "--range", "adapter.context_tokens=choice:4,8"],
-     "--range adapter.context_tokens: none of vacsr searches it (searched by coop)"),
+     "--range adapter.context_tokens: none of vacsr searches it (searched by coop, cocoop, "
+     "maple)"),
 ])
 def test_a_bad_method_choice_is_one_line_before_ray(tmp_path, capsys, data_root, argv,
                                                      fragment):
