@@ -201,3 +201,19 @@ def test_a_phrase_has_at_most_a_token_per_byte_so_short_ones_fit_uncounted(phras
     assert context_size(4, phrase, "vacsr-tiny") <= len(phrase.lower().encode())
     assert fits_uncounted("a photo of a", "vacsr-tiny", 16)  # CoOp's default init
     assert not fits_uncounted("a b c d e f g h i j k l m", "vacsr-tiny", 16)
+
+
+def test_the_memory_check_follows_what_a_method_keeps_for_its_backward(tmp_path, monkeypatch):
+    """A step's peak (vacsr/sweep/cost/memory.py) by method, at the space's largest batch: a
+    frozen method keeps no activations; CoOp keeps its C prompts' through the whole text tower
+    (its gradient reaches the context at the input); CoCoOp every image's C prompts'."""
+    from vacsr.sweep.cost.memory import worst_memory
+
+    plan = _plan(tmp_path, monkeypatch, "--methods", "linear_probe,coop,cocoop")
+    peaks = {m: worst_memory(plan, f"dtd.{m}")[2] for m in ("linear_probe", "coop", "cocoop")}
+    assert peaks["linear_probe"] < peaks["coop"] < peaks["cocoop"], peaks
+    batch = max(plan.spaces["dtd.cocoop"]["train.batch_size"].options)
+    # CoCoOp's text activations are its batch's times CoOp's: the growth is at least half that
+    # (the weights and the images' share do not grow)
+    grown = (peaks["cocoop"] - peaks["linear_probe"]) / (peaks["coop"] - peaks["linear_probe"])
+    assert grown >= batch / 2, (grown, batch)
