@@ -252,13 +252,21 @@ class PromptContextHead(CosineHead):
     def encode_prompts(self, backbone, tokens: torch.Tensor) -> torch.Tensor:
         """(C, T) prompt ids, each "<SOT> M placeholders name. <EOT>" -> (C, D) normalised class
         features through the frozen text tower, with the gradient reaching the context."""
-        clip = backbone.clip
-        words = clip.token_embedding(tokens)  # (C, T, W)
-        context = self.context.to(words.dtype)[None].expand(tokens.shape[0], -1, -1)
-        embeddings = torch.cat([words[:, :1], context, words[:, 1 + context.shape[1]:]], dim=1)
-        depth = len(prefix.blocks(clip, "text"))  # the whole tower, as its frozen path runs it
-        hidden = prefix.text_prefix(backbone, tokens, depth, embeddings=embeddings)
-        return prefix.text_suffix(backbone, hidden, tokens, depth)
+        return encode_with_context(backbone, tokens,
+                                   self.context[None].expand(tokens.shape[0], -1, -1))
+
+
+def encode_with_context(backbone, tokens: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    """(N, T) prompt ids and (N, M, W) context vectors, one set per prompt -> (N, D) normalised
+    features: each prompt's M word embeddings after <SOT> replaced by its context, through the
+    whole frozen text tower (the gradient reaches the context)."""
+    clip = backbone.clip
+    words = clip.token_embedding(tokens)  # (N, T, W)
+    context = context.to(words.dtype)
+    embeddings = torch.cat([words[:, :1], context, words[:, 1 + context.shape[1]:]], dim=1)
+    depth = len(prefix.blocks(clip, "text"))  # the whole tower, as its frozen path runs it
+    hidden = prefix.text_prefix(backbone, tokens, depth, embeddings=embeddings)
+    return prefix.text_suffix(backbone, hidden, tokens, depth)
 
 
 def initial_context(adapter, backbone) -> torch.Tensor:

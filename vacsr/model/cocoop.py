@@ -18,9 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vacsr.model import prefix
 from vacsr.model.adapter import AdapterOutput
-from vacsr.model.clip_heads import PromptContextHead
+from vacsr.model.clip_heads import PromptContextHead, encode_with_context
 
 META_REDUCTION = 16  # the meta-net's hidden width: the image feature's / 16 (sec. 4)
 # prompts through the text tower per evaluation chunk: about a CoOp evaluation's batch
@@ -41,28 +40,22 @@ class ConditionalContextHead(PromptContextHead):
                            image_feats: torch.Tensor) -> torch.Tensor:
         """(C, T) prompt ids and (B, d) image features -> (B, C, D) normalised class features,
         every image's C prompts through the frozen text tower with its own context."""
-        clip = backbone.clip
         shift = self.meta_net(F.normalize(image_feats.float(), dim=-1))  # (B, W) pi
-        words = clip.token_embedding(tokens)  # (C, T, W)
-        b, (c, t, w), m = shift.shape[0], words.shape, self.context.shape[0]
-        context = (self.context[None] + shift[:, None]).to(words.dtype)  # (B, M, W)
-        embeddings = torch.cat([words[None, :, :1].expand(b, -1, -1, -1),
-                                context[:, None].expand(-1, c, -1, -1),
-                                words[None, :, 1 + m:].expand(b, -1, -1, -1)], dim=2)
-        flat_tokens = tokens.repeat(b, 1)  # (B*C, T), image-major as the embeddings
-        depth = len(prefix.blocks(clip, "text"))
-        hidden = prefix.text_prefix(backbone, flat_tokens, depth,
-                                    embeddings=embeddings.reshape(b * c, t, w))
-        return prefix.text_suffix(backbone, hidden, flat_tokens, depth).reshape(b, c, -1)
+        b, c = shift.shape[0], tokens.shape[0]
+        context = self.context[None] + shift[:, None]  # (B, M, W)
+        # image-major: prompt i * C + k is image i's class k
+        flat_context = context[:, None].expand(-1, c, -1, -1).reshape(b * c, *context.shape[1:])
+        features = encode_with_context(backbone, tokens.repeat(b, 1), flat_context)
+        return features.reshape(b, c, -1)  # (B, C, D)
 
     def forward(self, image_feats: torch.Tensor, text_feats: torch.Tensor,
                 sample: bool | None = None) -> AdapterOutput:
         """image_feats (B, d) with their own class features (B, C, d) -> (B, C) logits; a
         (C, d) class set shared by every image (the plain prompts) scores as CoOp's."""
-        image = F.normalize(image_feats, dim=-1)  # (B, d)
-        text = F.normalize(text_feats, dim=-1)
-        if text.dim() == 2:
+        if text_feats.dim() == 2:
             return super().forward(image_feats, text_feats)
+        image = F.normalize(image_feats, dim=-1)  # (B, d)
+        text = F.normalize(text_feats, dim=-1)  # (B, C, d)
         logits = self.logit_scale.exp() * torch.einsum("bd,bcd->bc", image, text)  # (B, C)
         return AdapterOutput(logits=logits, sigma_hat=None)
 
