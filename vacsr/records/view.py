@@ -1,6 +1,6 @@
 """The sweep's view in the MLflow UI: its runs table with the final table's metrics as columns.
 
-MLflow 3.17's runs page reads its search facets from the URL (`searchFilter`, `orderByKey`,
+MLflow 3.17's and 3.18's runs page reads its search facets from the URL (`searchFilter`, `orderByKey`,
 `orderByAsc`, `startTime`, `lifecycleFilter`, `modelVersionFilter`, `datasetsFilter`) but not its
 columns: those come from the browser's local storage or from a *saved view* ("Save view" on the
 runs page, listed under "Views"), which the UI keeps as an experiment tag
@@ -38,7 +38,7 @@ TABLE_PREFIX = "table/"
 ROW_TAG = "vacsr.table_row"  # the table row a run holds: its dataset, or "average (N datasets)"
 # the MLflow releases (major.minor) whose UI reads the view as view_state writes it: add one
 # once tests/e2e/test_mlflow_ui.py passes on it
-VIEW_FORMAT_MLFLOW = ("3.17",)
+VIEW_FORMAT_MLFLOW = ("3.17", "3.18")
 
 
 def mlflow_release() -> str:
