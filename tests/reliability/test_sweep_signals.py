@@ -92,7 +92,10 @@ DATASETS = ("eurosat", "dtd")
 
 
 def _sweep(storage: Path, weights, *extra):
-    """The embedded sweep of two datasets, 2 trials each, one seed, in `storage`."""
+    """The embedded sweep of two datasets, 2 trials each, one seed, in `storage`. A dataset's
+    trials run one after the other in one reused actor: trials side by side, stopped and
+    resumed, are tests/reliability/test_concurrent_sweep.py's subject, and each costs an
+    actor's start; the two datasets still train at once."""
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
     for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):  # mlflow.set_tracking_uri exports it
         env.pop(name, None)
@@ -101,7 +104,8 @@ def _sweep(storage: Path, weights, *extra):
     return subprocess.Popen(
         [sys.executable, "sweeps/base2novel.py", "--datasets", ",".join(DATASETS), "--storage",
          str(storage), "--pretrained", str(weights), "--trials", "2", "--seeds", "1",
-         "--range", "train.epochs=int:3:5", *extra],  # shorter than the profile's 4-8 epochs
+         "--range", "train.epochs=int:3:5",  # shorter than the profile's 4-8 epochs
+         "--concurrent-trials", "1", *extra],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), log.name
 
 

@@ -82,20 +82,21 @@ def test_retrieval_sweep(tmp_path, ray_local, weights, capsys):
 
 
 def _small_imagenet(root):
-    """A synthetic ImageNet of 100 classes and its four shifts (A and R: 20 classes each) in
+    """A synthetic ImageNet of 50 classes and its four shifts (A and R: 10 classes each) in
     their real layouts: the sweep's path is the 1,000-class one's (vacsr/data/imagenet.py) at a
-    tenth of the images and class prompts."""
+    twentieth of the images and class prompts (CoCoOp's cost grows with both: its prompts are
+    encoded per image and class)."""
     from vacsr.data.generate import write_imagenet, write_imagenet_variant
     from vacsr.data.imagenet import VARIANTS
 
-    write_imagenet(root, classes=100, train_per_class=4, test_per_class=1)
+    write_imagenet(root, classes=50, train_per_class=4, test_per_class=1)
     for name in VARIANTS:
-        write_imagenet_variant(root, name, classes=100)
+        write_imagenet_variant(root, name, classes=50)
     return root
 
 
 def test_domain_generalization_sweep(tmp_path, ray_local, weights, capsys):
-    """Every method on ImageNet and its four shifts under one budget (a 100-class ImageNet, 2
+    """Every method on ImageNet and its four shifts under one budget (a 50-class ImageNet, 2
     shots: one batch of ImageNet's 128): each method's table, and the comparison a row per
     target and method with the shifted average and the differences per target."""
     import csv
