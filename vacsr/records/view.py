@@ -1,9 +1,9 @@
 """The sweep's view in the MLflow UI: its runs table with the final table's metrics as columns.
 
-MLflow 3.17's and 3.18's runs page reads its search facets from the URL (`searchFilter`, `orderByKey`,
-`orderByAsc`, `startTime`, `lifecycleFilter`, `modelVersionFilter`, `datasetsFilter`) but not its
-columns: those come from the browser's local storage or from a *saved view* ("Save view" on the
-runs page, listed under "Views"), which the UI keeps as an experiment tag
+The runs page of MLflow 3.17 and 3.18 reads its search facets from the URL (`searchFilter`,
+`orderByKey`, `orderByAsc`, `startTime`, `lifecycleFilter`, `modelVersionFilter`, `datasetsFilter`)
+but not its columns: those come from the browser's local storage or from a *saved view* ("Save
+view" on the runs page, listed under "Views"), which the UI keeps as an experiment tag
 `mlflow.sharedViewState.<id>` and opens from `#/experiments/<id>/runs?viewStateShareKey=<id>`.
 The sweep saves such a view at its end, in the form the UI writes (a JSON envelope with name,
 times and the state as a JSON string): filtered on the sweep, every run shown, and as columns:
