@@ -202,8 +202,9 @@ def weights(tmp_path_factory) -> Path:
 
 
 def make_dataset_folders(root: Path) -> Path:
-    """Every dataset's layout under `root`, one synthetic image per class and split: what a sweep
-    checks before Ray starts (every image it will read), for the tests that only plan a sweep.
+    """Every dataset's layout under `root`, two synthetic training images per class and one per
+    other split: what a sweep checks before Ray starts (every image it will read, and a batch of
+    each searched size in the few-shot training split), for the tests that only plan a sweep.
     Links to one copy per test run, written by the first test that needs it."""
     from vacsr.data.generate import generate_all
 
@@ -211,7 +212,7 @@ def make_dataset_folders(root: Path) -> Path:
     shared.parent.mkdir(parents=True, exist_ok=True)
     with _locked(shared.parent / "layouts.lock"):
         if not (shared / ".generated").is_file():
-            generate_all(shared, per_class=(1, 1, 1))
+            generate_all(shared, per_class=(2, 1, 1))
             (shared / ".generated").write_text("ok\n")
     root.mkdir(parents=True, exist_ok=True)
     for layout in shared.iterdir():

@@ -70,12 +70,12 @@ def test_a_sweep_says_once_before_ray_when_classes_have_fewer_shots(tmp_path, ca
     from conftest import sweep_plan
     from sweeps.base2novel import SWEEP as BASE2NOVEL
 
-    sweep_plan(BASE2NOVEL, tmp_path / "store", ["--datasets", "eurosat,dtd", "--shots", "1"],
+    sweep_plan(BASE2NOVEL, tmp_path / "store", ["--datasets", "eurosat,dtd", "--shots", "2"],
                data=tmp_path / "data")
-    assert capsys.readouterr().out == ""  # one training image per class: 1 shot is all there
+    assert capsys.readouterr().out == ""  # two training images per class: 2 shots are all there
     sweep_plan(BASE2NOVEL, tmp_path / "store", ["--datasets", "eurosat,dtd", "--shots", "1000"],
                data=tmp_path / "data")
     assert capsys.readouterr().out.splitlines() == [
         f"{name}: data.shots=1000, but a class with fewer training images trains on all of them: "
-        "1 to 1 per class (each run's tags vacsr.shots_min / vacsr.shots_max)"
+        "2 to 2 per class (each run's tags vacsr.shots_min / vacsr.shots_max)"
         for name in ("eurosat", "dtd")]

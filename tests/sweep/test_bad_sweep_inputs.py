@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, make_dataset_folders, refused
+from conftest import REPO, make_dataset_folders, refused, sweep_plan
+from sweeps.base2novel import SWEEP as BASE2NOVEL
 from tests.support.servers import answering, http_serving
 from tests.support.sweep_refusals import sweep_refused as _refused
 from tests.support.sweep_refusals import written_besides
@@ -64,6 +65,29 @@ def test_a_missing_novel_test_image_of_a_later_dataset_is_refused_before_ray(tmp
     assert line == (f"vacsr: error: {data / 'dtd' / 'images' / image}: image file not found "
                     f"(listed in {split_file}); expected the image the split file names")
     _nothing_written(tmp_path, data)
+
+
+def test_a_batch_its_few_shot_split_cannot_fill_is_refused_before_ray(tmp_path, capsys):
+    """EuroSAT's 5 base classes at --shots 1 are 5 training images, fewer than the largest batch
+    size its search draws (4, 5, 6; a fixed one alike): every trial that drew 6 would fail as it
+    started. One line before Ray instead; a sweep whose batches fit goes on."""
+    from vacsr.data.generate import generate_all
+
+    data = generate_all(tmp_path / "data", datasets=["eurosat"], per_class=(2, 1, 1))
+    too_few = ("vacsr: error: eurosat: the training split has 5 images (1 shots of its classes), "
+               "fewer than one batch of train.batch_size=6{}, so its runs would take no training "
+               "step; use more shots (--shots) or batches of at most 5 (--set "
+               "train.batch_size=N)")
+    argv = ["--datasets", "eurosat", "--data-root", str(data), "--shots", "1"]
+    assert _refused(argv, tmp_path / "store", capsys) == too_few.format(" (searched: 4, 5, 6)")
+    assert _refused([*argv, "--set", "train.batch_size=6"], tmp_path / "store",
+                    capsys) == too_few.format("")
+    _nothing_written(tmp_path, data)
+
+    # planned without a refusal: 10 images at --shots 2, and a batch fixed at 5 of the 5
+    sweep_plan(BASE2NOVEL, tmp_path / "ok", [*argv[:4], "--shots", "2"])
+    assert sweep_plan(BASE2NOVEL, tmp_path / "ok", [*argv, "--set", "train.batch_size=5"]
+                      ).configs["eurosat"].train.batch_size == 5
 
 
 def test_an_unknown_model_is_refused(tmp_path, capsys, data_root):

@@ -96,7 +96,7 @@ def _small_imagenet(root):
 
 
 def test_domain_generalization_sweep(tmp_path, ray_local, weights, capsys):
-    """Every method on ImageNet and its four shifts under one budget (a 50-class ImageNet, 2
+    """Every method on ImageNet and its four shifts under one budget (a 50-class ImageNet, 3
     shots: one batch of ImageNet's 128): each method's table, and the comparison a row per
     target and method with the shifted average and the differences per target."""
     import csv
@@ -109,7 +109,7 @@ def test_domain_generalization_sweep(tmp_path, ray_local, weights, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     code = main(DG, ["--storage", str(tmp_path / "dg"), "--tracking-uri", uri, "--pretrained",
                      str(weights), "--methods", "all", "--seeds", "1,2", "--trials", "1",
-                     "--epochs", "1", "--shots", "2",
+                     "--epochs", "1", "--shots", "3",
                      "--data-root", str(_small_imagenet(tmp_path / "data"))])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]

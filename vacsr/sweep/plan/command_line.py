@@ -23,6 +23,7 @@ from vacsr.sweep.plan.inputs import (
     check_datasets,
     check_devices,
     check_model,
+    check_one_batch,
     check_pretrained,
     check_ray_address,
     check_ray_storage,
@@ -106,10 +107,12 @@ def _writes_to_check(uri: str) -> bool:
     return uri.startswith(("sqlite", "file")) or "://" not in uri
 
 
-def _check_plan(plan: SweepPlan, args, check_memory: Callable[[SweepPlan], Any]) -> None:
-    """The memory, then the stores, each one line before any trial; --plan skips the checks that
-    create a store."""
+def _check_plan(plan: SweepPlan, args, check_memory: Callable[[SweepPlan], Any],
+                train_counts: dict[str, dict[int, int]]) -> None:
+    """The memory and the batches, then the stores, each one line before any trial; --plan
+    skips the checks that create a store."""
     check_memory(plan)  # a configuration that cannot fit: one line, nothing written
+    check_one_batch(train_counts, plan.configs, plan.spaces)  # nor one that cannot train
     if not (args.plan and _writes_to_check(plan.tracking_uri)):
         check_tracking_uri(plan.tracking_uri)  # unreachable or refused
     if plan.optuna_url and not (args.plan and _writes_to_check(plan.optuna_url)):
@@ -188,7 +191,7 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
         device_memory_gib=args.device_memory_gib,
         synthetic_per_class=tuple(profile["synthetic_per_class"]) if embedded else None,
         recalibrate=args.recalibrate, methods=methods, rehearse=args.rehearse)
-    _check_plan(plan, args, check_memory)
+    _check_plan(plan, args, check_memory, train_counts)
     if user_fixed:  # once per sweep, not per dataset
         print(f"--set fixes searched keys: {', '.join(user_fixed)}; every trial and final run "
               "of every dataset has their values", flush=True)

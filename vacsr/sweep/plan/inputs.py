@@ -87,25 +87,60 @@ def check_datasets(root: Path, task: str, names: list[str]) -> dict[str, dict[in
     return {name: per_label for name, per_label in counts.items() if per_label}
 
 
+def _shots_taken(per_label: dict[int, int], config) -> list[int]:
+    """The training images each class of a unit's runs takes: data.shots, or all of a class's
+    images where it has fewer (CoOp's sampling), over the classes the runs train on."""
+    from vacsr.data.fewshot import subsample_labels
+
+    shots = config.data.shots
+    return [min(per_label[label], shots)
+            for label in subsample_labels(per_label, config.data.subsample_classes)]
+
+
 def note_fewer_shots(train_counts: dict[str, dict[int, int]], configs: dict) -> None:
     """One line per dataset where a class the runs train on has fewer training images than
     data.shots: it trains on all of them (CoOp's sampling), while the config records the shots
     asked for; each run's tags record those it got (vacsr/tasks.py run_tags)."""
     if not train_counts:  # the embedded profile, retrieval: and no data stack imported for it
         return
-    from vacsr.data.fewshot import subsample_labels
     from vacsr.task_names import SHOTS_MAX_TAG, SHOTS_MIN_TAG
 
     for dataset, config in configs.items():
         per_label, shots = train_counts.get(dataset), config.data.shots
         if not per_label:
             continue
-        taken = [min(per_label[label], shots)
-                 for label in subsample_labels(per_label, config.data.subsample_classes)]
+        taken = _shots_taken(per_label, config)
         if min(taken) < shots:
             print(f"{dataset}: data.shots={shots}, but a class with fewer training images trains "
                   f"on all of them: {min(taken)} to {max(taken)} per class (each run's tags "
                   f"{SHOTS_MIN_TAG} / {SHOTS_MAX_TAG})", flush=True)
+
+
+def check_one_batch(train_counts: dict[str, dict[int, int]], configs: dict,
+                    spaces: dict) -> None:
+    """Every batch size a unit's runs may train with fills its few-shot training split at least
+    once. A run refuses one that does not (vacsr/data/sampler.py: the epoch would take no step),
+    but only as it starts: every trial that drew it would fail, and with a fixed size every
+    trial, final seed and method after the sweep had started. One line now instead."""
+    from vacsr.config.domains import Choice
+    from vacsr.methods.registry import method_of
+
+    for unit, config in configs.items():
+        per_label = train_counts.get(config.data.dataset)
+        if not per_label or not method_of(config.adapter.kind).trained:
+            continue
+        images = sum(_shots_taken(per_label, config))
+        domain = spaces.get(unit, {}).get("train.batch_size")
+        sizes = (domain.options if isinstance(domain, Choice) else (int(domain.high),)
+                 if domain is not None else (config.train.batch_size,))
+        too_large = sorted(size for size in sizes if size > images)
+        if too_large:
+            drawn = f" (searched: {', '.join(map(str, sizes))})" if domain is not None else ""
+            raise ConfigError(
+                f"{unit}: the training split has {images} images ({config.data.shots} shots "
+                f"of its classes), fewer than one batch of train.batch_size={too_large[-1]}"
+                f"{drawn}, so its runs would take no training step; use more shots (--shots) "
+                f"or batches of at most {images} (--set train.batch_size=N)")
 
 
 def check_devices(configs: dict, local: bool, trial_cpus: float = 1.0) -> None:
@@ -229,5 +264,5 @@ def check_ray_storage(text: str | None) -> str:
 
 
 __all__ = ["check_datasets", "check_devices", "check_model", "check_pretrained",
-           "check_ray_address", "check_ray_storage", "check_sweep_name", "check_trials_fit",
-           "note_fewer_shots"]
+           "check_one_batch", "check_ray_address", "check_ray_storage", "check_sweep_name",
+           "check_trials_fit", "note_fewer_shots"]
