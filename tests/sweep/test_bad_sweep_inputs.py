@@ -74,10 +74,9 @@ def test_a_batch_its_few_shot_split_cannot_fill_is_refused_before_ray(tmp_path, 
     from vacsr.data.generate import generate_all
 
     data = generate_all(tmp_path / "data", datasets=["eurosat"], per_class=(2, 1, 1))
-    too_few = ("vacsr: error: eurosat: the training split has 5 images (1 shots of its classes), "
-               "fewer than one batch of train.batch_size=6{}, so its runs would take no training "
-               "step; use more shots (--shots) or batches of at most 5 (--set "
-               "train.batch_size=N)")
+    too_few = ("vacsr: error: eurosat: the training split has 5 images at data.shots=1, fewer "
+               "than one batch of train.batch_size=6{}, so its runs would take no training step; "
+               "use more shots (--shots) or batches of at most 5 (--set train.batch_size=N)")
     argv = ["--datasets", "eurosat", "--data-root", str(data), "--shots", "1"]
     assert _refused(argv, tmp_path / "store", capsys) == too_few.format(" (searched: 4, 5, 6)")
     assert _refused([*argv, "--set", "train.batch_size=6"], tmp_path / "store",

@@ -137,8 +137,8 @@ def check_one_batch(train_counts: dict[str, dict[int, int]], configs: dict,
         if too_large:
             drawn = f" (searched: {', '.join(map(str, sizes))})" if domain is not None else ""
             raise ConfigError(
-                f"{unit}: the training split has {images} images ({config.data.shots} shots "
-                f"of its classes), fewer than one batch of train.batch_size={too_large[-1]}"
+                f"{unit}: the training split has {images} images at data.shots="
+                f"{config.data.shots}, fewer than one batch of train.batch_size={too_large[-1]}"
                 f"{drawn}, so its runs would take no training step; use more shots (--shots) "
                 f"or batches of at most {images} (--set train.batch_size=N)")
 
