@@ -27,7 +27,9 @@ DATASETS = ("eurosat", "dtd")
 def _driver(storage: Path, weights: Path, stores: tuple[str, str],
             *extra: str) -> tuple[subprocess.Popen, Path]:
     """The sweep's driver on `stores` (MLflow's, Optuna's), run in `storage`: MLflow puts a
-    database store's artifacts in ./mlruns of the process that creates the experiment."""
+    database store's artifacts in ./mlruns of the process that creates the experiment. A
+    dataset's trials run one after the other in one reused actor (rehearsed trials side by side
+    are benchmarks/bench_scale.py's subject, and each actor costs its start)."""
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
     for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
         env.pop(name, None)
@@ -36,9 +38,9 @@ def _driver(storage: Path, weights: Path, stores: tuple[str, str],
     return subprocess.Popen(
         [sys.executable, str(REPO / "sweeps" / "base2novel.py"), "--datasets",
          ",".join(DATASETS), "--storage", str(storage), "--pretrained", str(weights),
-         "--trials", "3", "--seeds", "1,2", "--tracking-uri", stores[0], "--optuna-storage",
-         stores[1], *extra], cwd=storage, env=env, stdout=open(log, "w"),
-        stderr=subprocess.STDOUT), log
+         "--trials", "3", "--seeds", "1,2", "--concurrent-trials", "1", "--tracking-uri",
+         stores[0], "--optuna-storage", stores[1], *extra], cwd=storage, env=env,
+        stdout=open(log, "w"), stderr=subprocess.STDOUT), log
 
 
 def test_a_killed_rehearsal_resumes_to_a_marked_report_that_is_never_a_result(tmp_path,
