@@ -48,7 +48,7 @@ RAY_LANES = {
               "test_sweep_e2e.py"),
     "ray-b": ("test_sweep_signals.py", "test_ray_train.py", "test_gpu_check.py",
               "test_eval_actor.py", "test_plan_signals.py", "test_sweep_failures.py",
-              "test_sweep_methods.py", "test_sweep_rehearsal.py"),
+              "test_sweep_methods.py", "test_sweep_rehearsal.py", "test_sweep_repair.py"),
 }
 LANE_OF_MODULE = {module: lane for lane, modules in RAY_LANES.items() for module in modules}
 # The tests that need the pretrained tiny CLIP run on one worker: it pretrains it (about 40 s of

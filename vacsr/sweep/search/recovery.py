@@ -16,7 +16,8 @@ results are read). Empty pickles and JSON files are never valid, so they are rem
 back to `error.txt` for an error); and trials that errored on a storage error are resumed from
 their checkpoints, since freeing space removes their cause (so are trials whose MLflow server
 stopped answering, once it is back); other errors stay final: the same config and seed fail
-again.
+again. A checkpoint that Tune's saved state names but that Tune had already deleted gets one of
+the trial's newer checkpoints (restore_named_checkpoints).
 """
 from __future__ import annotations
 
@@ -169,3 +170,48 @@ def repair_experiment(folder: str) -> bool:
         return False
     clear_empty_files(Path(folder))
     return failed_on_outage(Path(folder))
+
+
+def _whole_checkpoints(trial_folder: Path, checkpoint_file: str) -> list[Path]:
+    """The trial's checkpoint folders that hold `checkpoint_file`, oldest first (Tune names them
+    checkpoint_000000, checkpoint_000001, ...)."""
+    return sorted(path for path in trial_folder.glob("checkpoint_*")
+                  if (path / checkpoint_file).is_file())
+
+
+def restore_named_checkpoints(results, checkpoint_file: str) -> list[str]:
+    """Give every local checkpoint a restored Tune experiment's saved state names the folder it
+    names; one line per trial repaired. `results`: the restored Tuner's `get_results()`.
+
+    Tune deletes a trial's older checkpoints (`CheckpointConfig.num_to_keep`) when it registers
+    a new one, but saves its experiment state only now and then: a driver stopped in between
+    (SIGKILL, a lost head node) leaves a state whose trial's latest checkpoint is gone. Tune's
+    restore of that trial then fails ("does not exist on storage anymore"), its Optuna trial
+    gets no value and the search draws otherwise from there on. The trial folder still holds
+    the newer checkpoints the trial wrote after that state: the newest whole one is moved to the
+    path the state names and the trial resumes from it (runs are seeded, so the epochs it
+    starts from are those a clean run computed). With none left, the named folder is made empty:
+    the run trains again from its first epoch (vacsr/distributed/ray_hooks.py, read_or_restart).
+    An older checkpoint the state keeps and the disk lacks gets an empty folder for Tune to
+    delete when it rotates its checkpoints."""
+    repaired = []
+    for result in results:
+        latest = result.checkpoint
+        if latest is None or "://" in latest.path:
+            continue  # no checkpoint yet, or an object store (written whole, deleted by Tune)
+        named = Path(latest.path)
+        if not named.exists():
+            newer = _whole_checkpoints(named.parent, checkpoint_file)
+            if newer:
+                os.rename(newer[-1], named)
+                repaired.append(f"{named.parent.name}: Tune's state names {named.name}, which "
+                                f"it had deleted; the trial resumes from {newer[-1].name}")
+            else:
+                named.mkdir(parents=True)
+                repaired.append(f"{named.parent.name}: Tune's state names {named.name}, which "
+                                "it had deleted, and no newer checkpoint is whole; the trial "
+                                "trains again from its first epoch")
+        for kept, _ in result.best_checkpoints or []:
+            if "://" not in kept.path:
+                Path(kept.path).mkdir(parents=True, exist_ok=True)
+    return repaired

@@ -29,7 +29,12 @@ from vacsr.sweep.plan.plan import SweepPlan, trains_in_trial, trial_resources
 from vacsr.sweep.plan.studies import fail_running_trials, open_optuna_storage, study_name
 from vacsr.sweep.search.asha import OrderedASHA
 from vacsr.sweep.search.optuna_searcher import OptunaStudySearch
-from vacsr.sweep.search.recovery import TRACKING_DOWN_NOTE, repair_experiment, tracking_failure
+from vacsr.sweep.search.recovery import (
+    TRACKING_DOWN_NOTE,
+    repair_experiment,
+    restore_named_checkpoints,
+    tracking_failure,
+)
 from vacsr.sweep.search.rung_gate import GateSpec, gate_name, open_gate, wait_note
 from vacsr.sweep.search.rungs import RungLedger
 from vacsr.sweep.search.selection import (
@@ -107,17 +112,22 @@ def study_search(plan: SweepPlan, dataset: str, storage) -> OptunaStudySearch:
 
 
 def _tuner(plan: SweepPlan, dataset: str, experiment: str, trainable, storage,
-           max_concurrent: int, gate: GateSpec | None, callbacks: list) -> tune.Tuner:
-    """A new Tuner, or the restored one when --resume finds this dataset's `experiment`."""
+           max_concurrent: int, gate: GateSpec | None,
+           report: Callable[[dict], None]) -> tune.Tuner:
+    """A new Tuner, or the restored one when --resume finds this dataset's `experiment`; its
+    progress events go to `report`."""
     storage_path, filesystem = ray_storage(plan.ray_path(TUNE))  # whole files (storage_fs.py)
     folder = join_storage(storage_path, experiment)
     storage_failed = plan.resume and repair_experiment(folder)  # what a full disk left
     if plan.resume and tune.Tuner.can_restore(folder, storage_filesystem=filesystem):
         # errored trials stay failed, their errors are deterministic (worker loss is retried by
         # Ray Train inside the trial), unless a full disk stopped them (search/recovery.py)
-        return tune.Tuner.restore(folder, trainable=trainable, resume_unfinished=True,
-                                  resume_errored=storage_failed, restart_errored=False,
-                                  storage_filesystem=filesystem)
+        tuner = tune.Tuner.restore(folder, trainable=trainable, resume_unfinished=True,
+                                   resume_errored=storage_failed, restart_errored=False,
+                                   storage_filesystem=filesystem)
+        for line in restore_named_checkpoints(tuner.get_results(), CHECKPOINT_FILE):
+            report({"event": "note", "dataset": dataset, "text": line})
+        return tuner
     base = plan.configs[dataset]
     search = study_search(plan, dataset, storage)
     # a trial that trains in its actor is restarted by Tune when the actor is lost (Ray Train
@@ -141,7 +151,8 @@ def _tuner(plan: SweepPlan, dataset: str, experiment: str, trainable, storage,
             # TorchTrainer workers gets an actor of its own
             reuse_actors=in_actor),
         run_config=tune.RunConfig(name=experiment, storage_path=storage_path,
-                                  storage_filesystem=filesystem, verbose=0, callbacks=callbacks,
+                                  storage_filesystem=filesystem, verbose=0,
+                                  callbacks=[TrialEvents(dataset, plan.kind.metric, report)],
                                   failure_config=tune.FailureConfig(max_failures=retries),
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=2)))
 
@@ -217,8 +228,7 @@ def _search(plan: SweepPlan, dataset: str, dataset_run_id: str, max_concurrent: 
     # one answer for the trials, the scheduler and the gate actor
     gate = rung_gate_spec(plan, dataset, experiment, max_concurrent)
     trainable = _trainable(plan, dataset, dataset_run_id, gate)
-    tuner = _tuner(plan, dataset, experiment, trainable, storage, max_concurrent, gate,
-                   [TrialEvents(dataset, plan.kind.metric, report)])
+    tuner = _tuner(plan, dataset, experiment, trainable, storage, max_concurrent, gate, report)
     gate_actor = gate and open_gate(gate, rung_ledger(plan, dataset).verdicts())
     try:
         results = tuner.fit()
