@@ -154,23 +154,30 @@ def planned_trials(trials: dict[str, Trial], args, root: Path, cache: Path) -> d
     VACSR's configuration (as a sweep calibrates on its first unit), the method's run settings,
     the trial's steps and images; no val pass (the measured trials run none)."""
     from vacsr.config import flatten
+    from vacsr.data.generate import synthetic_classnames
+    from vacsr.model.prompt_room import COUNT_KEY, INIT_KEY, text_positions
     from vacsr.sweep.cost import estimate as est
     from vacsr.sweep.cost.calibrate import measure_costs
-    from vacsr.sweep.cost.counts import DatasetCounts
+    from vacsr.sweep.cost.counts import DatasetCounts, name_pieces
     from vacsr.sweep.spec.space import tower_depths
 
     vacsr = config_for("vacsr", args, root, cache)
     samples = tuple(str(p) for p in sorted(root.rglob("*")) if p.suffix in (".jpg", ".png"))[:8]
     costs = measure_costs(vacsr, samples, time.time())
     depths = tower_depths(args.model)
+    pieces = name_pieces(synthetic_classnames("eurosat"), set(range(args.classes)))
     planned = {}
     for method in ORDER:
-        run = est.run_settings(flatten(config_for(method, args, root, cache)), depths)
+        values = flatten(config_for(method, args, root, cache))
+        run = est.run_settings(values, depths)
         counts = DatasetCounts(train=trials[method].images, val=0, test=0, prompts=args.classes,
                                evaluations={})
+        share = est.prompt_share((values[INIT_KEY],), (values[COUNT_KEY],), pieces,
+                                 text_positions(args.model))
         planned[method] = (est.start_seconds(run, costs, counts)
-                           + trials[method].steps * est.step_seconds(run, costs, args.classes,
-                                                                     depths))
+                           + trials[method].steps * est.step_seconds(
+                               run, costs, args.classes, depths,
+                               share))
     return planned
 
 

@@ -4,6 +4,7 @@ figure is worked out in the comments, so a reader can check it with a pencil."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -126,6 +127,24 @@ def test_what_a_method_runs_sets_its_step_by_hand():
     assert est.step_seconds(maple, COSTS, 5, DEPTHS) == pytest.approx(0.08275)
     assert est.run_settings({**values, "adapter.kind": "maple", "adapter.maple_depth": -1},
                             DEPTHS) == maple
+    # prompts cut at the longest one's end, half the context: CoOp's 5 prompts x 0.5 x 0.00175
+    # + head 0.002 = 0.006375; CoCoOp's 20 x 0.5 x 0.00175 + 0.002 = 0.0195, 11 steps 0.2145,
+    # val 10 x 0.015 + its 50 prompts x 0.5 x 0.001 = 0.175                 -> 0.3895
+    assert est.step_seconds(coop, COSTS, 5, DEPTHS, 0.5) == pytest.approx(0.006375)
+    halved = replace(DTD, prompt_share=0.5)
+    assert est.epoch_seconds(cocoop, COSTS, halved, DEPTHS, cached=False) == \
+        pytest.approx(0.3895)
+    # a method whose prompts are frozen or VACSR's keeps the whole context
+    assert est.step_seconds(probe, COSTS, 5, DEPTHS, 0.5) == pytest.approx(0.002)
+    assert est.epoch_seconds(zero_shot, COSTS, halved, DEPTHS, cached=False) == \
+        pytest.approx(0.155)
+    # the plan's share: "<SOT> X X X X <a name of 3 pieces>. <EOT>" = 10 of 16 positions, the
+    # init phrase "a photo of a" as long; a count it cannot take (None) leaves it whole
+    assert est.prompt_share(("random", "a photo of a"), (4,), 3, 16) == pytest.approx(10 / 16)
+    assert est.prompt_share(("random",), (4, 8), 3, 16) == pytest.approx(14 / 16)
+    assert est.prompt_share(("random",), (8,), 9, 16) == 1.0
+    assert est.prompt_share(("random",), (4,), 0, 16) == est.prompt_share(("random",), (4,), 3,
+                                                                          None) == 1.0
     # VACSR's trial of the same shape pays the images every step: 4 x 0.015 + 0.002 = 0.062
     assert est.step_seconds(est.RunSettings(4, "first", 0, 0), COSTS, 5, DEPTHS) == \
         pytest.approx(0.062)

@@ -150,6 +150,63 @@ def test_an_init_phrase_takes_the_prompt_room_its_tokens_take(tmp_path, monkeypa
               f"adapter.context_init={fits} n")
 
 
+REAL_NAMES = ("Annual Crop Land", "2012 Mercedes-Benz SL-Class Coupe", "F/A-18", "Cessna 172",
+              "yellow lady's slipper", "grand piano", "indoor apse", "Apply Eye Makeup")
+
+
+def test_word_pieces_count_a_names_tokens_without_the_tokenizer():
+    """The plan counts a class name's tokens without open_clip (its driver imports no torch):
+    exactly for names of common words, within two tokens for every generated dataset's longest
+    name (rare words merged into more tokens), never more than the tokenizer's."""
+    from vacsr.data.generate import NAMING, synthetic_classnames
+    from vacsr.model.backbone import model_tokenizer
+    from vacsr.model.prompt_room import word_pieces
+
+    tokenizer = model_tokenizer("ViT-B-16")
+
+    def tokens(names):  # the tokens between <SOT> and <EOT>
+        return (tokenizer(list(names)).argmax(dim=-1) - 1).tolist()
+
+    assert [word_pieces(name) for name in REAL_NAMES] == tokens(REAL_NAMES)
+    for dataset in (*NAMING, "fgvc_aircraft", "imagenet"):
+        names = [name.replace("_", " ") for name in synthetic_classnames(dataset)]
+        counted, true = [word_pieces(name) for name in names], tokens(names)
+        assert max(true) - 2 <= max(counted) <= max(true), dataset
+
+
+@pytest.mark.parametrize("method", ["coop", "cocoop", "maple"])
+def test_a_prompt_methods_plan_charges_the_text_tower_up_to_its_longest_prompt(
+        method, tmp_path, monkeypatch):
+    """A prompt method's prompts run up to the longest one's <EOT> (vacsr/model/prefix.py
+    prompt_end): the plan's share of the context is the longest prompt any context its space
+    draws writes for the unit's class names, as the tiny CLIP's tokenizer counts it, to a token."""
+    from vacsr.data.generate import synthetic_classnames
+    from vacsr.model.backbone import model_tokenizer
+    from vacsr.model.prompt_room import RANDOM_INIT
+    from vacsr.sweep.cost.counts import DatasetCounts, name_pieces
+    from vacsr.sweep.cost.sweep_cost import with_prompt_share
+
+    plan = _plan(tmp_path, monkeypatch, "--methods", method)
+    unit = next(u for u in plan.datasets if plan.dataset_of(u) == "eurosat")
+    base_labels = set(range(5))  # base-to-novel trains on the first half of the 10 classes
+    names = [synthetic_classnames("eurosat")[label] for label in sorted(base_labels)]
+    counts = DatasetCounts(train=10, val=5, test=5, prompts=5,
+                           name_pieces=name_pieces(synthetic_classnames("eurosat"), base_labels))
+    share = with_prompt_share(plan, unit, counts).prompt_share
+    flat, space = flatten(plan.configs[unit]), plan.spaces[unit]
+    inits = space["adapter.context_init"].options if "adapter.context_init" in space \
+        else (flat["adapter.context_init"],)
+    sizes = space["adapter.context_tokens"].options if "adapter.context_tokens" in space \
+        else (flat["adapter.context_tokens"],)
+    tokenizer = model_tokenizer("vacsr-tiny")
+    longest = 0
+    for init in inits:
+        words = [" ".join(["X"] * m) if init == RANDOM_INIT else init for m in sizes]
+        prompts = [f"{w} {name.replace('_', ' ')}." for w in words for name in names]
+        longest = max(longest, int(tokenizer(prompts).argmax(dim=-1).max()) + 1)
+    assert abs(share * 16 - longest) <= 1 and share < 1
+
+
 def test_the_cost_plan_adds_each_methods_device_time():
     row = {"train": 8, "val": 4, "test": 4, "evaluations": {"novel_acc": 4},
            "steps_per_epoch": [2], "trials": 2, "epochs": [1, 2], "trial_s": 1.0,

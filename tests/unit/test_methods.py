@@ -235,6 +235,44 @@ def test_cocoop_with_a_silent_meta_net_is_coop_with_the_same_context(tmp_path, w
     torch.testing.assert_close(loss, coop.task.loss_from_pairs(shared)[0], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["coop", "cocoop", "maple"])
+def test_prompts_cut_at_the_longest_ones_end_give_the_whole_contexts_features_and_gradients(
+        kind, tmp_path, weights, eurosat, monkeypatch):
+    """A prompt method's text tower runs only up to its longest prompt's EOT (prefix.prompt_end):
+    under CLIP's causal mask the features, and every gradient reaching the learned prompts (the
+    context, CoCoOp's meta-net, MaPLe's deeper prompts), equal those over the whole context."""
+    from vacsr.methods.method import class_prompts
+    from vacsr.model import prefix
+
+    trainer = Trainer(_config(tmp_path / kind, weights, eurosat, kind))
+    model, backbone = trainer.model, trainer.model.backbone
+    tokens = backbone.tokenize(class_prompts(model, trainer.splits["train"]))  # (C, T)
+    end = prefix.prompt_end(backbone.clip, tokens)
+    assert int(tokens.argmax(dim=-1).max()) + 1 == end < tokens.shape[1]  # the cut applies
+    images = F.normalize(torch.randn(3, 64, generator=torch.Generator().manual_seed(0)), dim=-1)
+
+    def features_and_grads():
+        model.zero_grad()
+        if kind == "cocoop":
+            features = model.head.encode_conditioned(backbone, tokens, images)  # (3, C, D)
+        else:
+            features = model.head.encode_prompts(backbone, tokens)  # (C, D)
+        weights_ = torch.linspace(-1, 1, features.numel()).reshape(features.shape)
+        (features * weights_).sum().backward()
+        grads = {name: p.grad.clone() for name, p in model.head.named_parameters()
+                 if p.grad is not None}
+        return features.detach(), grads
+
+    cut, cut_grads = features_and_grads()
+    monkeypatch.setattr(prefix, "prompt_end", lambda clip, ids: ids.shape[1])  # all T
+    whole, whole_grads = features_and_grads()
+    torch.testing.assert_close(cut, whole, rtol=0, atol=1e-6)
+    assert "context" in cut_grads and sorted(cut_grads) == sorted(whole_grads)
+    for name, grad in cut_grads.items():
+        scale = float(whole_grads[name].abs().max())  # float sums in another order
+        torch.testing.assert_close(grad, whole_grads[name], rtol=0, atol=1e-4 * scale)
+
+
 def test_maple_reduced_to_its_first_language_prompts_is_coop_with_that_context(
         tmp_path, weights, eurosat):
     """J = 1 without vision prompts: CoOp exactly; the prompts of the deeper blocks and the

@@ -170,9 +170,7 @@ def write_aircraft(root: str | Path, *, seed: int = 0, train_per_class: int = 4,
     """fgvc_aircraft/variants.txt, images_variant_{train,val,test}.txt and images/<id>.jpg."""
     rng = random.Random(f"{seed}-fgvc_aircraft")
     dataset_dir = Path(root) / "fgvc_aircraft"
-    # Real variants contain spaces, dashes and slashes ("F/A-18", "Cessna 172").
-    variants = [f"{w[0].capitalize()}-{w[1]}/{w[2]} {' '.join(w[3:])}".strip()
-                for w in map(class_words, range(DATASETS["fgvc_aircraft"].num_classes))]
+    variants = synthetic_classnames("fgvc_aircraft")
     dataset_dir.mkdir(parents=True, exist_ok=True)
     (dataset_dir / "variants.txt").write_text("\n".join(variants) + "\n")
     image_id = 1_000_000
@@ -186,6 +184,19 @@ def write_aircraft(root: str | Path, *, seed: int = 0, train_per_class: int = 4,
                 lines.append(f"{image_id} {variant}")
         (dataset_dir / f"images_variant_{split}.txt").write_text("\n".join(lines) + "\n")
     return dataset_dir
+
+
+def synthetic_classnames(name: str) -> list[str]:
+    """The class names, by label, of generated classification dataset `name` as its files name
+    them (a split dataset's split JSON, Aircraft's variants.txt, ImageNet's classnames.txt)."""
+    count = DATASETS[name].num_classes
+    if name == "imagenet":
+        return imagenet_classnames(count)
+    if name == "fgvc_aircraft":  # real variants hold spaces, dashes and slashes ("F/A-18")
+        return [f"{w[0].capitalize()}-{w[1]}/{w[2]} {' '.join(w[3:])}".strip()
+                for w in map(class_words, range(count))]
+    name_of = NAMING[name][1]
+    return [name_of(label, class_words(label)) for label in range(count)]
 
 
 def imagenet_wnids(count: int = 1000) -> list[str]:

@@ -259,9 +259,13 @@ class PromptContextHead(CosineHead):
 def encode_with_context(backbone, tokens: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
     """(N, T) prompt ids and (N, M, W) context vectors, one set per prompt -> (N, D) normalised
     features: each prompt's M word embeddings after <SOT> replaced by its context, through the
-    whole frozen text tower (the gradient reaches the context)."""
+    whole frozen text tower (the gradient reaches the context), over the positions up to the
+    longest prompt's end (prefix.prompt_end)."""
     clip = backbone.clip
-    words = clip.token_embedding(tokens)  # (N, T, W)
+    # the positions after the longest prompt's EOT change no feature: a prompt of M + a name's
+    # tokens runs over ~15 of ViT-B/16's 77 (about 5x less text tower, forward and backward)
+    tokens = tokens[:, :prefix.prompt_end(clip, tokens)]  # (N, T')
+    words = clip.token_embedding(tokens)  # (N, T', W)
     context = context.to(words.dtype)
     embeddings = torch.cat([words[:, :1], context, words[:, 1 + context.shape[1]:]], dim=1)
     depth = len(prefix.blocks(clip, "text"))  # the whole tower, as its frozen path runs it

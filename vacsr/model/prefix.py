@@ -127,6 +127,26 @@ def image_suffix(backbone, prefix: torch.Tensor, depth: int) -> torch.Tensor:
     return F.normalize(pooled, dim=-1)
 
 
+def text_mask(clip, length: int) -> torch.Tensor | None:
+    """The text tower's attention mask for `length` positions: CLIP's causal mask cut to them
+    (None for a tower without one)."""
+    mask = clip.attn_mask
+    if mask is None or mask.shape[-1] == length:
+        return mask
+    return mask[:length, :length]
+
+
+def prompt_end(clip, tokens: torch.Tensor) -> int:
+    """How many leading positions of (N, T) prompt ids their features read: through the longest
+    prompt's EOT (the highest id in the vocabulary) in a causal tower that pools that token, as
+    CLIP's does (Radford et al. 2021, sec. 2.4: masked self-attention, the [EOS] token's
+    activations): under the mask no later position reaches it, so the features of the prompts
+    cut there equal the whole context's. All T for any other tower."""
+    if clip.attn_mask is None or getattr(clip, "text_pool_type", "argmax") != "argmax":
+        return tokens.shape[1]
+    return int(tokens.argmax(dim=-1).max()) + 1
+
+
 def text_prefix(backbone, tokens: torch.Tensor, depth: int,
                 embeddings: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T) token ids -> (B, T, W) after `depth` blocks ((B, 1, W), the pooled token, when
@@ -136,8 +156,9 @@ def text_prefix(backbone, tokens: torch.Tensor, depth: int,
     cast = clip.transformer.get_cast_dtype()
     if embeddings is None:
         embeddings = clip.token_embedding(tokens)
-    x = embeddings.to(cast) + clip.positional_embedding.to(cast)
-    x = _run_blocks(backbone, "text", clip.transformer, x, 0, depth, clip.attn_mask)
+    length = tokens.shape[1]  # CLIP's context, or fewer positions (prompt_end)
+    x = embeddings.to(cast) + clip.positional_embedding[:length].to(cast)
+    x = _run_blocks(backbone, "text", clip.transformer, x, 0, depth, text_mask(clip, length))
     if compact(backbone, "text", depth):
         return text_global_pool(x, tokens, clip.text_pool_type,
                                 eos_token_id=getattr(clip, "text_eos_id", None))[:, None]
@@ -160,7 +181,7 @@ def text_tokens(backbone, prefix: torch.Tensor, tokens: torch.Tensor,
     EOT): the blocks above the prefix, then the head on every token."""
     clip = backbone.clip
     x = _run_blocks(backbone, "text", clip.transformer, prefix, depth,
-                    len(clip.transformer.resblocks), clip.attn_mask)  # (B, T, W)
+                    len(clip.transformer.resblocks), text_mask(clip, prefix.shape[1]))  # (B, T, W)
     return text_head(backbone, x), tokens.argmax(dim=-1) + 1  # EOT: the highest id in the vocab
 
 
@@ -174,7 +195,7 @@ def text_suffix(backbone, prefix: torch.Tensor, tokens: torch.Tensor,
         features, lengths = text_tokens(backbone, prefix, tokens, depth)  # (B, T, D), (B,)
         return F.normalize(backbone.text_gpo(features, lengths), dim=-1)
     x = _run_blocks(backbone, "text", clip.transformer, prefix, depth,
-                    len(clip.transformer.resblocks), clip.attn_mask)
+                    len(clip.transformer.resblocks), text_mask(clip, prefix.shape[1]))
     pooled = text_global_pool(x, tokens, clip.text_pool_type,
                               eos_token_id=getattr(clip, "text_eos_id", None))  # (B, W)
     return F.normalize(text_head(backbone, pooled), dim=-1)

@@ -9,12 +9,47 @@ imports torch or open_clip until a phrase is counted.
 """
 from __future__ import annotations
 
+import re
+
 from vacsr.errors import ConfigError
 
 COUNT_KEY = "adapter.context_tokens"
 INIT_KEY = "adapter.context_init"
 RANDOM_INIT = "random"  # M vectors drawn at random; any other init is a phrase
 AROUND_CONTEXT = 3  # <SOT>, a token of the class name, <EOT>
+# How CLIP's tokenizer splits a lower-cased text before its byte-pair merges (Radford et al.
+# 2019, sec. 2.2; CLIP reuses it): contractions, runs of letters, single digits, runs of other
+# symbols. Each piece is one token or more.
+_PIECES = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d|[^\W\d_]+|\d|[^\s\w]+|_+")
+
+
+LONG_RUN = 12  # letters: longer runs are mostly words run together ("yellowtriangleright")
+LETTERS_PER_TOKEN = 4  # ... which the merges split about this often
+
+
+def word_pieces(text: str) -> int:
+    """About the tokens CLIP's tokenizer encodes `text` in, counted without it (a sweep's driver
+    imports no torch): one per piece (a common word is one token), a long run of letters one
+    per LETTERS_PER_TOKEN. Exact on names of common words; a rare word's merges may give a
+    token or two more."""
+    return sum(-(-len(piece) // LETTERS_PER_TOKEN) if len(piece) > LONG_RUN else 1
+               for piece in _PIECES.findall(text.lower()))
+
+
+def prompt_length(context_tokens: int, context_init: str, name_pieces: int) -> int:
+    """Positions of "<SOT> <context> <name>. <EOT>" (vacsr/model/clip_heads.py context_prompts)
+    for a name of `name_pieces` word pieces, the phrase's counted as word pieces too."""
+    m = int(context_tokens) if context_init == RANDOM_INIT else word_pieces(context_init)
+    return m + name_pieces + 3  # <SOT>, ".", <EOT>
+
+
+def text_positions(model: str) -> int | None:
+    """The text tower's context length from `model`'s config (open_clip's default 77); None for
+    a model whose config only open_clip resolves."""
+    from vacsr.model.configs import model_config
+
+    config = model_config(model)
+    return None if config is None else int(config.get("text_cfg", {}).get("context_length", 77))
 
 
 def phrase_ids(tokenizer, phrase: str):

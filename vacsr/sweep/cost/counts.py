@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 from vacsr.data.fewshot import VAL_MAX_SHOTS, Item, group_by_label
+from vacsr.model.prompt_room import word_pieces
 
 SAMPLES = 8  # image files the calibration decodes per dataset
 
@@ -34,9 +35,19 @@ class DatasetCounts:
     prompts: int  # texts per training step: the classes' prompts, or the batch's captions (0)
     evaluations: dict[str, int] = field(default_factory=dict)  # metric -> test images
     samples: tuple[str, ...] = ()  # a few training image files: the calibration decodes them
+    # the most word pieces of a class name trained on (word_pieces; 0: no class prompts)
+    name_pieces: int = 0
+    # the share of the text tower's context a prompt method's prompts run over
+    # (vacsr/model/prefix.py prompt_end), set by the plan for the unit's method; 1: all of it
+    prompt_share: float = 1.0
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def name_pieces(classnames: Sequence[str], labels: set[int]) -> int:
+    """The most word pieces of the names of `labels` as prompts write them ("_" a space)."""
+    return max((word_pieces(classnames[label].replace("_", " ")) for label in labels), default=0)
 
 
 @contextlib.contextmanager
@@ -68,10 +79,10 @@ def class_halves(labels: set[int], subsample: str) -> set[int]:
 def split_counts(name: str, train: Mapping[int, int], val: Mapping[int, int] | None,
                  test: Mapping[int, int], shots: int, subsample: str,
                  evaluations: dict[str, tuple[str | None, str]],
-                 variant_test: Callable[[str], int]) -> DatasetCounts:
+                 variant_test: Callable[[str], int], classnames: Sequence[str]) -> DatasetCounts:
     """Counts of a classification dataset from its images per label of each split (val None:
     ImageNet's); `evaluations`: metric -> (dataset or None, classes); `variant_test`: the test
-    images of an evaluation's own dataset."""
+    images of an evaluation's own dataset; `classnames`: by label."""
     kept = {label: min(shots, n) for label, n in train.items()}
     if val is None:  # ImageNet: val drawn from the train images not drawn for train
         val = {label: min(shots, VAL_MAX_SHOTS, n - kept[label]) for label, n in train.items()}
@@ -87,7 +98,8 @@ def split_counts(name: str, train: Mapping[int, int], val: Mapping[int, int] | N
     return DatasetCounts(train=sum(kept[label] for label in chosen),
                          val=sum(val.get(label, 0) for label in chosen),
                          test=sum(test.get(label, 0) for label in chosen),
-                         prompts=class_prompts(name, subsample), evaluations=found)
+                         prompts=class_prompts(name, subsample), evaluations=found,
+                         name_pieces=name_pieces(classnames, chosen))
 
 
 def classification_counts(root: Path, name: str, shots: int, subsample: str,
@@ -98,9 +110,11 @@ def classification_counts(root: Path, name: str, shots: int, subsample: str,
     with listing_cache_read_only():
         folder, splits = read_dataset_splits(root, name)
     val = None if splits["val"] is None else per_class(splits["val"])
+    names = {label: group[0].classname for label, group in group_by_label(splits["train"]).items()}
     counts = split_counts(name, per_class(splits["train"]), val,
                           Counter(item.label for item in splits["test"]), shots, subsample,
-                          evaluations, lambda dataset: variant_count(root, dataset))
+                          evaluations, lambda dataset: variant_count(root, dataset),
+                          [names[label] for label in sorted(names)])
     return replace(counts, samples=first_images(folder, splits["train"]))
 
 
@@ -108,12 +122,14 @@ def synthetic_counts(kind, dataset: str, shots: int,
                      per_class: tuple[int, int, int]) -> DatasetCounts:
     """The counts of `dataset` of `kind` (a SweepKind, classification) in the synthetic data
     generate_all(per_class=...) would write, computed without writing it (no samples)."""
+    from vacsr.data.generate import synthetic_classnames
     from vacsr.data.synthetic_layout import split_sizes, variant_size
 
     sizes = split_sizes(dataset, per_class)
     evaluations = {e.metric: (e.dataset, e.classes) for e in kind.evaluations}
     return split_counts(dataset, sizes["train"], sizes["val"], sizes["test"], shots,
-                        kind.train_classes, evaluations, variant_size)
+                        kind.train_classes, evaluations, variant_size,
+                        synthetic_classnames(dataset))
 
 
 def first_images(folder: Path, items: Sequence[Item], count: int = SAMPLES) -> tuple[str, ...]:

@@ -43,6 +43,7 @@ from vacsr.config import DEFAULT_METHOD
 from vacsr.methods.method import METHOD_KEY, Method
 from vacsr.methods.registry import method_of
 from vacsr.model.frozen import frozen_blocks, gradient_blocks
+from vacsr.model.prompt_room import prompt_length
 from vacsr.sweep.cost.calibrate import StepCosts
 from vacsr.sweep.cost.counts import DatasetCounts
 from vacsr.sweep.spec.schedule import ASHA
@@ -128,9 +129,22 @@ def backward_blocks(blocks: int, depth: int, side: str, embeddings: bool = False
     return trainable + FROZEN_BACKWARD * (path - trainable)
 
 
+def prompt_share(inits: tuple, context_tokens: tuple, name_pieces: int,
+                 positions: int | None) -> float:
+    """The part of the text tower's `positions` a prompt method's class prompts run over (they
+    stop at the longest one's end, vacsr/model/prefix.py prompt_end): the longest prompt any of
+    the `inits` and `context_tokens` a unit draws writes, for its longest class name of
+    `name_pieces` word pieces; 1 where either count is unknown."""
+    if not name_pieces or positions is None:
+        return 1.0
+    longest = max(prompt_length(m, init, name_pieces) for init in inits for m in context_tokens)
+    return min(1.0, longest / positions)
+
+
 def step_seconds(run: RunSettings, costs: StepCosts, prompts: int,
-                 depths: tuple[int, int]) -> float:
-    """One training step of `run` (module docstring)."""
+                 depths: tuple[int, int], prompt_share: float = 1.0) -> float:
+    """One training step of `run` (module docstring); `prompt_share`: the part of the text
+    context a prompt method's prompts run over (DatasetCounts.prompt_share)."""
     b, method = run.batch_size, run.method
     image = 0.0 if method.frozen_image_tower else b * (  # features once per run: start_seconds
         costs.image_load + costs.image_forward
@@ -144,7 +158,7 @@ def step_seconds(run: RunSettings, costs: StepCosts, prompts: int,
                             run.first_hook(1, depths[1]))
     if method.encodes_prompts:  # the whole tower, and back to the context at its input
         back = backward_blocks(run.text_blocks, depths[1], run.side, path=depths[1])
-        text = texts * (costs.text_forward + costs.text_backward_block * back)
+        text = texts * prompt_share * (costs.text_forward + costs.text_backward_block * back)
     elif prompts and text_path == 0:  # frozen prompts: encoded once per run (start_seconds)
         text = 0.0
     else:
@@ -169,9 +183,15 @@ def epoch_seconds(run: RunSettings, costs: StepCosts, counts: DatasetCounts,
     per_image = costs.image_load + costs.image_forward
     if cached and (share := _share(run, 0, depths[0])) < 1:
         per_image = costs.image_forward * share
-    texts = counts.prompts * (counts.val if run.method.conditions_prompts else 1)
-    val = counts.val * per_image + texts * costs.text_forward
-    return steps * step_seconds(run, costs, counts.prompts, depths) + val
+    val = counts.val * per_image + prompt_texts(run.method, counts, counts.val) * costs.text_forward
+    return steps * step_seconds(run, costs, counts.prompts, depths, counts.prompt_share) + val
+
+
+def prompt_texts(method: Method, counts: DatasetCounts, images: int) -> float:
+    """The class prompts an evaluation pass over `images` encodes, in whole prompts' worth: once,
+    or once per image (CoCoOp); a prompt method's cut at its longest prompt's end."""
+    texts = counts.prompts * (images if method.conditions_prompts else 1)
+    return texts * (counts.prompt_share if method.encodes_prompts else 1.0)
 
 
 def start_seconds(run: RunSettings, costs: StepCosts, counts: DatasetCounts) -> float:

@@ -6,11 +6,13 @@ would get. The formula is in vacsr/sweep/cost/estimate.py and docs/sweeps.md.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Callable
 
 from vacsr.config import DEFAULT_METHOD, flatten
 from vacsr.methods.method import Method
 from vacsr.methods.registry import method_of
+from vacsr.model.prompt_room import COUNT_KEY, INIT_KEY, text_positions
 from vacsr.sweep.cost import estimate as est
 from vacsr.sweep.cost.calibrate import StepCosts
 from vacsr.sweep.cost.counts import DatasetCounts
@@ -44,13 +46,26 @@ def _test_seconds(counts: DatasetCounts, costs: StepCosts, method: Method) -> fl
     """A final seed's test passes; prompts conditioned on each image (CoCoOp) go through the
     text tower once per image."""
     images = counts.test + sum(counts.evaluations.values())
-    texts = counts.prompts * (images if method.conditions_prompts else 1)
-    return images * (costs.image_load + costs.image_forward) + texts * costs.text_forward
+    return (images * (costs.image_load + costs.image_forward)
+            + est.prompt_texts(method, counts, images) * costs.text_forward)
+
+
+def with_prompt_share(plan: SweepPlan, dataset: str, counts: DatasetCounts) -> DatasetCounts:
+    """`counts` with the share of the text context the unit's prompts run over, where its
+    method encodes them (estimate.prompt_share: the longest context its space draws)."""
+    if not method_of(plan.method_of(dataset)).encodes_prompts:
+        return counts
+    base = plan.configs[dataset]
+    space, flat = plan.spaces[dataset], flatten(base)
+    options = [est.values_of(space.get(key), flat[key]) for key in (INIT_KEY, COUNT_KEY)]
+    share = est.prompt_share(*options, counts.name_pieces, text_positions(base.model.name))
+    return replace(counts, prompt_share=share)
 
 
 def dataset_estimate(plan: SweepPlan, dataset: str, counts: DatasetCounts, costs: StepCosts,
                      depths: tuple[int, int]) -> dict:
     """One dataset's plan entry: counts, steps, trials, epochs and device-seconds."""
+    counts = with_prompt_share(plan, dataset, counts)
     space, base = plan.spaces[dataset], plan.configs[dataset]
     flat = flatten(base)
     grid = est.settings_grid(space, flat, depths)

@@ -136,10 +136,12 @@ def unit_clocks(plan, cost: dict, scale: float) -> dict[str, UnitClock]:
 
     costs = StepCosts(**cost["measured_on"])
     depths = tower_depths(cost["model"]) or (1, 1)
-    fields = ("train", "val", "test", "prompts", "evaluations")
+    # a record written before a field was counted takes its default
+    fields = ("train", "val", "test", "prompts", "evaluations", "name_pieces", "prompt_share")
     rows = {row["dataset"]: row for row in cost["datasets"]}
     return {unit: UnitClock(scale=scale, unit=unit, task=plan.kind.task, costs=costs,
-                            counts=DatasetCounts(**{k: rows[unit][k] for k in fields}),
+                            counts=DatasetCounts(**{k: rows[unit][k] for k in fields
+                                                    if k in rows[unit]}),
                             depths=depths, space=dict(plan.spaces[unit]), metric=plan.kind.metric)
             for unit in plan.datasets}
 
