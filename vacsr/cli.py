@@ -183,7 +183,7 @@ def cmd_generate_data(args) -> int:
     from vacsr.data.generate import generate_all
 
     generate_all(Path(args.root), seed=args.seed, datasets=args.datasets,
-                 per_class=args.per_class)
+                 per_class=args.per_class, imagenet_classes=args.imagenet_classes)
     print(f"wrote synthetic datasets in their real layouts under {Path(args.root).resolve()}")
     return 0
 
@@ -276,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--per-class", type=_per_class, default=(4, 3, 2), metavar="TRAIN,VAL,TEST",
                      help="images per class of the classification datasets (20,4,2: the 16-shot "
                           "protocol's train and val sizes, ImageNet's val drawn from train)")
+    gen.add_argument("--imagenet-classes", type=_positive_int, default=1000, metavar="N",
+                     help="ImageNet's first N classes of 1,000 (its variants their shares)")
     gen.set_defaults(func=cmd_generate_data)
 
     best = sub.add_parser("best", help="best config and metrics per dataset of a sweep (MLflow)")

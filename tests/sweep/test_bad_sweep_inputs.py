@@ -89,6 +89,33 @@ def test_a_batch_its_few_shot_split_cannot_fill_is_refused_before_ray(tmp_path, 
                       ).configs["eurosat"].train.batch_size == 5
 
 
+def test_the_embedded_profiles_batches_are_checked_against_the_data_it_would_write(
+        tmp_path, capsys, monkeypatch):
+    """Without --data-root the same check reads the sizes the profile's generator would write,
+    before writing them: EuroSAT's 5 base classes at --shots 1, and an ImageNet whose base half
+    at 2 shots is smaller than its largest searched batch (128)."""
+    from vacsr.data.synthetic_layout import SyntheticSizes
+    from vacsr.errors import ConfigError
+    from vacsr.sweep.plan.embedded_profile import synthetic_train_counts
+    from vacsr.sweep.plan.inputs import check_one_batch
+
+    line = _refused(["--datasets", "eurosat", "--shots", "1"], tmp_path / "store", capsys)
+    assert line.startswith("vacsr: error: eurosat: the training split has 5 images at "
+                           "data.shots=1, fewer than one batch of train.batch_size=6")
+    _nothing_written(tmp_path)
+
+    plan = sweep_plan(BASE2NOVEL, tmp_path / "ok", ["--datasets", "imagenet,eurosat"],
+                      monkeypatch=monkeypatch)
+    shipped = plan.synthetic  # the profile's own sizes fit every searched batch
+    check_one_batch(synthetic_train_counts(BASE2NOVEL, shipped, ["imagenet"]), plan.configs,
+                    plan.spaces)
+    small = SyntheticSizes(per_class=shipped.per_class, imagenet_classes=100)
+    with pytest.raises(ConfigError, match=r"^imagenet: the training split has 100 images .*"
+                                          r"train.batch_size=128 \(searched: 64, 128\)"):
+        check_one_batch(synthetic_train_counts(BASE2NOVEL, small, ["imagenet"]), plan.configs,
+                        plan.spaces)
+
+
 def test_an_unknown_model_is_refused(tmp_path, capsys, data_root):
     line = _refused(["--datasets", "eurosat", "--data-root", str(data_root), "--model",
                      "ViT-Q-99"], tmp_path / "store", capsys)

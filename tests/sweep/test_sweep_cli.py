@@ -134,8 +134,8 @@ def test_the_embedded_profile_is_one_file_merged_per_kind(tmp_path, monkeypatch)
     assert retrieval.configs["coco"].optim.lr == RETRIEVAL.protocol["optim.lr"]
     # the user's flags win over the profile
     plan = sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "eurosat", "--trials", "5",
-                                             "--shots", "1", "--set", "adapter.hidden_dim=32"])
-    assert (plan.trials, plan.configs["eurosat"].data.shots) == (5, 1)
+                                             "--shots", "3", "--set", "adapter.hidden_dim=32"])
+    assert (plan.trials, plan.configs["eurosat"].data.shots) == (5, 3)
     assert plan.configs["eurosat"].adapter.hidden_dim == 32
 
 

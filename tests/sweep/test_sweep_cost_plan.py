@@ -16,6 +16,7 @@ from sweeps.base2novel import SWEEP as BASE2NOVEL
 from sweeps.domain_generalization import SWEEP as DOMAIN_GENERALIZATION
 from vacsr.data.classification import load_classification
 from vacsr.data.generate import generate_all, write_samples
+from vacsr.data.synthetic_layout import SyntheticSizes
 from vacsr.sweep.cli import main
 from vacsr.sweep.cost import estimate
 from vacsr.sweep.cost.cost_key import sample_shapes
@@ -27,23 +28,24 @@ def _tree(folder):
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
-@pytest.mark.parametrize("kind, dataset", [(BASE2NOVEL, "dtd"), (BASE2NOVEL, "imagenet"),
-                                           (BASE2NOVEL, "fgvc_aircraft"),
-                                           (BASE2NOVEL, "caltech101"),
-                                           (DOMAIN_GENERALIZATION, "imagenet")])
+@pytest.mark.parametrize("kind, dataset, imagenet_classes", [
+    (BASE2NOVEL, "dtd", 1000), (BASE2NOVEL, "imagenet", 1000), (BASE2NOVEL, "imagenet", 30),
+    (BASE2NOVEL, "fgvc_aircraft", 1000), (BASE2NOVEL, "caltech101", 1000),
+    (DOMAIN_GENERALIZATION, "imagenet", 1000), (DOMAIN_GENERALIZATION, "imagenet", 30)])
 def test_counts_are_what_a_run_loads_and_counting_writes_nothing(tmp_path, monkeypatch, kind,
-                                                                 dataset):
+                                                                 dataset, imagenet_classes):
     """Counted from the files, and computed from the generator's sizes without them (a --plan
     of the embedded profile): the same numbers, and sample images of the same format and size
-    (what the kept costs are keyed by)."""
-    per_class = (5, 3, 2)
+    (what the kept costs are keyed by); for ImageNet-1k and for a smaller ImageNet (its prompts
+    are its classes, not ImageNet-1k's)."""
+    sizes = SyntheticSizes(per_class=(5, 3, 2), imagenet_classes=imagenet_classes)
     root = generate_all(tmp_path / "data", datasets=kind.data_needed([dataset]),
-                        per_class=per_class)
+                        per_class=sizes.per_class, imagenet_classes=imagenet_classes)
     monkeypatch.setenv("VACSR_CACHE_DIR", str(tmp_path / "cache"))
     before = _tree(tmp_path)
     counts = count_dataset(kind, root, dataset, shots=4)
     assert _tree(tmp_path) == before  # no few-shot split, no listing cache
-    computed = synthetic_counts(kind, dataset, 4, per_class)
+    computed = synthetic_counts(kind, dataset, 4, sizes)
     assert dataclasses.replace(counts, samples=()) == computed
     samples = write_samples(tmp_path / "samples", dataset, SAMPLES)
     assert sample_shapes(samples) == sample_shapes(counts.samples)
@@ -272,13 +274,14 @@ def test_plan_twice_measures_once_and_a_recalibrated_run_refuses_on_what_it_meas
 
     def on_a_small_gpu(*args):
         costs, resources = calibrate(*args)
-        return dataclasses.replace(costs, memory_gib=0.25), resources
+        return dataclasses.replace(costs, memory_gib=0.05), resources
 
     monkeypatch.setattr(measure, "run_calibration", on_a_small_gpu)
-    plan = sweep_plan(BASE2NOVEL, tmp_path / "sweeps", ["--datasets", "eurosat", "--range",
-                      "train.batch_size=choice:8,4096", "--recalibrate"], monkeypatch=monkeypatch)
+    # a batch SUN397's 398 training images fill, that 0.05 GiB does not hold
+    plan = sweep_plan(BASE2NOVEL, tmp_path / "sweeps", ["--datasets", "sun397", "--range",
+                      "train.batch_size=choice:8,384", "--recalibrate"], monkeypatch=monkeypatch)
     try:
-        with pytest.raises(ConfigError, match="eurosat: train.batch_size=4096 needs an estimated"):
+        with pytest.raises(ConfigError, match="sun397: train.batch_size=384 needs an estimated"):
             run_sweep(plan)
     finally:
         ray.shutdown()

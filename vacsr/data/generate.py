@@ -24,7 +24,10 @@ from vacsr.data.classification import DATASETS
 from vacsr.data.coco import GROUP_FIELD
 from vacsr.data.synthetic import Scene, all_scenes, captions_for, render, scene_index
 from vacsr.data.synthetic_layout import (
+    IMAGENET_1K,
     VARIANT_PER_CLASS,
+    SyntheticSizes,
+    class_total,
     image_suffix,
     images_per_class,
     variant_labels,
@@ -186,10 +189,10 @@ def write_aircraft(root: str | Path, *, seed: int = 0, train_per_class: int = 4,
     return dataset_dir
 
 
-def synthetic_classnames(name: str) -> list[str]:
+def synthetic_classnames(name: str, imagenet_classes: int = IMAGENET_1K) -> list[str]:
     """The class names, by label, of generated classification dataset `name` as its files name
     them (a split dataset's split JSON, Aircraft's variants.txt, ImageNet's classnames.txt)."""
-    count = DATASETS[name].num_classes
+    count = class_total(name, imagenet_classes)
     if name == "imagenet":
         return imagenet_classnames(count)
     if name == "fgvc_aircraft":  # real variants hold spaces, dashes and slashes ("F/A-18")
@@ -199,21 +202,21 @@ def synthetic_classnames(name: str) -> list[str]:
     return [name_of(label, class_words(label)) for label in range(count)]
 
 
-def imagenet_wnids(count: int = 1000) -> list[str]:
+def imagenet_wnids(count: int = IMAGENET_1K) -> list[str]:
     """Synthetic wnids whose sorted order is the label order, as with real ImageNet."""
     return [f"n{1_440_000 + 7_919 * label:08d}" for label in range(count)]
 
 
-def imagenet_classnames(count: int = 1000) -> list[str]:
+def imagenet_classnames(count: int = IMAGENET_1K) -> list[str]:
     return [" ".join(class_words(label)) for label in range(count)]
 
 
-def _classnames_text(count: int = 1000) -> str:
+def _classnames_text(count: int = IMAGENET_1K) -> str:
     return "".join(f"{w} {n}\n" for w, n in zip(imagenet_wnids(count), imagenet_classnames(count)))
 
 
 def write_imagenet(root: str | Path, *, seed: int = 0, train_per_class: int = 4,
-                   test_per_class: int = 1, size: int = 32, classes: int = 1000) -> Path:
+                   test_per_class: int = 1, size: int = 32, classes: int = IMAGENET_1K) -> Path:
     """imagenet/classnames.txt and images/{train,val}/<wnid>/*.JPEG-style files (PNG content), of
     ImageNet-1k's 1,000 classes or a smaller ImageNet's `classes` (vacsr/data/imagenet.py)."""
     rng = random.Random(f"{seed}-imagenet")
@@ -232,7 +235,7 @@ def write_imagenet(root: str | Path, *, seed: int = 0, train_per_class: int = 4,
 
 def write_imagenet_variant(root: str | Path, name: str, *, seed: int = 0,
                            per_class: int = VARIANT_PER_CLASS, size: int = 32,
-                           classes: int = 1000) -> Path:
+                           classes: int = IMAGENET_1K) -> Path:
     """imagenetv2 (folders 0..999), imagenet-sketch (1000 wnids), -adversarial / -rendition
     (200 wnids each, different subsets), each with its copy of classnames.txt; of a smaller
     ImageNet of `classes` classes, the same shares of them."""
@@ -296,12 +299,14 @@ ALL_DATASETS = ("coco",) + SPLIT_DATASETS + ("fgvc_aircraft", "imagenet", "image
 
 
 def generate(root: str | Path, name: str, *, seed: int = 0, size: int = 32,
-             per_class: tuple[int, int, int] = (4, 3, 2)) -> Path:
+             per_class: tuple[int, int, int] = (4, 3, 2),
+             imagenet_classes: int = IMAGENET_1K) -> Path:
     """Write one dataset (any name of ALL_DATASETS) under `root`; returns its folder.
 
     `per_class` = (train, val, test) images per class of the classification datasets, as
     synthetic_layout.images_per_class adjusts them (ImageNet: no val split); the variants get
-    one image per class.
+    one image per class. ImageNet and its variants hold `imagenet_classes` of ImageNet-1k's
+    classes (the variants their share of them).
     """
     train, val, test = images_per_class(name, per_class)
     if name == "coco":
@@ -311,18 +316,19 @@ def generate(root: str | Path, name: str, *, seed: int = 0, size: int = 32,
                               val_per_class=val, test_per_class=test)
     if name == "imagenet":
         return write_imagenet(root, seed=seed, size=size, train_per_class=train,
-                              test_per_class=test)
+                              test_per_class=test, classes=imagenet_classes)
     if name in SPLIT_DATASETS:
         return write_split_dataset(root, name, seed=seed, size=size, train_per_class=train,
                                    val_per_class=val, test_per_class=test)
     if name in ("imagenetv2", "imagenet_sketch", "imagenet_a", "imagenet_r"):
-        return write_imagenet_variant(root, name, seed=seed, size=size)
+        return write_imagenet_variant(root, name, seed=seed, size=size, classes=imagenet_classes)
     raise ValueError(f"unknown dataset {name!r} (known: {', '.join(ALL_DATASETS)})")
 
 
 def generate_all(root: str | Path, *, seed: int = 0, size: int = 32,
                  datasets: tuple[str, ...] | list[str] | None = None,
-                 per_class: tuple[int, int, int] = (4, 3, 2)) -> Path:
+                 per_class: tuple[int, int, int] = (4, 3, 2),
+                 imagenet_classes: int = IMAGENET_1K) -> Path:
     """Write every layout (or the named ones: none for an empty list, as a retrieval sweep on
     its in-memory `synthetic` data asks) under `root`, ready to be used as data.root."""
     root = Path(root)
@@ -330,10 +336,21 @@ def generate_all(root: str | Path, *, seed: int = 0, size: int = 32,
     unknown = [name for name in names if name not in ALL_DATASETS]
     if unknown:
         raise ConfigError(f"unknown dataset {unknown[0]!r} (known: {', '.join(ALL_DATASETS)})")
+    if not 1 <= imagenet_classes <= IMAGENET_1K:
+        raise ConfigError(f"imagenet_classes {imagenet_classes}: expected 1 to {IMAGENET_1K} "
+                          "(a subset of ImageNet-1k's classes)")
     require_writable_folder(root, "the synthetic datasets")
     for name in names:
-        generate(root, name, seed=seed, size=size, per_class=per_class)
+        generate(root, name, seed=seed, size=size, per_class=per_class,
+                 imagenet_classes=imagenet_classes)
     return root
+
+
+def generate_sizes(root: str | Path, sizes: SyntheticSizes, *,
+                   datasets: tuple[str, ...] | list[str] | None = None) -> Path:
+    """generate_all at `sizes` (a sweep's embedded profile's)."""
+    return generate_all(root, datasets=datasets, per_class=sizes.per_class,
+                        imagenet_classes=sizes.imagenet_classes)
 
 
 def write_samples(root: str | Path, name: str, count: int, *, seed: int = 0,

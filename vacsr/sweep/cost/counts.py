@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 from vacsr.data.fewshot import VAL_MAX_SHOTS, Item, group_by_label
+from vacsr.data.synthetic_layout import SyntheticSizes
 from vacsr.model.prompt_room import word_pieces
 
 SAMPLES = 8  # image files the calibration decodes per dataset
@@ -98,7 +99,7 @@ def split_counts(name: str, train: Mapping[int, int], val: Mapping[int, int] | N
     return DatasetCounts(train=sum(kept[label] for label in chosen),
                          val=sum(val.get(label, 0) for label in chosen),
                          test=sum(test.get(label, 0) for label in chosen),
-                         prompts=class_prompts(name, subsample), evaluations=found,
+                         prompts=len(chosen), evaluations=found,
                          name_pieces=name_pieces(classnames, chosen))
 
 
@@ -118,18 +119,18 @@ def classification_counts(root: Path, name: str, shots: int, subsample: str,
     return replace(counts, samples=first_images(folder, splits["train"]))
 
 
-def synthetic_counts(kind, dataset: str, shots: int,
-                     per_class: tuple[int, int, int]) -> DatasetCounts:
+def synthetic_counts(kind, dataset: str, shots: int, sizes: SyntheticSizes) -> DatasetCounts:
     """The counts of `dataset` of `kind` (a SweepKind, classification) in the synthetic data
-    generate_all(per_class=...) would write, computed without writing it (no samples)."""
+    generate_all would write at `sizes`, computed without writing it (no samples)."""
     from vacsr.data.generate import synthetic_classnames
     from vacsr.data.synthetic_layout import split_sizes, variant_size
 
-    sizes = split_sizes(dataset, per_class)
+    split = split_sizes(dataset, sizes.per_class, sizes.imagenet_classes)
     evaluations = {e.metric: (e.dataset, e.classes) for e in kind.evaluations}
-    return split_counts(dataset, sizes["train"], sizes["val"], sizes["test"], shots,
-                        kind.train_classes, evaluations, variant_size,
-                        synthetic_classnames(dataset))
+    return split_counts(dataset, split["train"], split["val"], split["test"], shots,
+                        kind.train_classes, evaluations,
+                        lambda variant: variant_size(variant, sizes.imagenet_classes),
+                        synthetic_classnames(dataset, sizes.imagenet_classes))
 
 
 def first_images(folder: Path, items: Sequence[Item], count: int = SAMPLES) -> tuple[str, ...]:
@@ -174,8 +175,9 @@ def count_dataset(kind, root: Path, dataset: str, shots: int) -> DatasetCounts:
 
 def class_prompts(dataset: str, subsample: str) -> int:
     """Prompts a classification step encodes: the classes of the subsample, from the dataset's
-    class count (its loader refuses a layout with other classes). The one count both the time
-    and the memory estimate read."""
+    class count (its loader refuses a layout with other classes), ImageNet-1k's for ImageNet.
+    The memory check reads it before any dataset is counted: for a smaller ImageNet an upper
+    bound (the time estimate reads the counted classes, `DatasetCounts.prompts`)."""
     from vacsr.data.classification import DATASETS
 
     return len(class_halves(set(range(DATASETS[dataset].num_classes)), subsample))

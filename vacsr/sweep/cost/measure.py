@@ -42,26 +42,26 @@ def sweep_counts(plan: SweepPlan, root: Path) -> dict[str, DatasetCounts]:
 @contextlib.contextmanager
 def counted(plan: SweepPlan) -> Iterator[dict[str, DatasetCounts]]:
     """Each dataset's counts, the first one's sample images on disk while inside: counted in
-    the runs' own folder, or for the embedded profile (`plan.synthetic_per_class`) with no data
-    there yet, computed from the profile (module docstring)."""
+    the runs' own folder, or for the embedded profile (`plan.synthetic`) with no data there
+    yet, computed from the profile (module docstring)."""
     root = Path(plan.configs[plan.datasets[0]].data.root or "")
-    per_class = plan.synthetic_per_class
-    if per_class is None or (root / GENERATED).is_file():
+    sizes = plan.synthetic
+    if sizes is None or (root / GENERATED).is_file():
         yield sweep_counts(plan, root)
         return
     kind, first = plan.kind, plan.datasets[0]
     with tempfile.TemporaryDirectory(prefix="vacsr-plan-") as folder:
         if kind.task == "retrieval":
-            from vacsr.data.generate import generate_all
+            from vacsr.data.generate import generate_sizes
 
             names = [d for d in kind.data_needed(plan.data_names) if d not in kind.also_accepts]
-            generate_all(folder, datasets=names, per_class=tuple(per_class))
+            generate_sizes(folder, sizes, datasets=names)
             yield sweep_counts(plan, Path(folder))
             return
         from vacsr.data.generate import write_samples
 
         counts = {d: synthetic_counts(kind, plan.dataset_of(d), plan.configs[d].data.shots,
-                                      tuple(per_class))
+                                      sizes)
                   for d in plan.datasets}  # d: a unit (vacsr/sweep/plan/plan.py)
         counts[first] = replace(counts[first], samples=write_samples(
             folder, plan.dataset_of(first), SAMPLES))

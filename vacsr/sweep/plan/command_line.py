@@ -13,7 +13,13 @@ from typing import Any, Callable
 from vacsr import config as cfg
 from vacsr.errors import ConfigError
 from vacsr.records.uri import check_tracking_uri, resolve_tracking_uri
-from vacsr.sweep.plan.embedded_profile import load_profile, pick, write_embedded_data
+from vacsr.sweep.plan.embedded_profile import (
+    load_profile,
+    pick,
+    synthetic_sizes,
+    synthetic_train_counts,
+    write_embedded_data,
+)
 from vacsr.sweep.plan.folders import (
     embedded_data,
     embedded_weights,
@@ -161,8 +167,9 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
     check_method_keys(methods, user, user_ranges)
     storage = sweep_folder(args.storage, args.name)
     root = embedded_data(storage) if embedded else Path(args.data_root).expanduser().resolve()
-    train_counts = {} if embedded else check_datasets(
-        root, kind.task, [d for d in kind.data_needed(datasets) if d not in kind.also_accepts])
+    train_counts = synthetic_train_counts(kind, synthetic_sizes(profile), datasets) if embedded \
+        else check_datasets(root, kind.task,
+                            [d for d in kind.data_needed(datasets) if d not in kind.also_accepts])
     tiny = embedded and profile.get("pretrain_tiny") and model == profile["model"]
     pretrained = args.pretrained or (str(embedded_weights(storage)) if tiny else None)
     shared = _base_values(kind, args, profile, root, model, pretrained)
@@ -189,7 +196,7 @@ def plan_from_args(kind: SweepKind, args, *, check_memory: Callable[[SweepPlan],
         ray_address=args.ray_address, ray_dashboard=args.ray_dashboard,
         eval_actors=args.eval_actors, verbose=args.verbose,
         device_memory_gib=args.device_memory_gib,
-        synthetic_per_class=tuple(profile["synthetic_per_class"]) if embedded else None,
+        synthetic=synthetic_sizes(profile) if embedded else None,
         recalibrate=args.recalibrate, methods=methods, rehearse=args.rehearse)
     _check_plan(plan, args, check_memory, train_counts)
     if user_fixed:  # once per sweep, not per dataset

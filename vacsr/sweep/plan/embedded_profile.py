@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from vacsr import config as cfg
+from vacsr.data.synthetic_layout import IMAGENET_1K, SyntheticSizes
 from vacsr.sweep.plan.folders import embedded_data, embedded_weights
 from vacsr.sweep.spec.kind import SweepKind
 
@@ -29,16 +30,34 @@ def pick(flag: Any, profile: dict, key: str) -> Any:
     return flag if flag is not None else profile.get(key, DEFAULTS[key])
 
 
+def synthetic_sizes(profile: dict[str, Any]) -> SyntheticSizes:
+    """What the profile's synthetic data holds (`synthetic_per_class`, `imagenet_classes`)."""
+    return SyntheticSizes(per_class=tuple(profile["synthetic_per_class"]),
+                          imagenet_classes=profile.get("imagenet_classes", IMAGENET_1K))
+
+
+def synthetic_train_counts(kind: SweepKind, sizes: SyntheticSizes,
+                           datasets: list[str]) -> dict[str, dict[int, int]]:
+    """Training images per label of each dataset the units train on, as the profile's data will
+    hold them (the counts a real --data-root's check returns, for the same checks)."""
+    if kind.task == "retrieval":
+        return {}
+    from vacsr.data.synthetic_layout import split_sizes
+
+    return {name: split_sizes(name, sizes.per_class, sizes.imagenet_classes)["train"]
+            for name in datasets}
+
+
 def write_embedded_data(kind: SweepKind, profile: dict, storage: Path, model: str,
                    pretrained: str | None, datasets: list[str]) -> tuple[Path, str | None]:
     """No --data-root: synthetic data in the real layouts (and the pretrained tiny CLIP)."""
-    from vacsr.data.generate import generate_all
+    from vacsr.data.generate import generate_sizes
 
     root = embedded_data(storage)
     if not (root / ".generated").is_file():
         print(f"writing synthetic datasets in their real layouts under {root}", flush=True)
         names = [d for d in kind.data_needed(datasets) if d not in kind.also_accepts]
-        generate_all(root, datasets=names, per_class=tuple(profile["synthetic_per_class"]))
+        generate_sizes(root, synthetic_sizes(profile), datasets=names)
         (root / ".generated").write_text("ok\n")
     weights = embedded_weights(storage)
     if pretrained is None and profile.get("pretrain_tiny") and model == profile["model"]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vacsr.config import DEFAULT_METHOD, Config, from_dict, set_value, validate
+from vacsr.data.synthetic_layout import SyntheticSizes
 from vacsr.errors import ConfigError
 from vacsr.methods.registry import method_of
 from vacsr.records.names import REHEARSAL_TAG
@@ -55,8 +56,9 @@ class SweepPlan:
     verbose: bool = False
     # the memory a worker's device has (--device-memory-gib); None: the calibration's GPU, if any
     device_memory_gib: float | None = None
-    # the embedded profile's synthetic images per class (train, val, test); None: real data
-    synthetic_per_class: tuple[int, ...] | None = None
+    # what the embedded profile's synthetic data holds (images per class, ImageNet's classes);
+    # None: real data
+    synthetic: SyntheticSizes | None = None
     recalibrate: bool = False  # measure the step costs even where kept (--recalibrate)
     methods: tuple[str, ...] = (DEFAULT_METHOD,)  # --methods (vacsr/methods/registry.py)
     # --rehearse: the time scale of a rehearsal (training replaced by the cost model's waits,
