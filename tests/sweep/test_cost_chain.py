@@ -283,3 +283,21 @@ def test_the_estimates_asha_stops_what_rays_asha_stops():
             ray_asha.on_trial_complete(None, trial, result)
             ran.append(epoch)
         assert est.asha_search(trials, max_epochs) == ran, (search, trials)
+
+
+def test_the_plans_memory_charges_the_classes_counted_not_imagenet_1ks(tmp_path, monkeypatch):
+    """The embedded profile's ImageNet has 200 classes: CoCoOp's step encodes 100 base prompts
+    per image, not ImageNet-1k's 500; the check made before counting keeps the upper bound."""
+    from conftest import sweep_plan
+    from vacsr.sweep.cost.counts import synthetic_counts
+    from vacsr.sweep.cost.memory import memory_peaks
+
+    plan = sweep_plan(BASE2NOVEL, tmp_path, ["--datasets", "imagenet", "--methods", "cocoop"],
+                      monkeypatch=monkeypatch)
+    [unit] = plan.datasets
+    counts = synthetic_counts(BASE2NOVEL, "imagenet", 2, plan.synthetic)
+    assert counts.prompts == plan.synthetic.imagenet_classes // 2
+    row = build_sweep_cost(plan, {unit: counts}, COSTS, {"CPU": 2})["datasets"][0]
+    counted = memory_peaks(plan, {unit: counts.prompts})[unit][2]
+    assert row["peak_gib"] == round(counted, 3)
+    assert counted < memory_peaks(plan)[unit][2] / 3  # 100 of 500 prompts: most of the peak

@@ -50,13 +50,17 @@ def _peak(config, settings: dict, prompts: int) -> int:
     return estimate_for_config(config, texts=texts, hooked=hooked)["total"]
 
 
-def worst_memory(plan: SweepPlan, dataset: str) -> tuple[str, object, int]:
+def worst_memory(plan: SweepPlan, dataset: str, prompts: int | None = None,
+                 ) -> tuple[str, object, int]:
     """(bounding key, its value, peak bytes per worker) of the largest configuration the
     dataset's space draws: each cost key at its most. The bounding key is the searched key whose
     own least value lowers that peak the most (narrowing it helps most); with none searched that
-    lowers it, the batch size."""
+    lowers it, the batch size. `prompts`: the classes a step encodes, as counted; None before
+    the datasets are counted (the dataset's full class count, an upper bound)."""
     space, base = plan.spaces[dataset], plan.configs[dataset]
-    flat, prompts = flatten(base), step_prompts(plan.kind, plan.dataset_of(dataset))
+    flat = flatten(base)
+    if prompts is None:
+        prompts = step_prompts(plan.kind, plan.dataset_of(dataset))
     values = {key: est.values_of(space.get(key), flat[key]) for key in est.COST_KEYS}
     worst = {key: _most(key, v) for key, v in values.items()}
     peak = _peak(base, worst, prompts)
@@ -67,11 +71,13 @@ def worst_memory(plan: SweepPlan, dataset: str) -> tuple[str, object, int]:
     return key, worst[key], peak
 
 
-def memory_peaks(plan: SweepPlan) -> dict[str, tuple[str, object, float]]:
-    """Dataset -> (bounding key, value, estimated peak GiB per worker)."""
+def memory_peaks(plan: SweepPlan, prompts: dict[str, int] | None = None,
+                 ) -> dict[str, tuple[str, object, float]]:
+    """Dataset -> (bounding key, value, estimated peak GiB per worker); `prompts`: dataset ->
+    its counted step prompts (DatasetCounts.prompts), where counted."""
     peaks = {}
     for dataset in plan.datasets:
-        key, value, peak = worst_memory(plan, dataset)
+        key, value, peak = worst_memory(plan, dataset, (prompts or {}).get(dataset))
         peaks[dataset] = (key, value, peak / GIB)
     return peaks
 

@@ -130,7 +130,7 @@ def build_sweep_cost(plan: SweepPlan, counts: dict[str, DatasetCounts], costs: S
     Refuses the sweep in one line when a configuration cannot fit the calibration's GPU (with
     `--device-memory-gib` the command line has checked it already: vacsr/sweep/cost/memory.py)."""
     depths = tower_depths(plan.configs[plan.datasets[0]].model.name) or (1, 1)
-    peaks = memory_peaks(plan)
+    peaks = memory_peaks(plan, {d: counts[d].prompts for d in plan.datasets})
     device_gib = plan.device_memory_gib or costs.memory_gib
     if plan.device_memory_gib is None and device_gib is not None:
         check_memory(plan, peaks, device_gib)
