@@ -18,8 +18,9 @@ class SweepProgress:
                  done: list[str],
                  metric: str, stream: TextIO | None = None, interval_s: float = 60.0,
                  unit_costs: Mapping[str, tuple[float, float]] | None = None,
-                 lanes: int = 1) -> None:
+                 lanes: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
         self.name, self.metric, self.stream = name, metric, stream or sys.stderr
+        self.clock = clock
         self.datasets = {d: "done" if d in done else "waiting" for d in datasets}
         # trials per dataset: one number, or a function of the dataset (SweepPlan.trials_of)
         of = trials_per_dataset if callable(trials_per_dataset) else lambda d: trials_per_dataset
@@ -27,12 +28,15 @@ class SweepProgress:
         self.trials = {d: self.planned[d] if d in done else 0 for d in datasets}
         self.total = sum(self.planned.values())
         self.best: dict[str, float] = {}
-        self.interval_s, self.last_status = interval_s, time.monotonic()
-        self.start, self.start_done = time.monotonic(), sum(self.trials.values())
+        self.interval_s, self.last_status = interval_s, self.clock()
+        self.start, self.start_done = self.clock(), sum(self.trials.values())
+        self.last_piece_end = self.start  # when the last trial (or unit) ended
         self.cache = [0, 0]  # evaluation inputs the prefix cache served, of all encoded
         # per unit the plan's wall seconds of a trial and of its final seeds, and the units
         # searched at once: the ETA then follows the units' own lengths (`_units_left`)
         self.unit_costs, self.lanes = dict(unit_costs or {}), max(1, lanes)
+        self.piece_start: dict[str, float] = {}  # running unit -> when its current trial (or
+        # its final seeds) began: the ETA credits the time spent on it (`_units_left`)
         self.start_left = self._units_left() if self.unit_costs else 0.0
         self.bar = None
         if getattr(self.stream, "isatty", lambda: False)():
@@ -59,6 +63,7 @@ class SweepProgress:
 
     def started(self, dataset: str) -> None:
         self.datasets[dataset] = "running"
+        self.piece_start[dataset] = self.clock()
         self._refresh()
 
     def event(self, event: dict) -> None:
@@ -68,6 +73,9 @@ class SweepProgress:
         served, evaluated = event.get("cache", (0, 0))
         self.cache = [self.cache[0] + served, self.cache[1] + evaluated]
         if event["event"] == "trial":
+            self.last_piece_end = self.clock()
+            if dataset in self.piece_start:  # the next trial, or the seeds, begin
+                self.piece_start[dataset] = self.last_piece_end
             self.trials[dataset] += 1
             value = event.get("value")
             if value is not None and value > self.best.get(dataset, float("-inf")):
@@ -88,6 +96,8 @@ class SweepProgress:
 
     def finished(self, dataset: str, failed: str | None = None) -> None:
         self.datasets[dataset] = "failed" if failed else "done"
+        self.piece_start.pop(dataset, None)
+        self.last_piece_end = self.clock()
         if self.bar is not None:  # trials ASHA never started still count as done
             self.bar.update(max(0, self.planned[dataset] - self.trials[dataset]))
         self.trials[dataset] = self.planned[dataset]
@@ -96,36 +106,48 @@ class SweepProgress:
 
     def tick(self) -> None:
         """In a log: the status line every interval_s."""
-        if self.bar is None and time.monotonic() - self.last_status >= self.interval_s:
-            self.last_status = time.monotonic()
+        if self.bar is None and self.clock() - self.last_status >= self.interval_s:
+            self.last_status = self.clock()
             done = sum(self.trials.values())
             self.line(f"[{self.name}] progress: {done}/{self.total} trials, {self._eta(done)}; "
                       f"{self._summary()}")
 
-    def _units_left(self) -> float:
+    def _units_left(self, pace: float | None = None) -> float:
         """The plan's wall seconds left: the longest unit's rest (its trials and final seeds run
-        one after another), or all units' rest over the lanes, whichever is longer."""
-        rests = [max(0, self.planned[d] - self.trials[d]) * trial
-                 + (0.0 if self.datasets[d] in ("done", "failed") else final)
-                 for d, (trial, final) in self.unit_costs.items() if d in self.planned]
+        one after another), or all units' rest over the lanes, whichever is longer. With `pace`
+        (this run's seconds per planned second), a running unit's rest is less the time its
+        current piece (the next trial, else the final seeds) has run, in planned seconds and up
+        to that piece's planned length: a long trial in progress brings the ETA down, not up."""
+        now, rests = self.clock(), []
+        for d, (trial, final) in self.unit_costs.items():
+            if d not in self.planned:
+                continue
+            trials_left = max(0, self.planned[d] - self.trials[d])
+            rest = trials_left * trial + (0.0 if self.datasets[d] in ("done", "failed")
+                                          else final)
+            if pace is not None and d in self.piece_start:
+                piece = trial if trials_left else final
+                rest -= min((now - self.piece_start[d]) / pace, piece)
+            rests.append(max(0.0, rest))
         return max(max(rests, default=0.0), sum(rests) / self.lanes)
 
     def _eta(self, done: int) -> str:
         """With the units' costs (the plan's), the plan's time left of the units still to run
         (a long unit left alone at the end is its own length, not the sweep's mean pace per
-        trial), scaled by this run's speed against the plan, weighed by how much of the plan
-        has passed; trials restored by --resume do not count. Without them, this run's pace
-        per trial so far."""
+        trial), scaled by this run's speed against the plan up to its last finished trial,
+        weighed by how much of the plan has passed, less what the running pieces have done;
+        trials restored by --resume do not count. Without them, this run's pace per trial so
+        far."""
         finished = done - self.start_done
-        elapsed = time.monotonic() - self.start
         if self.unit_costs:
-            planned_left = self._units_left()
-            passed = self.start_left - planned_left
-            speed = elapsed / passed if passed > 0 and elapsed > 0 else 1.0
+            passed = self.start_left - self._units_left()
+            spent = self.last_piece_end - self.start
+            speed = spent / passed if passed > 0 and spent > 0 else 1.0
             weight = passed / self.start_left if self.start_left else 1.0
-            left = planned_left * ((1 - weight) + weight * speed)
+            pace = (1 - weight) + weight * speed
+            left = self._units_left(pace) * pace
         elif finished > 0:
-            left = elapsed / finished * (self.total - done)
+            left = (self.clock() - self.start) / finished * (self.total - done)
         else:
             return "ETA -"
         return f"ETA {int(left // 60)} min {int(left % 60):02d} s"
