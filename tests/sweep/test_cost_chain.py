@@ -301,3 +301,22 @@ def test_the_plans_memory_charges_the_classes_counted_not_imagenet_1ks(tmp_path,
     counted = memory_peaks(plan, {unit: counts.prompts})[unit][2]
     assert row["peak_gib"] == round(counted, 3)
     assert counted < memory_peaks(plan)[unit][2] / 3  # 100 of 500 prompts: most of the peak
+
+
+def test_units_start_longest_first_and_the_wall_time_follows_that_order(tmp_path):
+    """On 2 lanes, units of 3, 4 and 10 s in plan order end at 13 s (the 10 s unit starts when
+    the 3 s one ends); longest first, at 10 s. The estimate's order is the driver's."""
+    from vacsr.sweep.cost.sweep_cost import longest_first
+
+    lengths = {"a": 3.0, "b": 4.0, "c": 10.0}
+    assert wall_seconds(list(lengths.values()), 2) == 13.0
+    order = longest_first(lengths)
+    assert order == ["c", "b", "a"]
+    assert wall_seconds([lengths[u] for u in order], 2) == 10.0
+    assert longest_first({"x": 1.0, "y": 2.0, "z": 1.0}) == ["y", "x", "z"]  # ties: plan order
+    plan = _hand_plan(tmp_path)
+    plan.configs = {d: plan.configs[d] for d in ("eurosat", "dtd")}  # the shorter one first
+    cost = build_sweep_cost(plan, {"dtd": DTD, "eurosat": EUROSAT}, COSTS, {"CPU": 1})
+    assert cost["unit_order"] == ["dtd", "eurosat"]
+    # one lane: the units one after the other, whatever the order
+    assert cost["totals"]["wall_no_stop_s"] == pytest.approx(13.24 + 8.62)

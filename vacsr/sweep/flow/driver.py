@@ -104,8 +104,10 @@ class StopRequest(SignalNote):
 
 
 def _run_datasets(plan: SweepPlan, state: SweepState, parent_id: str,
-                  progress: SweepProgress, stop: StopRequest) -> dict[str, str]:
-    """Every pending dataset as a Ray task, `parallel` at a time; returns the failed ones."""
+                  progress: SweepProgress, stop: StopRequest,
+                  order: list[str]) -> dict[str, str]:
+    """Every pending dataset as a Ray task, `parallel` at a time, in `order` (the estimate's,
+    longest first: sweep_cost.longest_first); returns the failed ones."""
     resources = ray.cluster_resources()
     parallel, per_dataset = sweep_parallelism(plan, resources)
     train = plan.configs[plan.datasets[0]].train
@@ -114,7 +116,9 @@ def _run_datasets(plan: SweepPlan, state: SweepState, parent_id: str,
         progress.line(f"[{plan.name}] note: one trial needs " + ", ".join(
             f"{need:g} {name}s, the cluster has {held:g}" for name, (need, held) in short.items())
             + " now: the sweep waits for the autoscaler to add nodes")
-    pending = [d for d in plan.datasets if not state.dataset(d).get("done")]
+    rank = {unit: i for i, unit in enumerate(order)}
+    pending = sorted((d for d in plan.datasets if not state.dataset(d).get("done")),
+                     key=lambda d: rank.get(d, len(rank)))
     units = "dataset(s)" if len(plan.methods) == 1 else "dataset x method unit(s)"
     progress.line(f"[{plan.name}] {len(pending)} {units} to search, {parallel} at a time, "
                   f"{per_dataset} concurrent trial(s) each, {plan.trials} trials per dataset"
@@ -295,7 +299,7 @@ def run_sweep(plan: SweepPlan) -> SweepOutcome:
     reserve = SpaceReserve(plan.storage)
     try:
         reserve.hold()  # room to close the records if the disk fills up (search/recovery.py)
-        failed = _run_datasets(plan, state, parent_id, progress, stop)
+        failed = _run_datasets(plan, state, parent_id, progress, stop, cost["unit_order"])
         stop.check()
     except BaseException as exc:
         progress.close()
